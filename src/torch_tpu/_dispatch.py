@@ -1,0 +1,383 @@
+"""Installs the op table on the PrivateUse1 ("tpu") dispatch key.
+
+For each functional lowering this module builds one kernel that binds the schema's arguments,
+reads tpu tensors as JAX arrays, computes promoted dtypes, calls the (jitted) lowering and wraps
+the results. In-place and ``out=`` overloads are derived from the same lowering by matching
+schemas. Ops with no lowering reach a boxed fallback that raises ``NotImplementedError`` (or, when
+opted in with ``TORCH_TPU_CPU_FALLBACK=1``, runs them on CPU and counts it).
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import warnings
+from typing import Any, Callable
+
+import jax
+import torch
+
+from . import _random, _tensor, config
+from ._dtypes import JAX_TO_TORCH, TORCH_TO_JAX, to_jax
+from ._registry import LOWERINGS, Lowering, Types, qualified_name
+
+aten = torch.ops.aten
+
+#: ATen overloads that ran on CPU through the opt-in fallback, with counts.
+cpu_fallback_counts: collections.Counter = collections.Counter()
+#: Overloads the dispatcher derived (in-place / out=) -> the functional lowering they use.
+DERIVED: dict[torch._ops.OpOverload, torch._ops.OpOverload] = {}
+
+_TENSOR, _TENSOR_LIST, _SCALAR, _STATIC, _DTYPE, _GENERATOR = range(6)
+_NO_DEFAULT = object()
+
+
+def _kind(arg: torch._C.Argument) -> int:
+    text = str(arg.type)
+    if text in ("Tensor", "Optional[Tensor]"):
+        return _TENSOR
+    if text in ("List[Tensor]", "List[Optional[Tensor]]"):
+        return _TENSOR_LIST
+    if text in ("number", "Optional[number]"):
+        return _SCALAR
+    if text in ("ScalarType", "Optional[ScalarType]"):
+        return _DTYPE
+    if text == "Optional[Generator]":
+        return _GENERATOR
+    return _STATIC
+
+
+def _is_out(arg: torch._C.Argument) -> bool:
+    return arg.kwarg_only and arg.alias_info is not None and arg.alias_info.is_write
+
+
+def _device_mismatch(t: torch.Tensor) -> RuntimeError:
+    return RuntimeError(
+        "Expected all tensors to be on the same device, but found at least two devices, "
+        f"tpu:0 and {t.device}!")
+
+
+def _to_jax_arg(x: Any) -> Any:
+    if not isinstance(x, torch.Tensor):
+        return x  # None, or a Python number PyTorch unwrapped from a "wrapped number" tensor
+    if x.device.type == "tpu":
+        return _tensor.read(x)
+    if x.dim() == 0:  # a CPU scalar tensor may join a device op, as on CUDA
+        return x.item()
+    raise _device_mismatch(x)
+
+
+_scalar_arrays: dict = {}
+
+
+def _scalar(x: Any) -> Any:
+    """A Python number as a weakly typed device scalar, cached by value: handing JAX a fresh
+    Python number costs a host->device transfer per call, and the same constants (alpha=1,
+    0.5, eps) recur on every step. Values stay dynamic, so a new learning rate never recompiles."""
+    if isinstance(x, torch.Tensor):
+        return _to_jax_arg(x)
+    if x is None or isinstance(x, jax.Array):
+        return x
+    key = (type(x), x) if x else (type(x), str(x))  # keeps -0.0 apart from 0.0
+    array = _scalar_arrays.get(key)
+    if array is None:
+        if len(_scalar_arrays) > 4096:
+            _scalar_arrays.clear()
+        array = _scalar_arrays[key] = jax.numpy.asarray(x)
+    return array
+
+
+def _static(x: Any) -> Any:
+    return tuple(x) if isinstance(x, list) else x
+
+
+def _check_generator(g) -> None:
+    if g is not None and g.device.type != "tpu":
+        raise RuntimeError(f"Expected a 'tpu' device type for generator but found '{g.device.type}'")
+
+
+# ----------------------------------------------------------------------------- type promotion
+@functools.lru_cache(maxsize=4096)
+def _promoted(kind, signature) -> Types:
+    from torch._prims_common import elementwise_dtypes
+
+    examples = [torch.empty((() if zero_dim else (1,)), dtype=s, device="meta")
+                if isinstance(s, torch.dtype) else s(1) for s, zero_dim in signature]
+    compute, result = elementwise_dtypes(*examples, type_promotion_kind=kind)
+    return Types(to_jax(compute), to_jax(result))
+
+
+def _signature_of(x):
+    if isinstance(x, torch.Tensor):
+        return x.dtype, x.dim() == 0
+    return type(x), True
+
+
+def promoted_types(kind, values) -> Types:
+    return _promoted(kind, tuple(_signature_of(v) for v in values if v is not None))
+
+
+# ----------------------------------------------------------------------------- kernels
+class _Binder:
+    """Precomputed view of a schema: turns a Python-kernel call into schema-ordered values."""
+
+    def __init__(self, schema: torch._C.FunctionSchema):
+        args = [a for a in schema.arguments if not _is_out(a)]
+        self.names = [a.name for a in args]
+        self.defaults = [a.default_value if a.has_default_value() else _NO_DEFAULT for a in args]
+        self.kinds = [_kind(a) for a in args]
+        self.outs = [a.name for a in schema.arguments if _is_out(a)]
+
+    def bind(self, args: tuple, kwargs: dict) -> list:
+        values = list(args)
+        for name, default in zip(self.names[len(args):], self.defaults[len(args):]):
+            values.append(kwargs[name] if name in kwargs else default)
+        return values
+
+
+def _returns_shape(schema: torch._C.FunctionSchema) -> str:
+    returns = schema.returns
+    if len(returns) == 1:
+        return "list" if str(returns[0].type) == "List[Tensor]" else "one"
+    return "tuple"
+
+
+def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
+    """A function (args, kwargs) -> (JAX outputs, result torch dtypes) for a pure lowering."""
+    op = entry.op
+    binder = _Binder(op._schema)
+    kinds = binder.kinds
+    static_names = set(entry.static)
+    static_pos = tuple(i for i, (k, n) in enumerate(zip(kinds, binder.names))
+                       if k in (_STATIC, _DTYPE) or (k == _SCALAR and n in static_names))
+    fn = jax.jit(entry.fn, static_argnums=static_pos, static_argnames=("types",)) \
+        if entry.jit else entry.fn
+    promote_pos = None
+    if entry.promote is not None:
+        names = entry.promote_args or [n for n, k in zip(binder.names, kinds) if k in (_TENSOR, _SCALAR)]
+        unknown = set(names) - set(binder.names)
+        if unknown:
+            raise ValueError(f"{op}: promote_args {sorted(unknown)} are not schema arguments")
+        promote_pos = [binder.names.index(n) for n in names]
+    random = entry.random
+    convert_by_kind = {
+        _TENSOR: _to_jax_arg,
+        _TENSOR_LIST: lambda xs: [_to_jax_arg(x) for x in xs],
+        _DTYPE: lambda d: None if d is None else to_jax(d),
+        _STATIC: _static,
+        _SCALAR: _scalar,
+    }
+    converters = [(i, convert_by_kind[k]) for i, k in enumerate(kinds)
+                  if k in convert_by_kind and not (k == _SCALAR and i in static_pos)]
+    generator_pos = [i for i, k in enumerate(kinds) if k == _GENERATOR]
+
+    def compute(args: tuple, kwargs: dict):
+        values = binder.bind(args, kwargs)
+        extra = {}
+        if promote_pos is not None:
+            extra["types"] = promoted_types(entry.promote, [values[i] for i in promote_pos])
+        for i in generator_pos:
+            _check_generator(values[i])
+            values[i] = None
+        if random:
+            extra["key"] = _random.next_key()
+        for i, convert in converters:
+            values[i] = convert(values[i])
+        try:
+            return fn(*values, **extra)
+        except (TypeError, ValueError, IndexError) as e:
+            raise _translate(op, e, args, kwargs) from e
+
+    return compute, binder
+
+
+def _to_meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    return x
+
+
+def _translate(op, error: Exception, args: tuple, kwargs: dict) -> Exception:
+    """The exception PyTorch itself raises for these arguments (found by replaying the call on
+    meta tensors, whose kernels carry PyTorch's shape and dtype checks), else one naming the op."""
+    meta_args, meta_kwargs = torch.utils._pytree.tree_map(_to_meta, (args, kwargs))
+    try:
+        op(*meta_args, **meta_kwargs)
+    except (RuntimeError, IndexError, ValueError, TypeError) as torch_error:
+        return torch_error
+    except Exception:  # noqa: BLE001  (no meta kernel: fall through to our own message)
+        pass
+    if isinstance(error, IndexError):
+        return IndexError(f"{op}: {error}")
+    return RuntimeError(f"{op} on tpu: {error}")
+
+
+def _block(outputs) -> None:
+    jax.block_until_ready(outputs)
+
+
+def _functional_kernel(entry: Lowering) -> Callable:
+    compute, _ = _compute_fn(entry)
+    shape = _returns_shape(entry.op._schema)
+    wrap = _tensor.wrap
+
+    if shape == "one":
+        def kernel(*args, **kwargs):
+            out = compute(args, kwargs)
+            if config.launch_blocking:
+                _block(out)
+            return wrap(out)
+    elif shape == "list":
+        def kernel(*args, **kwargs):
+            outs = compute(args, kwargs)
+            if config.launch_blocking:
+                _block(outs)
+            return [wrap(o) for o in outs]
+    else:
+        def kernel(*args, **kwargs):
+            outs = compute(args, kwargs)
+            if config.launch_blocking:
+                _block(outs)
+            return tuple(wrap(o) for o in outs)
+    return kernel
+
+
+_SCALAR_TYPE_NAMES = {
+    torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
+    torch.int32: "Int", torch.int64: "Long", torch.float16: "Half", torch.bfloat16: "BFloat16",
+    torch.float32: "Float", torch.float64: "Double", torch.complex64: "ComplexFloat",
+}
+
+
+def _store(dst: torch.Tensor, value: jax.Array, resize: bool) -> None:
+    """Write a lowering's output into an in-place target or an ``out=`` tensor, PyTorch-style."""
+    if not _tensor.is_tpu(dst):
+        raise _device_mismatch(dst)
+    result = JAX_TO_TORCH[value.dtype]
+    if not torch.can_cast(result, dst.dtype):
+        raise RuntimeError(f"result type {_SCALAR_TYPE_NAMES[result]} can't be cast to the "
+                           f"desired output type {_SCALAR_TYPE_NAMES[dst.dtype]}")
+    if tuple(dst.shape) != value.shape:
+        if not resize:
+            raise RuntimeError(f"output with shape {list(dst.shape)} doesn't match the broadcast "
+                               f"shape {list(value.shape)}")
+        if dst.numel():
+            warnings.warn(f"An output with one or more elements was resized since it had shape "
+                          f"{list(dst.shape)}, which does not match the required output shape "
+                          f"{list(value.shape)}.", stacklevel=3)
+        dst.resize_(value.shape)
+    _tensor.write(dst, value)
+
+
+def _inplace_kernel(entry: Lowering) -> Callable:
+    compute, _ = _compute_fn(entry)
+
+    def kernel(self, *args, **kwargs):
+        out = compute((self,) + args, kwargs)
+        _store(self, out, resize=False)
+        if config.launch_blocking:
+            _block(out)
+        return self
+    return kernel
+
+
+def _out_kernel(entry: Lowering, out_names: list[str]) -> Callable:
+    compute, _ = _compute_fn(entry)
+    single = len(out_names) == 1
+
+    def kernel(*args, **kwargs):
+        outs = [kwargs.pop(n) for n in out_names]
+        values = compute(args, kwargs)
+        if single:
+            values = (values,)
+        for dst, value in zip(outs, values):
+            _store(dst, value, resize=True)
+        if config.launch_blocking:
+            _block(values)
+        return outs[0] if single else tuple(outs)
+    return kernel
+
+
+# ----------------------------------------------------------------------------- derivation
+def _signature(schema, drop_out: bool) -> list[tuple[str, str]]:
+    return [(a.name, str(a.type)) for a in schema.arguments if not (drop_out and _is_out(a))]
+
+
+def _derived_variants(op: torch._ops.OpOverload):
+    """In-place and out= overloads whose schema matches the functional ``op``."""
+    base = op._schema.name.split("::")[1]
+    want = _signature(op._schema, drop_out=False)
+    packet = getattr(aten, base)
+    for name in packet.overloads():
+        other = getattr(packet, name)
+        outs = [a.name for a in other._schema.arguments if _is_out(a)]
+        if other is not op and outs and _signature(other._schema, drop_out=True) == want:
+            yield other, outs
+    inplace = getattr(aten, base + "_", None)
+    if inplace is not None:
+        for name in inplace.overloads():
+            other = getattr(inplace, name)
+            if _signature(other._schema, drop_out=False) == want:
+                yield other, None
+
+
+def _is_purely_composite(op: torch._ops.OpOverload) -> bool:
+    """CompositeImplicitAutograd with no backend kernel: PyTorch decomposes it before any
+    backend sees it, and a tpu kernel would take autograd's path away from it."""
+    has = functools.partial(torch._C._dispatch_has_kernel_for_dispatch_key, qualified_name(op))
+    return has("CompositeImplicitAutograd") and not has("CPU")
+
+
+# ----------------------------------------------------------------------------- fallback
+def _cpu(x):
+    return x.cpu() if _tensor.is_tpu(x) else x
+
+
+def _fallback(op: torch._ops.OpOverload, *args, **kwargs):
+    name = qualified_name(op)
+    if not config.cpu_fallback:
+        raise NotImplementedError(
+            f"'{name}' has no tpu lowering. Set TORCH_TPU_CPU_FALLBACK=1 to run it on CPU instead "
+            f"(slow; counted in torch_tpu.cpu_fallback_counts()).")
+    cpu_fallback_counts[name] += 1
+    tree = torch.utils._pytree
+    cpu_args, cpu_kwargs = tree.tree_map(_cpu, (args, kwargs))
+    result = op(*cpu_args, **cpu_kwargs)
+    # copy mutated arguments back
+    schema = op._schema
+    bound = dict(zip([a.name for a in schema.arguments], args), **kwargs)
+    cpu_bound = dict(zip([a.name for a in schema.arguments], cpu_args), **cpu_kwargs)
+    for a in schema.arguments:
+        if a.alias_info is not None and a.alias_info.is_write and _tensor.is_tpu(bound.get(a.name)):
+            bound[a.name].copy_(cpu_bound[a.name])
+            if len(schema.returns) == 1 and schema.returns[0].alias_info is not None:
+                return bound[a.name]
+    return tree.tree_map(lambda x: x.to("tpu") if isinstance(x, torch.Tensor) else x, result)
+
+
+# ----------------------------------------------------------------------------- install
+_libraries: list = []
+
+
+def install() -> None:
+    """Register every lowering (and its derived variants) on PrivateUse1. Strict: errors on
+    lowerings of CompositeImplicitAutograd ops (autograd would bypass them) or of non-ATen ops."""
+    lib = torch.library.Library("aten", "IMPL")
+    _libraries.append(lib)
+    explicit = set(LOWERINGS)
+    for op, entry in LOWERINGS.items():
+        if _is_purely_composite(op):
+            raise RuntimeError(f"{op} is CompositeImplicitAutograd: lower the ops it decomposes "
+                               "into instead (a tpu kernel would bypass autograd)")
+        if entry.runtime:
+            lib.impl(op, entry.fn, "PrivateUse1")
+            continue
+        lib.impl(op, _functional_kernel(entry), "PrivateUse1")
+        for variant, outs in _derived_variants(op):
+            if variant in explicit or variant in DERIVED:
+                continue
+            DERIVED[variant] = op
+            kernel = _inplace_kernel(entry) if outs is None else _out_kernel(entry, outs)
+            lib.impl(variant, kernel, "PrivateUse1")
+    fallback_lib = torch.library.Library("_", "IMPL")
+    _libraries.append(fallback_lib)
+    fallback_lib.fallback(_fallback, "PrivateUse1")

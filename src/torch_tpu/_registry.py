@@ -1,0 +1,84 @@
+"""The op table: one pure-JAX lowering per functional ATen overload.
+
+A lowering takes ``jax.Array``s and Python values in the order of the ATen schema (``out=``
+arguments left out) and returns arrays. Everything a lowering needs from torch-level metadata is
+computed by the dispatcher and handed in as keywords: ``types`` (the promoted compute/result
+dtypes, when ``promote=`` is given) and ``key`` (a fresh PRNG key, when ``random=True``).
+
+In-place and ``out=`` overloads are derived from the schema by the dispatcher, never written here.
+``runtime`` entries are the few kernels that manage tensors themselves (factories, copies, views).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable, NamedTuple, Optional
+
+import numpy as np
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Promote
+
+__all__ = ["Lowering", "LOWERINGS", "Promote", "Types", "lower", "runtime"]
+
+
+class Types(NamedTuple):
+    """Dtypes an elementwise op computes in and returns (``torch.result_type`` rules)."""
+
+    compute: np.dtype
+    result: np.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+    op: torch._ops.OpOverload
+    fn: Callable
+    runtime: bool = False          # fn receives torch tensors and returns them (no JAX in between)
+    promote: Optional[Promote] = None
+    promote_args: Optional[tuple[str, ...]] = None  # which arguments take part (default: all)
+    random: bool = False
+    jit: bool = True               # False for data-dependent output shapes (nonzero, unique, ...)
+    static: tuple[str, ...] = ()   # Scalar arguments that must be compile-time constants
+
+
+LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
+
+
+def qualified_name(op: torch._ops.OpOverload) -> str:
+    """``aten::add.Tensor`` (``aten::relu`` for the default overload)."""
+    name = op._schema.name
+    return name if op._overloadname == "default" else f"{name}.{op._overloadname}"
+
+
+def _overloads(ops) -> Iterable[torch._ops.OpOverload]:
+    for op in ops:
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            op = op.default
+        if not isinstance(op, torch._ops.OpOverload):
+            raise TypeError(f"expected an ATen OpOverload, got {op!r}")
+        yield op
+
+
+def _add(entry: Lowering) -> None:
+    if entry.op in LOWERINGS:
+        raise RuntimeError(f"duplicate tpu lowering for {entry.op}")
+    LOWERINGS[entry.op] = entry
+
+
+def lower(*ops, **options) -> Callable:
+    """Register ``fn`` as the pure-JAX lowering of each overload in ``ops``.
+
+    Example::
+
+        @lower(aten.sin.default, promote=Promote.INT_TO_FLOAT)
+        def sin(x, *, types):
+            return jnp.sin(x.astype(types.compute)).astype(types.result)
+    """
+    def register(fn: Callable) -> Callable:
+        for op in _overloads(ops):
+            _add(Lowering(op, fn, **options))
+        return fn
+    return register
+
+
+def runtime(*ops) -> Callable:
+    """Register a kernel that works on tpu tensors directly (factories, copies, views)."""
+    return lower(*ops, runtime=True)

@@ -1,0 +1,190 @@
+"""tpu tensors <-> JAX arrays: wrap results, read (possibly strided) views, write in place.
+
+Views are PyTorch's own (sizes/strides/offset computed by the Meta kernels over the shared
+storage), so reading a tensor means taking its region out of the storage value, and writing one
+means a functional update of that value. Both are jitted per view geometry.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from . import _buffer
+from ._dtypes import JAX_TO_TORCH, to_jax, unsupported
+
+_create = torch._C._acc.create_empty_tensor
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+
+
+def is_tpu(x: object) -> bool:
+    return isinstance(x, torch.Tensor) and x.device.type == "tpu"
+
+
+def wrap(value: jax.Array) -> torch.Tensor:
+    """A new contiguous tpu tensor owning a fresh storage that holds ``value``."""
+    try:
+        dtype = JAX_TO_TORCH[value.dtype]
+    except KeyError:
+        raise unsupported(value.dtype) from None
+    t = _create(value.shape, dtype)
+    _buffer.put(t.untyped_storage(), value)
+    return t
+
+
+def empty(shape, dtype: torch.dtype, strides=None) -> torch.Tensor:
+    """A tpu tensor whose storage is not allocated until something reads it."""
+    jdtype = to_jax(dtype)
+    shape = tuple(shape)
+    if any(s < 0 for s in shape):
+        raise RuntimeError(f"Trying to create tensor with negative dimension: {list(shape)}")
+    t = _create(shape, dtype)
+    if strides is None:
+        size = math.prod(shape)
+    else:
+        size = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    _buffer.put(t.untyped_storage(), _buffer.Uninitialized(size, jdtype))
+    if strides is not None and tuple(strides) != t.stride():
+        ensure_nbytes(t)
+        _set_storage.redispatch(_META, t, t.untyped_storage(), 0, list(shape), list(strides))
+    return t
+
+
+def ensure_nbytes(t: torch.Tensor) -> None:
+    """Make the StorageImpl report the value's size, which PyTorch's view bound checks read.
+
+    Done lazily (only before views, ``set_`` and serialization) because it costs as much as
+    creating the tensor, and most op results are never viewed.
+    """
+    ensure_storage_nbytes(t.untyped_storage())
+
+
+def ensure_storage_nbytes(storage) -> None:
+    need = _buffer.nbytes(_buffer.get(storage))
+    if storage.nbytes() < need:
+        scratch = _create([0], torch.uint8)
+        _set_storage.redispatch(_META, scratch, storage, 0, [need], [1])
+
+
+# ----------------------------------------------------------------------------- reads
+def _itemsize(dtype: np.dtype) -> int:
+    return dtype.itemsize
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _reinterpret(flat: jax.Array, dtype: np.dtype) -> jax.Array:
+    """Flat array with the same bytes as ``flat``, seen as ``dtype`` (``x.view(dtype)``)."""
+    if flat.dtype == jnp.bool_:
+        flat = flat.astype(jnp.uint8)
+    target = jnp.uint8 if dtype == jnp.bool_ else dtype
+    src, dst = flat.dtype.itemsize, np.dtype(target).itemsize
+    if src > dst:
+        out = lax.bitcast_convert_type(flat, target).reshape(-1)
+    elif src < dst:
+        out = lax.bitcast_convert_type(flat.reshape(-1, dst // src), target)
+    else:
+        out = lax.bitcast_convert_type(flat, target)
+    return out.astype(jnp.bool_) if dtype == jnp.bool_ else out
+
+
+def _storage_array(storage, dtype: np.dtype) -> jax.Array:
+    """The storage value as elements of ``dtype`` (reinterpreting bytes if a view changed dtype)."""
+    value = _buffer.get_array(storage)
+    if value.dtype != dtype:
+        if (value.size * value.dtype.itemsize) % dtype.itemsize:
+            raise RuntimeError("tpu: storage size is not a multiple of the viewed dtype's size")
+        value = _reinterpret(value.reshape(-1), dtype)
+        _buffer.put(storage, value)  # the next reader most likely uses the same dtype
+    return value
+
+
+def _permutation_of_dense(shape, strides):
+    """Axis order if (shape, strides) is a permutation of a dense row-major layout, else None."""
+    order = sorted(range(len(shape)), key=lambda d: -strides[d])
+    expected = 1
+    for d in reversed(order):
+        if shape[d] != 1 and strides[d] != expected:
+            return None
+        expected *= shape[d]
+    return order
+
+
+def _flat_indices(shape, strides, offset):
+    index = jnp.full(shape, offset, dtype=jnp.int64)
+    for d, (n, s) in enumerate(zip(shape, strides)):
+        if n > 1 and s:
+            index = index + lax.broadcasted_iota(jnp.int64, shape, d) * s
+    return index
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _strided_read(buf: jax.Array, shape, strides, offset) -> jax.Array:
+    flat = buf.reshape(-1)
+    numel = math.prod(shape)
+    if numel == 0:
+        return jnp.zeros(shape, buf.dtype)
+    order = _permutation_of_dense(shape, strides)
+    if order is not None:
+        dense = lax.slice(flat, (offset,), (offset + numel,))
+        permuted = dense.reshape([shape[d] for d in order])
+        return permuted.transpose(np.argsort(order))
+    return flat[_flat_indices(shape, strides, offset)]
+
+
+def read(t: torch.Tensor) -> jax.Array:
+    """The value of a tpu tensor (any view of any storage) as a JAX array."""
+    storage = t.untyped_storage()
+    dtype = to_jax(t.dtype)
+    buf = _storage_array(storage, dtype)
+    shape = t.shape
+    if buf.shape == shape and t.storage_offset() == 0 and t.is_contiguous():
+        return buf
+    return _strided_read(buf, tuple(shape), t.stride(), t.storage_offset())
+
+
+# ----------------------------------------------------------------------------- writes
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _strided_write(buf: jax.Array, value: jax.Array, shape, strides, offset) -> jax.Array:
+    flat = buf.reshape(-1)
+    value = jnp.broadcast_to(value.astype(buf.dtype), shape)
+    if _permutation_of_dense(shape, strides) == list(range(len(shape))):
+        return lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
+    return flat.at[_flat_indices(shape, strides, offset).reshape(-1)].set(value.reshape(-1))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _fill(value: jax.Array, shape, dtype) -> jax.Array:
+    return jnp.broadcast_to(value.astype(dtype), shape)
+
+
+def _check_no_internal_overlap(t: torch.Tensor) -> None:
+    if any(s == 0 and n > 1 for n, s in zip(t.shape, t.stride())):
+        raise RuntimeError(
+            "unsupported operation: more than one element of the written-to tensor refers to a "
+            "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def write(t: torch.Tensor, value) -> None:
+    """``t[...] = value`` (broadcast and cast to ``t``'s dtype) as an update of its storage value."""
+    storage = t.untyped_storage()
+    dtype = to_jax(t.dtype)
+    shape = tuple(t.shape)
+    if not isinstance(value, jax.Array):
+        value = jnp.asarray(value)
+    current = _buffer.get(storage)
+    whole = (t.storage_offset() == 0 and t.is_contiguous()
+             and t.numel() * dtype.itemsize == _buffer.nbytes(current))
+    if whole:
+        if value.shape != shape or value.dtype != dtype:
+            value = _fill(value, shape, dtype)
+        _buffer.put(storage, value)
+        return
+    _check_no_internal_overlap(t)
+    buf = _storage_array(storage, dtype)
+    _buffer.put(storage, _strided_write(buf, value, shape, t.stride(), t.storage_offset()))

@@ -1,0 +1,329 @@
+"""The ``torch.tpu`` device module (mirrors ``torch.cuda`` where the device model allows).
+
+One process drives one device, ``tpu:0``, as in upstream TorchTPU. Streams and events exist for
+API compatibility: XLA orders work on a single stream, so every stream is that stream and events
+time by synchronizing.
+
+Example::
+
+    >>> import torch, torch_tpu
+    >>> torch.tpu.is_available(), torch.tpu.device_count()
+    (True, 1)
+    >>> torch.tpu.manual_seed(0); x = torch.randn(2, device="tpu"); torch.tpu.synchronize()
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Any, Optional, Union
+
+import jax
+import torch
+
+from . import _random, _runtime
+
+__all__ = [
+    "is_available", "is_initialized", "device_count", "current_device", "set_device", "device",
+    "synchronize", "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
+    "get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all",
+    "get_device_name", "get_device_properties", "get_device_capability", "mem_get_info",
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "memory_stats", "reset_peak_memory_stats", "empty_cache", "get_amp_supported_dtype",
+    "is_bf16_supported", "Stream", "Event", "current_stream", "default_stream", "set_stream",
+    "stream",
+]
+
+_DeviceLike = Union[int, str, torch.device, None]
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _lazy_init() -> None:
+    """Nothing to do: the runtime starts at import (PyTorch's PrivateUse1 hooks call this)."""
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def device_count() -> int:
+    """Devices this process drives: always 1 (one process per device, like upstream)."""
+    return 1
+
+
+def current_device() -> int:
+    return 0
+
+
+def _index(device: _DeviceLike) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "tpu":
+        raise ValueError(f"Expected a tpu device, but got: {device}")
+    return device.index or 0
+
+
+def set_device(device: _DeviceLike) -> None:
+    """Validates ``device``: a process is bound to ``tpu:0`` and cannot switch."""
+    if _index(device) != 0:
+        raise RuntimeError(f"tpu: this process drives only tpu:0, cannot select {device!r} "
+                           "(launch one process per device)")
+
+
+class device(contextlib.ContextDecorator):
+    """Context manager selecting a tpu device (only ``tpu:0`` exists in a process)."""
+
+    def __init__(self, device: _DeviceLike):
+        set_device(device)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def synchronize(device: _DeviceLike = None) -> None:
+    """Wait until all work queued on the device has finished."""
+    set_device(device)
+    jax.effects_barrier()
+    for array in jax.live_arrays():
+        array.block_until_ready()
+
+
+# ----------------------------------------------------------------------------- RNG
+def manual_seed(seed: int) -> None:
+    _random.manual_seed(int(seed))
+
+
+manual_seed_all = manual_seed
+
+
+def seed() -> None:
+    _random.manual_seed(torch.randint(0, 2**62, ()).item())
+
+
+seed_all = seed
+
+
+def initial_seed() -> int:
+    return _random.initial_seed()
+
+
+def get_rng_state(device: _DeviceLike = "tpu") -> torch.Tensor:
+    set_device(device)
+    return _random.get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: _DeviceLike = "tpu") -> None:
+    set_device(device)
+    _random.set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state()]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    set_rng_state(new_states[0])
+
+
+# ----------------------------------------------------------------------------- properties
+def get_device_name(device: _DeviceLike = None) -> str:
+    """The hardware actually in use, e.g. ``"TPU v5 lite"`` or ``"XLA:CPU (stand-in)"``."""
+    set_device(device)
+    return _runtime.device_name()
+
+
+@dataclasses.dataclass(frozen=True)
+class _DeviceProperties:
+    name: str
+    total_memory: int
+    multi_processor_count: int = 1
+    type: str = "tpu"
+    platform: str = ""
+
+
+def _device_memory_stats() -> dict[str, int]:
+    stats = None
+    with contextlib.suppress(Exception):
+        stats = _runtime.device().memory_stats()
+    return stats or {}
+
+
+def get_device_properties(device: _DeviceLike = None) -> _DeviceProperties:
+    set_device(device)
+    stats = _device_memory_stats()
+    total = stats.get("bytes_limit", 0)
+    if not total:
+        import os
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return _DeviceProperties(get_device_name(), int(total), platform=_runtime.platform())
+
+
+def get_device_capability(device: _DeviceLike = None) -> tuple[int, int]:
+    set_device(device)
+    return (0, 0)
+
+
+# ----------------------------------------------------------------------------- memory
+_peak_allocated = 0
+
+
+def memory_allocated(device: _DeviceLike = None) -> int:
+    """Bytes held by live device buffers (on stand-in platforms: summed over live arrays)."""
+    global _peak_allocated
+    set_device(device)
+    stats = _device_memory_stats()
+    if "bytes_in_use" in stats:
+        current = int(stats["bytes_in_use"])
+    else:
+        current = sum(a.nbytes for a in jax.live_arrays())
+    _peak_allocated = max(_peak_allocated, current)
+    return current
+
+
+def max_memory_allocated(device: _DeviceLike = None) -> int:
+    """Peak of :func:`memory_allocated` (device-tracked on TPU/GPU; sampled at queries on CPU)."""
+    current = memory_allocated(device)
+    stats = _device_memory_stats()
+    return int(stats.get("peak_bytes_in_use", max(_peak_allocated, current)))
+
+
+def memory_reserved(device: _DeviceLike = None) -> int:
+    stats = _device_memory_stats()
+    return int(stats.get("bytes_reserved", memory_allocated(device)))
+
+
+def max_memory_reserved(device: _DeviceLike = None) -> int:
+    return max(memory_reserved(device), max_memory_allocated(device))
+
+
+def memory_stats(device: _DeviceLike = None) -> dict[str, Any]:
+    return {"allocated_bytes.all.current": memory_allocated(device),
+            "allocated_bytes.all.peak": max_memory_allocated(device),
+            "reserved_bytes.all.current": memory_reserved(device),
+            "num_live_buffers": len(jax.live_arrays()),
+            **{f"xla.{k}": v for k, v in _device_memory_stats().items()}}
+
+
+def reset_peak_memory_stats(device: _DeviceLike = None) -> None:
+    global _peak_allocated
+    set_device(device)
+    _peak_allocated = 0
+
+
+def mem_get_info(device: _DeviceLike = None) -> tuple[int, int]:
+    total = get_device_properties(device).total_memory
+    return total - memory_allocated(device), total
+
+
+def empty_cache() -> None:
+    """Frees compiled-op caches' unreachable buffers; live tensors are untouched."""
+    import gc
+    gc.collect()
+
+
+# ----------------------------------------------------------------------------- AMP
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+def _is_autocast_enabled() -> bool:
+    return torch.is_autocast_enabled("tpu")
+
+
+def _get_autocast_dtype() -> torch.dtype:
+    return torch.get_autocast_dtype("tpu")
+
+
+# ----------------------------------------------------------------------------- streams/events
+class Stream:
+    """The device's single in-order stream (XLA serializes work; all streams are this one)."""
+
+    def __init__(self, device: _DeviceLike = None, priority: int = 0):
+        set_device(device)
+        self.device = torch.device("tpu", 0)
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        synchronize()
+
+    def query(self) -> bool:
+        synchronize()
+        return True
+
+    def wait_stream(self, stream: "Stream") -> None:
+        """Same stream: already ordered."""
+
+    def wait_event(self, event: "Event") -> None:
+        """Same stream: already ordered."""
+
+    def record_event(self, event: Optional["Event"] = None) -> "Event":
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream)
+
+    def __hash__(self) -> int:
+        return hash("tpu-stream")
+
+
+class Event:
+    """Marks a point in the stream; ``elapsed_time`` synchronizes to measure wall time."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False):
+        self.enable_timing = enable_timing
+        self._time: Optional[float] = None
+
+    def record(self, stream: Optional[Stream] = None) -> None:
+        synchronize()
+        self._time = time.perf_counter()
+
+    def synchronize(self) -> None:
+        synchronize()
+
+    def wait(self, stream: Optional[Stream] = None) -> None:
+        """Same stream: already ordered."""
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end_event: "Event") -> float:
+        if self._time is None or end_event._time is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event._time - self._time) * 1000.0
+
+
+def current_stream(device: _DeviceLike = None) -> Stream:
+    return Stream(device)
+
+
+def default_stream(device: _DeviceLike = None) -> Stream:
+    return Stream(device)
+
+
+def set_stream(stream: Stream) -> None:
+    """Only the one stream exists; nothing to switch."""
+
+
+@contextlib.contextmanager
+def stream(stream: Optional[Stream]):
+    yield stream

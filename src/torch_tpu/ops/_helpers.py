@@ -1,0 +1,37 @@
+"""Family helpers: most lowerings are one line built from these."""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax.numpy as jnp
+
+from .._registry import Promote, lower
+
+
+def overload(packet, name: str):
+    """``packet.<name>`` if that overload exists and takes a Tensor ``self``, else None
+    (some packets also hold TorchScript number overloads such as ``aten::copysign(float, float)``)."""
+    if name not in packet.overloads():
+        return None
+    op = getattr(packet, name)
+    args = op._schema.arguments
+    return op if args and args[0].name == "self" and str(args[0].type) == "Tensor" else None
+
+
+def unary(op, fn: Callable, promote: Promote = Promote.DEFAULT, **options) -> None:
+    """``op(self)`` computed as ``fn`` in the promoted compute dtype, returned in the result dtype."""
+    lower(op, promote=promote, promote_args=("self",), **options)(
+        lambda x, *, types: fn(x.astype(types.compute)).astype(types.result))
+
+
+def binary(op, fn: Callable, promote: Promote = Promote.DEFAULT, **options) -> None:
+    """``op(self, other)`` with PyTorch's type promotion (scalars and 0-dim tensors included)."""
+    operands = tuple(a.name for a in op._schema.arguments[:2])
+    lower(op, promote=promote, promote_args=operands, **options)(
+        lambda x, y, *, types: fn(jnp.asarray(x, types.compute),
+                                  jnp.asarray(y, types.compute)).astype(types.result))
+
+
+def predicate(op, fn: Callable, **options) -> None:
+    """``op(self, other) -> bool``, comparing in the promoted dtype."""
+    binary(op, fn, promote=Promote.ALWAYS_BOOL, **options)

@@ -1,0 +1,212 @@
+"""Runtime kernels: tensor creation, copies, views, resizing, scalars and in-place random fills.
+
+These manage tpu tensors themselves instead of mapping arrays to arrays, so they are ``runtime``
+entries of the table. Views redispatch to PyTorch's Meta kernels, which compute sizes, strides
+and offset over the *same* storage: aliasing, version counters and autograd's view tracking are
+PyTorch's own.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .. import _buffer, _random, _tensor, _transfer
+from .._dtypes import to_jax
+from .._registry import runtime
+
+aten = torch.ops.aten
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+
+
+def _target_dtype(dtype):
+    return torch.get_default_dtype() if dtype is None else dtype
+
+
+@runtime(aten.empty.memory_format)
+def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return _tensor.empty(size, _target_dtype(dtype))
+
+
+@runtime(aten.empty_strided)
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    return _tensor.empty(size, _target_dtype(dtype), strides=stride)
+
+
+def _meta_view(op):
+    """A view kernel: PyTorch's Meta kernel computes the geometry over the shared storage."""
+    def view(self, *args, **kwargs):
+        _tensor.ensure_nbytes(self)
+        return op.redispatch(_META, self, *args, **kwargs)
+    runtime(op)(view)
+
+
+for _view_op in (aten.view.default, aten.as_strided.default, aten._reshape_alias.default,
+                 aten.unfold.default, aten.view_as_real.default, aten.view_as_complex.default):
+    _meta_view(_view_op)
+
+
+@runtime(aten.set_.source_Storage_storage_offset)
+def set_storage(self, source, storage_offset, size, stride=()):
+    if not _buffer.has_value(source):
+        raise RuntimeError("set_: the source storage is not a tpu storage")
+    _tensor.ensure_storage_nbytes(source)
+    return aten.set_.source_Storage_storage_offset.redispatch(
+        _META, self, source, storage_offset, size, stride)
+
+
+@runtime(aten.set_.source_Storage)
+def set_storage_whole(self, source):
+    itemsize = self.element_size()
+    return set_storage(self, source, 0, [_buffer.nbytes(_buffer.get(source)) // itemsize], [1])
+
+
+@runtime(aten.set_.source_Tensor)
+def set_tensor(self, source):
+    _tensor.ensure_nbytes(source)
+    return aten.set_.source_Tensor.redispatch(_META, self, source)
+
+
+@runtime(aten.resize_)
+def resize_(self, size, memory_format=None):
+    storage = self.untyped_storage()
+    dtype = to_jax(self.dtype)
+    need = (self.storage_offset() + math.prod(size)) * dtype.itemsize
+    current = _buffer.get(storage)
+    if _buffer.nbytes(current) < need:
+        if type(current) is _buffer.Uninitialized:
+            _buffer.put(storage, _buffer.Uninitialized(need // dtype.itemsize, dtype))
+        else:
+            old = _tensor._storage_array(storage, dtype).reshape(-1)
+            grown = jnp.zeros((need // dtype.itemsize,), dtype).at[: old.size].set(old)
+            _buffer.put(storage, grown)
+    _tensor.ensure_nbytes(self)
+    return aten.resize_.default.redispatch(_META, self, size, memory_format=memory_format)
+
+
+@runtime(aten.copy_)
+def copy_(self, src, non_blocking=False):
+    if _tensor.is_tpu(self):
+        if self.is_complex() is False and src.is_complex():
+            raise RuntimeError("copy_: complex -> real copy would discard the imaginary part; "
+                               "use .real explicitly")
+        value = _tensor.read(src) if _tensor.is_tpu(src) else _transfer.to_device(src)
+        if tuple(src.shape) != tuple(self.shape):
+            torch.broadcast_shapes(src.shape, self.shape)  # PyTorch's error for bad shapes
+        _tensor._check_no_internal_overlap(self)
+        _tensor.write(self, value)
+    else:
+        self.copy_(_transfer.to_host(_tensor.read(src)))
+    return self
+
+
+@runtime(aten._to_copy)
+def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+            memory_format=None):
+    dtype = self.dtype if dtype is None else dtype
+    target = torch.device(device) if device is not None else self.device
+    if target.type == "tpu":
+        value = _tensor.read(self) if _tensor.is_tpu(self) else _transfer.to_device(self)
+        return _tensor.wrap(value.astype(to_jax(dtype)))
+    host = _transfer.to_host(_tensor.read(self))
+    return host.to(dtype=dtype, device=target)
+
+
+@runtime(aten._local_scalar_dense)
+def local_scalar_dense(self):
+    value = _tensor.read(self)
+    if self.dtype.is_complex:
+        return complex(value)
+    if self.dtype.is_floating_point:
+        return float(value)
+    if self.dtype == torch.bool:
+        return bool(value)
+    return int(value)
+
+
+@runtime(aten.fill_.Scalar, aten.fill_.Tensor)
+def fill_(self, value):
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0:
+            raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor "
+                               f"with {value.dim()} dimensions.")
+        value = _tensor.read(value) if _tensor.is_tpu(value) else value.item()
+    _tensor.write(self, value)
+    return self
+
+
+@runtime(aten.zero_)
+def zero_(self):
+    _tensor.write(self, 0)
+    return self
+
+
+# ----------------------------------------------------------------------------- random fills
+def _fill_random(self, generator, sample):
+    if generator is not None and generator.device.type != "tpu":
+        raise RuntimeError(
+            f"Expected a 'tpu' device type for generator but found '{generator.device.type}'")
+    shape, dtype = tuple(self.shape), to_jax(self.dtype)
+    _tensor.write(self, sample(_random.next_key(), shape, dtype))
+    return self
+
+
+def _float_sample(sample, shape, dtype):
+    """Sample in float32 at least, like torch does for half types, then round."""
+    wide = jnp.promote_types(dtype, jnp.float32)
+    return sample(wide).astype(dtype)
+
+
+@runtime(aten.uniform_)
+def uniform_(self, from_=0.0, to=1.0, generator=None):
+    return _fill_random(self, generator, lambda key, shape, dtype: _float_sample(
+        lambda wide: jax.random.uniform(key, shape, wide, from_, to), shape, dtype))
+
+
+@runtime(aten.normal_)
+def normal_(self, mean=0.0, std=1.0, generator=None):
+    if std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
+    return _fill_random(self, generator, lambda key, shape, dtype: _float_sample(
+        lambda wide: mean + std * jax.random.normal(key, shape, wide), shape, dtype))
+
+
+def _random_ints(key, shape, dtype, low, high):
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
+    return jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
+
+
+@runtime(getattr(aten.random_, "from"))
+def random_from(self, from_, to=None, generator=None):
+    if to is None:
+        to = 2 ** (torch.finfo(self.dtype).nmant + 1) if self.dtype.is_floating_point \
+            else torch.iinfo(self.dtype).max + 1
+    if from_ >= to:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} "
+                           f">= to={to}")
+    return _fill_random(self, generator, lambda k, s, d: _random_ints(k, s, d, from_, to))
+
+
+@runtime(aten.random_.to)
+def random_to(self, to, generator=None):
+    return random_from(self, 0, to, generator)
+
+
+@runtime(aten.random_.default)
+def random_(self, generator=None):
+    return random_from(self, 0, None, generator)
+
+
+@runtime(aten.bernoulli_.float)
+def bernoulli_(self, p=0.5, generator=None):
+    return _fill_random(self, generator,
+                        lambda key, shape, dtype: jax.random.bernoulli(key, p, shape).astype(dtype))
+
+
+@runtime(aten.exponential_)
+def exponential_(self, lambd=1.0, generator=None):
+    return _fill_random(self, generator, lambda key, shape, dtype: _float_sample(
+        lambda wide: jax.random.exponential(key, shape, wide) / lambd, shape, dtype))

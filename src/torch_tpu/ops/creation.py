@@ -1,0 +1,2 @@
+"""creation lowerings."""
+from __future__ import annotations

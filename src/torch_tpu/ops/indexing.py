@@ -1,0 +1,2 @@
+"""indexing lowerings."""
+from __future__ import annotations

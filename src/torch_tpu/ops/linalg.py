@@ -1,0 +1,2 @@
+"""linalg lowerings."""
+from __future__ import annotations

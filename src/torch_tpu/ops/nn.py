@@ -1,0 +1,2 @@
+"""nn lowerings."""
+from __future__ import annotations

@@ -1,0 +1,2 @@
+"""reduction lowerings."""
+from __future__ import annotations

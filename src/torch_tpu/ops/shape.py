@@ -1,0 +1,2 @@
+"""shape lowerings."""
+from __future__ import annotations

@@ -58,6 +58,7 @@ def _register_device() -> None:
         from . import _dispatch
 
         _dispatch.install()
+        from . import _serialization  # noqa: F401  (tpu storages for save/load/deepcopy)
         _initialized = True
 
 
@@ -93,7 +94,3 @@ def from_jax(array) -> torch.Tensor:
     """A tpu tensor holding a ``jax.Array`` (no copy)."""
     from ._tensor import wrap
     return wrap(array)
-
-
-def _autoload() -> None:
-    """Entry point for ``torch.backends`` autoload: importing this module does the work."""

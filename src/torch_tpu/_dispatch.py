@@ -27,12 +27,23 @@ cpu_fallback_counts: collections.Counter = collections.Counter()
 #: Overloads the dispatcher derived (in-place / out=) -> the functional lowering they use.
 DERIVED: dict[torch._ops.OpOverload, torch._ops.OpOverload] = {}
 
+#: When a set, every kernel call adds its ATen overload (tests check every lowering is reached).
+recorded_ops: set | None = None
+
+
+def record_ops(enabled: bool = True) -> set:
+    """Start recording which ATen overloads reach a tpu kernel; returns the live set."""
+    global recorded_ops
+    recorded_ops = set() if enabled else None
+    return recorded_ops if recorded_ops is not None else set()
+
+
 _TENSOR, _TENSOR_LIST, _SCALAR, _STATIC, _DTYPE, _GENERATOR = range(6)
 _NO_DEFAULT = object()
 
 
 def _kind(arg: torch._C.Argument) -> int:
-    text = str(arg.type)
+    text = str(arg.real_type)  # .type spells ScalarType as "int"
     if text in ("Tensor", "Optional[Tensor]"):
         return _TENSOR
     if text in ("List[Tensor]", "List[Optional[Tensor]]"):
@@ -117,13 +128,28 @@ def promoted_types(kind, values) -> Types:
 
 
 # ----------------------------------------------------------------------------- kernels
+#: Schema defaults spell a ScalarType as its enum ordinal (randperm's ``dtype=4`` is torch.long).
+_SCALAR_TYPE_ORDINALS = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32,
+                         4: torch.int64, 5: torch.float16, 6: torch.float32, 7: torch.float64,
+                         9: torch.complex64, 11: torch.bool, 15: torch.bfloat16}
+
+
+def _default(arg: torch._C.Argument) -> Any:
+    if not arg.has_default_value():
+        return _NO_DEFAULT
+    value = arg.default_value
+    if _kind(arg) == _DTYPE and isinstance(value, int):
+        return _SCALAR_TYPE_ORDINALS[value]
+    return value
+
+
 class _Binder:
     """Precomputed view of a schema: turns a Python-kernel call into schema-ordered values."""
 
     def __init__(self, schema: torch._C.FunctionSchema):
         args = [a for a in schema.arguments if not _is_out(a)]
         self.names = [a.name for a in args]
-        self.defaults = [a.default_value if a.has_default_value() else _NO_DEFAULT for a in args]
+        self.defaults = [_default(a) for a in args]
         self.kinds = [_kind(a) for a in args]
         self.outs = [a.name for a in schema.arguments if _is_out(a)]
 
@@ -149,7 +175,9 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     static_names = set(entry.static)
     static_pos = tuple(i for i, (k, n) in enumerate(zip(kinds, binder.names))
                        if k in (_STATIC, _DTYPE) or (k == _SCALAR and n in static_names))
-    fn = jax.jit(entry.fn, static_argnums=static_pos, static_argnames=("types",)) \
+    # only lowerings with promote= take ``types`` (jax rejects static names a function lacks)
+    typed = ("types",) if entry.promote is not None else ()
+    fn = jax.jit(entry.fn, static_argnums=static_pos, static_argnames=typed) \
         if entry.jit else entry.fn
     promote_pos = None
     if entry.promote is not None:
@@ -171,6 +199,8 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     generator_pos = [i for i, k in enumerate(kinds) if k == _GENERATOR]
 
     def compute(args: tuple, kwargs: dict):
+        if recorded_ops is not None:
+            recorded_ops.add(op)
         values = binder.bind(args, kwargs)
         extra = {}
         if promote_pos is not None:
@@ -237,7 +267,8 @@ def _functional_kernel(entry: Lowering) -> Callable:
             outs = compute(args, kwargs)
             if config.launch_blocking:
                 _block(outs)
-            return tuple(wrap(o) for o in outs)
+            # None: an output the op's output_mask left out (an undefined tensor in ATen)
+            return tuple(None if o is None else wrap(o) for o in outs)
     return kernel
 
 
@@ -320,11 +351,26 @@ def _derived_variants(op: torch._ops.OpOverload):
                 yield other, None
 
 
+def _recording(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
+    def recorded(*args, **kwargs):
+        if recorded_ops is not None:
+            recorded_ops.add(op)
+        return kernel(*args, **kwargs)
+    return recorded
+
+
 def _is_purely_composite(op: torch._ops.OpOverload) -> bool:
     """CompositeImplicitAutograd with no backend kernel: PyTorch decomposes it before any
     backend sees it, and a tpu kernel would take autograd's path away from it."""
     has = functools.partial(torch._C._dispatch_has_kernel_for_dispatch_key, qualified_name(op))
     return has("CompositeImplicitAutograd") and not has("CPU")
+
+
+def check_installable(op: torch._ops.OpOverload) -> None:
+    """Refuse lowerings PyTorch would never call, or would call behind autograd's back."""
+    if _is_purely_composite(op):
+        raise RuntimeError(f"{op} is CompositeImplicitAutograd: lower the ops it decomposes "
+                           "into instead (a tpu kernel would bypass autograd)")
 
 
 # ----------------------------------------------------------------------------- fallback
@@ -365,11 +411,9 @@ def install() -> None:
     _libraries.append(lib)
     explicit = set(LOWERINGS)
     for op, entry in LOWERINGS.items():
-        if _is_purely_composite(op):
-            raise RuntimeError(f"{op} is CompositeImplicitAutograd: lower the ops it decomposes "
-                               "into instead (a tpu kernel would bypass autograd)")
+        check_installable(op)
         if entry.runtime:
-            lib.impl(op, entry.fn, "PrivateUse1")
+            lib.impl(op, _recording(op, entry.fn), "PrivateUse1")
             continue
         lib.impl(op, _functional_kernel(entry), "PrivateUse1")
         for variant, outs in _derived_variants(op):

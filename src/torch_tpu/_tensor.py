@@ -21,6 +21,7 @@ from ._dtypes import JAX_TO_TORCH, to_jax, unsupported
 _create = torch._C._acc.create_empty_tensor
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+_storage_nbytes = torch._C.StorageBase.nbytes  # the C++ size (UntypedStorage.nbytes is patched)
 
 
 def is_tpu(x: object) -> bool:
@@ -67,7 +68,7 @@ def ensure_nbytes(t: torch.Tensor) -> None:
 
 def ensure_storage_nbytes(storage) -> None:
     need = _buffer.nbytes(_buffer.get(storage))
-    if storage.nbytes() < need:
+    if _storage_nbytes(storage) < need:
         scratch = _create([0], torch.uint8)
         _set_storage.redispatch(_META, scratch, storage, 0, [need], [1])
 
@@ -77,20 +78,36 @@ def _itemsize(dtype: np.dtype) -> int:
     return dtype.itemsize
 
 
+def _bit_carrier(dtype: np.dtype) -> np.dtype:
+    """The dtype whose bits ``lax.bitcast_convert_type`` moves for ``dtype`` (it refuses bool and
+    complex): bytes for bool, the real part's type for complex (stored as interleaved pairs)."""
+    if dtype == jnp.bool_:
+        return np.dtype(jnp.uint8)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return np.dtype(jnp.finfo(dtype).dtype)
+    return np.dtype(dtype)
+
+
 @functools.partial(jax.jit, static_argnums=(1,))
 def _reinterpret(flat: jax.Array, dtype: np.dtype) -> jax.Array:
     """Flat array with the same bytes as ``flat``, seen as ``dtype`` (``x.view(dtype)``)."""
     if flat.dtype == jnp.bool_:
         flat = flat.astype(jnp.uint8)
-    target = jnp.uint8 if dtype == jnp.bool_ else dtype
-    src, dst = flat.dtype.itemsize, np.dtype(target).itemsize
+    elif jnp.issubdtype(flat.dtype, jnp.complexfloating):
+        flat = jnp.stack([flat.real, flat.imag], axis=-1).reshape(-1)
+    target = _bit_carrier(dtype)
+    src, dst = flat.dtype.itemsize, target.itemsize
     if src > dst:
         out = lax.bitcast_convert_type(flat, target).reshape(-1)
     elif src < dst:
         out = lax.bitcast_convert_type(flat.reshape(-1, dst // src), target)
     else:
         out = lax.bitcast_convert_type(flat, target)
-    return out.astype(jnp.bool_) if dtype == jnp.bool_ else out
+    if dtype == jnp.bool_:
+        return out.astype(jnp.bool_)
+    if target != dtype:  # complex: interleaved (real, imag) pairs
+        return lax.complex(out[0::2], out[1::2])
+    return out
 
 
 def _storage_array(storage, dtype: np.dtype) -> jax.Array:

@@ -10,13 +10,21 @@ import jax.numpy as jnp
 from . import _runtime
 
 
+def _host_array(host: torch.Tensor) -> np.ndarray:
+    """The tensor's bytes as a numpy array the device value may keep. On the CPU platform
+    ``device_put(..., may_alias=False)`` still aliases suitably aligned host memory (torch's
+    allocations are), so a tensor mutated after its transfer would change the device value."""
+    array = host.numpy()
+    return array.copy() if _runtime.platform() == "cpu" else array
+
+
 def to_device(host: torch.Tensor) -> jax.Array:
     """A device copy of a CPU tensor (never aliasing it: torch may mutate the host tensor later)."""
     host = host.detach().resolve_conj().resolve_neg().contiguous()
     if host.dtype == torch.bfloat16:
-        bits = jax.device_put(host.view(torch.int16).numpy(), _runtime.device(), may_alias=False)
+        bits = jax.device_put(_host_array(host.view(torch.int16)), _runtime.device())
         return lax.bitcast_convert_type(bits, jnp.bfloat16)
-    return jax.device_put(host.numpy(), _runtime.device(), may_alias=False)
+    return jax.device_put(_host_array(host), _runtime.device())
 
 
 def to_host(value: jax.Array) -> torch.Tensor:

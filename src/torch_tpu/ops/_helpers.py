@@ -4,7 +4,11 @@ from __future__ import annotations
 from typing import Callable
 
 import jax.numpy as jnp
+import torch
+import numpy as np
 
+from .._dispatch import _SCALAR_TYPE_NAMES
+from .._dtypes import to_jax, to_torch
 from .._registry import Promote, lower
 
 
@@ -35,3 +39,21 @@ def binary(op, fn: Callable, promote: Promote = Promote.DEFAULT, **options) -> N
 def predicate(op, fn: Callable, **options) -> None:
     """``op(self, other) -> bool``, comparing in the promoted dtype."""
     binary(op, fn, promote=Promote.ALWAYS_BOOL, **options)
+
+
+def accumulator(dtype) -> np.dtype:
+    """The dtype torch CPU accumulates ``dtype`` in (its "opmath"): float32 for the half types."""
+    return np.dtype(jnp.float32) if dtype in (jnp.float16, jnp.bfloat16) else np.dtype(dtype)
+
+
+def type_name(dtype) -> str:
+    """torch's C++ name for a JAX dtype (``Long``), as torch's error messages spell it."""
+    return _SCALAR_TYPE_NAMES[to_torch(dtype)]
+
+
+def result_dtype(*dtypes) -> jnp.dtype:
+    """The dtype PyTorch promotes these (non-scalar) tensor dtypes to (``torch.promote_types``)."""
+    result = to_torch(dtypes[0])
+    for dtype in dtypes[1:]:
+        result = torch.promote_types(result, to_torch(dtype))
+    return np.dtype(to_jax(result))

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import torch
 
 from .. import _buffer, _random, _tensor, _transfer
-from .._dtypes import to_jax
-from .._registry import runtime
+from .._dtypes import TORCH_TO_JAX, to_jax
+from .._registry import lower, runtime
 
 aten = torch.ops.aten
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -43,9 +43,25 @@ def _meta_view(op):
     runtime(op)(view)
 
 
+# In-place metadata ops (squeeze_, t_, ...) check the storage size directly, so they come here too.
 for _view_op in (aten.view.default, aten.as_strided.default, aten._reshape_alias.default,
-                 aten.unfold.default, aten.view_as_real.default, aten.view_as_complex.default):
+                 aten.unfold.default, aten.view_as_real.default, aten.view_as_complex.default,
+                 aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims,
+                 aten.unsqueeze_.default, aten.transpose_.default, aten.t_.default):
     _meta_view(_view_op)
+
+
+@lower(aten.unfold_backward.default)
+def unfold_backward(grad, input_sizes, dim, size, step):
+    """Sum each window's gradient back into the elements it was cut from (windows may overlap)."""
+    if not input_sizes:  # a 0-dim input unfolds into one window of one element
+        return grad.reshape(())
+    dim %= len(input_sizes)
+    windows = grad.shape[dim]
+    source = (jnp.arange(windows)[:, None] * step + jnp.arange(size)).reshape(-1)
+    per_window = jnp.moveaxis(grad, -1, dim + 1).reshape(
+        input_sizes[:dim] + (windows * size,) + input_sizes[dim + 1:])
+    return jnp.zeros(input_sizes, grad.dtype).at[(slice(None),) * dim + (source,)].add(per_window)
 
 
 @runtime(aten.set_.source_Storage_storage_offset)
@@ -83,7 +99,20 @@ def resize_(self, size, memory_format=None):
             grown = jnp.zeros((need // dtype.itemsize,), dtype).at[: old.size].set(old)
             _buffer.put(storage, grown)
     _tensor.ensure_nbytes(self)
-    return aten.resize_.default.redispatch(_META, self, size, memory_format=memory_format)
+    # Meta's resize_ only accepts meta tensors; set_ gives the same contiguous geometry.
+    strides = torch.empty(size, device="meta").stride()
+    return aten.set_.source_Storage_storage_offset.redispatch(
+        _META, self, storage, self.storage_offset(), size, strides)
+
+
+def _host_to_device(host: torch.Tensor, dtype: torch.dtype) -> jax.Array:
+    """A CPU tensor on the device, for a tpu tensor of ``dtype`` (unsupported ``dtype``: the clear
+    TypeError). A source dtype the device lacks (float64 is fine, complex128/float8 are not) is
+    cast on the host first, as CUDA's copy would on the device."""
+    to_jax(dtype)
+    if host.dtype not in TORCH_TO_JAX:
+        host = host.to(dtype)
+    return _transfer.to_device(host)
 
 
 @runtime(aten.copy_)
@@ -92,7 +121,7 @@ def copy_(self, src, non_blocking=False):
         if self.is_complex() is False and src.is_complex():
             raise RuntimeError("copy_: complex -> real copy would discard the imaginary part; "
                                "use .real explicitly")
-        value = _tensor.read(src) if _tensor.is_tpu(src) else _transfer.to_device(src)
+        value = _tensor.read(src) if _tensor.is_tpu(src) else _host_to_device(src, self.dtype)
         if tuple(src.shape) != tuple(self.shape):
             torch.broadcast_shapes(src.shape, self.shape)  # PyTorch's error for bad shapes
         _tensor._check_no_internal_overlap(self)
@@ -108,7 +137,7 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     dtype = self.dtype if dtype is None else dtype
     target = torch.device(device) if device is not None else self.device
     if target.type == "tpu":
-        value = _tensor.read(self) if _tensor.is_tpu(self) else _transfer.to_device(self)
+        value = _tensor.read(self) if _tensor.is_tpu(self) else _host_to_device(self, dtype)
         return _tensor.wrap(value.astype(to_jax(dtype)))
     host = _transfer.to_host(_tensor.read(self))
     return host.to(dtype=dtype, device=target)

@@ -13,7 +13,8 @@ INT_TO_FLOAT, BOOL = Promote.INT_TO_FLOAT, Promote.ALWAYS_BOOL
 
 # ----------------------------------------------------------------------------- unary
 for _op, _fn in [
-    (aten.neg, jnp.negative), (aten.abs, jnp.abs), (aten.sign, jnp.sign), (aten.sgn, jnp.sign),
+    (aten.neg, jnp.negative), (aten.sign, lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x)),
+    (aten.sgn, lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x)),
     (aten.ceil, jnp.ceil), (aten.floor, jnp.floor), (aten.trunc, jnp.trunc),
     (aten.round, jnp.round), (aten.relu, jax.nn.relu),
     (aten.bitwise_not, jnp.invert), (aten.frac, lambda x: x - jnp.trunc(x)),
@@ -36,6 +37,8 @@ for _op, _fn in [
     (aten.sinc, jnp.sinc),
 ]:
     unary(_op.default, _fn, promote=INT_TO_FLOAT)
+
+unary(aten.abs.default, jnp.abs, promote=Promote.COMPLEX_TO_FLOAT)
 
 for _op, _fn in [(aten.isnan, jnp.isnan), (aten.isinf, jnp.isinf), (aten.isposinf, jnp.isposinf),
                  (aten.isneginf, jnp.isneginf), (aten.signbit, jnp.signbit),
@@ -108,7 +111,7 @@ def _divide(x, y, rounding_mode):
     if rounding_mode == "floor":
         return _floor_divide(x, y)
     if jnp.issubdtype(x.dtype, jnp.integer):
-        return lax.div(x, y)  # C-style truncation
+        return lax.div(*jnp.broadcast_arrays(x, y))  # C-style truncation
     return jnp.trunc(x / y)
 
 
@@ -177,17 +180,30 @@ def div_mode(x, y, rounding_mode=None, *, types):
 def pow_tensor_scalar(x, exponent, *, types):
     x = x.astype(types.compute)
     if isinstance(exponent, int) and not isinstance(exponent, bool):
-        return lax.integer_pow(x, exponent).astype(types.result) if exponent >= 0 \
-            else jnp.power(x, exponent).astype(types.result)
+        if exponent >= 0:
+            return lax.integer_pow(x, exponent).astype(types.result)
+        return _power(x, jnp.asarray(exponent, types.compute)).astype(types.result)
     return jnp.power(x, jnp.asarray(exponent, types.compute)).astype(types.result)
 
 
-binary(aten.pow.Tensor_Tensor, jnp.power)
+def _power(base, exponent):
+    """``base ** exponent``; for integers a negative exponent gives 0 (1 and -1 excepted), as in
+    PyTorch, where ``jnp.power`` would overflow."""
+    if not jnp.issubdtype(exponent.dtype, jnp.integer):
+        return jnp.power(base, exponent)
+    negative = exponent < 0
+    safe = jnp.power(base, jnp.where(negative, 0, exponent))
+    odd = (exponent % 2) == 1
+    reciprocal = jnp.where(base == 1, 1, jnp.where(base == -1, jnp.where(odd, -1, 1), 0))
+    return jnp.where(negative, reciprocal.astype(safe.dtype), safe)
+
+
+binary(aten.pow.Tensor_Tensor, _power)
 
 
 @lower(aten.pow.Scalar, promote=Promote.DEFAULT, promote_args=("self", "exponent"))
 def pow_scalar(base, exponent, *, types):
-    return jnp.power(jnp.asarray(base, types.compute), exponent.astype(types.compute)).astype(types.result)
+    return _power(jnp.asarray(base, types.compute), exponent.astype(types.compute)).astype(types.result)
 
 
 # ----------------------------------------------------------------------------- ternary

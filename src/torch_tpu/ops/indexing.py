@@ -1,2 +1,488 @@
-"""indexing lowerings."""
+"""Indexing lowerings: advanced indexing, gather/scatter, index_* ops, masks, search, unique.
+
+XLA clamps out-of-range indices silently where PyTorch raises, so the ops that take index tensors
+check them first (:func:`_check_bounds`: one host sync) and then run their jitted computation.
+Under a trace (fused eager, ``torch.compile``) the indices are not concrete and the check is
+skipped. Ops whose output shape depends on values (boolean masks, ``nonzero``, ``unique``...) are
+``jit=False``: they read what they need on the host first.
+
+Type and shape errors are raised as ``TypeError``; the dispatcher then replays the call on meta
+tensors, whose kernels raise PyTorch's own exception and message.
+"""
 from __future__ import annotations
+
+import functools
+from typing import Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from .._registry import Promote, lower
+from ._helpers import result_dtype, type_name
+
+aten = torch.ops.aten
+_INDEX_DTYPES = (jnp.int64, jnp.int32)
+
+
+# ----------------------------------------------------------------------------- validation
+def _reject(reason: str):
+    """Defer to PyTorch's own error for these arguments (see the module docstring)."""
+    raise TypeError(reason)
+
+
+def _require_index_dtype(index: jax.Array, op: str) -> None:
+    if index.dtype not in _INDEX_DTYPES:
+        _reject(f"{op}: index dtype {index.dtype}")
+
+
+def _require_same_dtype(x: jax.Array, other: jax.Array, op: str) -> None:
+    if other.dtype != x.dtype:
+        _reject(f"{op}: dtype {other.dtype} != {x.dtype}")
+
+
+@jax.jit
+def _first_out_of_bounds(index: jax.Array, low, high) -> tuple[jax.Array, jax.Array]:
+    flat = index.reshape(-1)
+    bad = (flat < low) | (flat >= high)
+    return jnp.any(bad), flat[jnp.argmax(bad)]
+
+
+def _check_bounds(checks: Sequence[tuple[jax.Array, int, bool]],
+                  error: Callable[[int, int, int], Exception]) -> None:
+    """Raise ``error(position, value, size)`` for the first index outside its dimension.
+
+    ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync.
+    Skipped under a trace, where indices have no values yet.
+    """
+    pending = [(position, index, size, negative_ok)
+               for position, (index, size, negative_ok) in enumerate(checks)
+               if index.size and not isinstance(index, jax.core.Tracer)]
+    results = jax.device_get([_first_out_of_bounds(index, -size if negative_ok else 0, size)
+                              for _, index, size, negative_ok in pending])
+    for (position, _, size, _), (any_bad, value) in zip(pending, results):
+        if any_bad:
+            raise error(position, int(value), size)
+
+
+def _out_of_bounds(position: int, value: int, size: int) -> Exception:
+    return IndexError(f"index {value} is out of bounds for dimension {position} with size {size}")
+
+
+def _out_of_range_in_self(position: int, value: int, size: int) -> Exception:
+    return IndexError("index out of range in self")
+
+
+def _wrap_dim(dim: int, ndim: int) -> int:
+    return dim + max(ndim, 1) if dim < 0 else dim
+
+
+def _as_1d(x: jax.Array) -> jax.Array:
+    """PyTorch treats a 0-dim tensor as one element along dim 0 in the index ops."""
+    return x.reshape(1) if x.ndim == 0 else x
+
+
+# ----------------------------------------------------------------------------- advanced indexing
+def _advanced_indices(x: jax.Array, indices) -> list[Optional[jax.Array]]:
+    """``Tensor?[] indices`` with boolean masks replaced by their nonzero coordinates (a host
+    sync), validated and bounds-checked like PyTorch CPU."""
+    expanded: list[Optional[jax.Array]] = []
+    dim = 0
+    for index in indices:
+        if index is None:
+            expanded.append(None)
+            dim += 1
+            continue
+        if index.dtype in (jnp.bool_, jnp.uint8):
+            if index.ndim == 0:
+                _reject("0-dim mask index")
+            if x.shape[dim:dim + index.ndim] != index.shape:
+                for k, (mask_size, size) in enumerate(zip(index.shape, x.shape[dim:])):
+                    if mask_size != size:
+                        raise IndexError(
+                            f"The shape of the mask {list(index.shape)} at index {k} does not "
+                            f"match the shape of the indexed tensor {list(x.shape)} at index "
+                            f"{dim + k}")
+                raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
+            expanded.extend(jnp.nonzero(index))
+            dim += index.ndim
+        elif index.dtype in _INDEX_DTYPES:
+            expanded.append(index)
+            dim += 1
+        else:
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+    if dim > x.ndim:
+        raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
+    tensor_dims = [(index, x.shape[d]) for d, index in enumerate(expanded) if index is not None]
+    _check_bounds([(index, size, True) for index, size in tensor_dims], _out_of_bounds)
+    return expanded
+
+
+def _numpy_key(indices) -> tuple:
+    return tuple(slice(None) if index is None else index for index in indices)
+
+
+@jax.jit
+def _take_advanced(x, indices):
+    return x[_numpy_key(indices)]
+
+
+@functools.partial(jax.jit, static_argnums=(3,))
+def _put_advanced(x, indices, values, accumulate):
+    target = x.at[_numpy_key(indices)]
+    values = values.astype(x.dtype)
+    return target.add(values) if accumulate else target.set(values)
+
+
+@lower(aten.index.Tensor, jit=False)
+def index(x, indices):
+    return _take_advanced(x, tuple(_advanced_indices(x, indices)))
+
+
+@lower(aten.index_put.default, jit=False)
+def index_put(x, indices, values, accumulate=False):
+    if values.dtype != x.dtype:
+        raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
+                           f"{type_name(x.dtype)} for the destination and "
+                           f"{type_name(values.dtype)} for the source.")
+    return _put_advanced(x, tuple(_advanced_indices(x, indices)), values, accumulate)
+
+
+@lower(aten._index_put_impl.default, jit=False)
+def index_put_impl(x, indices, values, accumulate=False, unsafe=False):
+    return index_put(x, indices, values, accumulate)
+
+
+# ----------------------------------------------------------------------------- gather / scatter
+def _along(index: jax.Array, dim: int) -> tuple:
+    """Coordinates selecting ``index``'s entries along ``dim`` and their own position elsewhere."""
+    return tuple(index if d == dim else lax.broadcasted_iota(jnp.int32, index.shape, d)
+                 for d in range(index.ndim))
+
+
+def _check_along(x: jax.Array, dim: int, index: jax.Array, op: str) -> None:
+    _require_index_dtype(index, op)
+    if index.ndim and x.ndim and index.ndim != x.ndim:
+        _reject(f"{op}: index rank")
+    size = _as_1d(x).shape[_wrap_dim(dim, x.ndim)]
+    _check_bounds([(index, size, False)],
+                  lambda _, value, size: RuntimeError(
+                      f"index {value} is out of bounds for dimension {dim} with size {size}"))
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _gather(x, dim, index):
+    return _as_1d(x)[_along(_as_1d(index), dim)].reshape(index.shape)
+
+
+@lower(aten.gather.default, jit=False)
+def gather(x, dim, index, sparse_grad=False):
+    _check_along(x, dim, index, "gather")
+    return _gather(x, _wrap_dim(dim, x.ndim), index)
+
+
+def _scatter_reduce_into(x, dim, index, src, reduce: str):
+    """``x`` with ``src`` (cropped to ``index``'s shape, or a scalar) combined in along ``dim``."""
+    shape = x.shape
+    x, index = _as_1d(x), _as_1d(index)
+    if jnp.ndim(src):
+        src = _as_1d(src)[tuple(slice(0, n) for n in index.shape)]
+    target = x.at[_along(index, dim)]
+    src = jnp.asarray(src, x.dtype)
+    combined = {"set": target.set, "sum": target.add, "prod": target.multiply,
+                "amax": target.max, "amin": target.min}[reduce](src)
+    return combined.reshape(shape)
+
+
+_LEGACY_REDUCE = {"add": "sum", "multiply": "prod"}
+
+
+@functools.partial(jax.jit, static_argnums=(1, 4))
+def _scatter(x, dim, index, src, reduce):
+    return _scatter_reduce_into(x, dim, index, src, reduce)
+
+
+def _scatter_lowering(reduce_arg: bool):
+    def scatter(x, dim, index, src, reduce="set"):
+        if isinstance(src, jax.Array) and src.ndim:
+            _require_same_dtype(x, src, "scatter")
+        _check_along(x, dim, index, "scatter")
+        return _scatter(x, _wrap_dim(dim, x.ndim), index, src,
+                        _LEGACY_REDUCE[reduce] if reduce_arg else "set")
+    return scatter
+
+
+lower(aten.scatter.src, aten.scatter.value, jit=False)(_scatter_lowering(reduce_arg=False))
+lower(aten.scatter.reduce, aten.scatter.value_reduce, jit=False)(_scatter_lowering(reduce_arg=True))
+
+
+@lower(aten.scatter_add.default, jit=False)
+def scatter_add(x, dim, index, src):
+    return _scatter_lowering(reduce_arg=True)(x, dim, index, src, "add")
+
+
+_IDENTITY = {"sum": 0, "mean": 0, "prod": 1}
+
+
+@functools.partial(jax.jit, static_argnums=(1, 4, 5))
+def _scatter_reduce(x, dim, index, src, reduce, include_self):
+    hit = _scatter_reduce_into(jnp.zeros(x.shape, jnp.bool_), dim, index, True, "set")
+    if not include_self:
+        identity = _IDENTITY.get(reduce)
+        if identity is None:  # amax/amin: the extreme of the dtype
+            info = jnp.finfo(x.dtype) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.iinfo(x.dtype)
+            identity = info.min if reduce == "amax" else info.max
+            if jnp.issubdtype(x.dtype, jnp.inexact):
+                identity = -jnp.inf if reduce == "amax" else jnp.inf
+        x = jnp.where(hit, jnp.asarray(identity, x.dtype), x)
+    if reduce != "mean":
+        return _scatter_reduce_into(x, dim, index, src, reduce)
+    total = _scatter_reduce_into(x, dim, index, src, "sum")
+    start = jnp.ones(x.shape, x.dtype) if include_self else jnp.where(hit, 0, 1).astype(x.dtype)
+    count = _scatter_reduce_into(start, dim, index, jnp.ones(src.shape, x.dtype), "sum")
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return total / count
+    return jnp.floor_divide(total, count)
+
+
+@lower(aten.scatter_reduce.two, jit=False)
+def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    _require_same_dtype(x, src, "scatter_reduce")
+    _check_along(x, dim, index, "scatter_reduce")
+    return _scatter_reduce(x, _wrap_dim(dim, x.ndim), index, src, reduce, include_self)
+
+
+# ----------------------------------------------------------------------------- index_* ops
+def _dim_key(dim: int, index) -> tuple:
+    return (slice(None),) * dim + (index,)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _index_select(x, dim, index):
+    selected = jnp.take(_as_1d(x), _as_1d(index), axis=dim)
+    return selected.reshape(()) if x.ndim == 0 else selected
+
+
+def _selected_shape(shape, dim, index) -> tuple:
+    return shape[:dim] + (index.size,) + shape[dim + 1:]
+
+
+def _check_index_dim(x, dim, index, op: str, error, negative_ok: bool = False) -> int:
+    _require_index_dtype(index, op)
+    if index.ndim > 1:
+        _reject(f"{op}: index must be a vector")
+    dim = _wrap_dim(dim, x.ndim)
+    _check_bounds([(index, _as_1d(x).shape[dim], negative_ok)], error)
+    return dim
+
+
+@lower(aten.index_select.default, jit=False)
+def index_select(x, dim, index):
+    dim = _check_index_dim(x, dim, index, "index_select", _out_of_range_in_self)
+    return _index_select(x, dim, index)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 4))
+def _index_update(x, dim, index, source, reduce):
+    target = _as_1d(x).at[_dim_key(dim, _as_1d(index))]
+    source = jnp.asarray(source, x.dtype)
+    if source.ndim:
+        source = source.reshape(_selected_shape(_as_1d(x).shape, dim, _as_1d(index)))
+    return (target.add(source) if reduce == "sum" else target.set(source)).reshape(x.shape)
+
+
+@lower(aten.index_add.default, jit=False)
+def index_add(x, dim, index, source, alpha=1):
+    _require_same_dtype(x, source, "index_add")
+    dim = _check_index_dim(x, dim, index, "index_add", _out_of_range_in_self)
+    return _index_update(x, dim, index, source * jnp.asarray(alpha, x.dtype), "sum")
+
+
+@lower(aten.index_copy.default, jit=False)
+def index_copy(x, dim, index, source):
+    _require_same_dtype(x, source, "index_copy")
+    dim = _check_index_dim(
+        x, dim, index, "index_copy", lambda _, value, size: IndexError(
+            f"index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"))
+    return _index_update(x, dim, index, source, "set")
+
+
+@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, jit=False)
+def index_fill(x, dim, index, value):
+    if jnp.ndim(value):
+        _reject("index_fill: value must be 0-dim")
+    dim = _check_index_dim(
+        x, dim, index, "index_fill", negative_ok=True, error=lambda _, value, size: IndexError(
+            f"index {value} is out of bounds for dimension {dim} with size {size}"))
+    return _index_update(x, dim, index, value, "set")
+
+
+@lower(aten.take.default, jit=False)
+def take(x, index):
+    _require_index_dtype(index, "take")
+    _check_bounds([(index, x.size, True)], lambda _, value, size: IndexError(
+        f"out of range: tried to access index {value} on a tensor of {size} elements."))
+    return _take_advanced(x.reshape(-1), (index,))
+
+
+# ----------------------------------------------------------------------------- masks
+def _require_bool_mask(mask, op: str) -> None:
+    if mask.dtype != jnp.bool_:
+        _reject(f"{op}: mask must be bool")
+
+
+@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(x, mask, value):
+    _require_bool_mask(mask, "masked_fill")
+    if jnp.ndim(value):
+        _reject("masked_fill: value must be 0-dim")
+    return jnp.where(mask, jnp.asarray(value).astype(x.dtype), x)
+
+
+@lower(aten.masked_scatter.default)
+def masked_scatter(x, mask, source):
+    _require_bool_mask(mask, "masked_scatter")
+    _require_same_dtype(x, source, "masked_scatter")
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    mask = jnp.broadcast_to(mask, shape)
+    # the k-th True position (row-major) takes source's k-th element
+    position = jnp.cumsum(mask.reshape(-1)) - 1
+    taken = source.reshape(-1)[jnp.clip(position, 0, max(source.size - 1, 0))].reshape(shape)
+    return jnp.where(mask, taken, x)
+
+
+@lower(aten.masked_select.default, jit=False)
+def masked_select(x, mask):
+    _require_bool_mask(mask, "masked_select")
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    return jnp.broadcast_to(x, shape)[jnp.broadcast_to(mask, shape)]
+
+
+@lower(aten.nonzero.default, jit=False)
+def nonzero(x):
+    coordinates = jnp.nonzero(_as_1d(x))
+    if x.ndim == 0:
+        return jnp.zeros((coordinates[0].size, 0), jnp.int64)
+    return jnp.stack(coordinates, axis=1).astype(jnp.int64)
+
+
+@lower(aten.nonzero_static.default)
+def nonzero_static(x, size, fill_value=-1):
+    coordinates = jnp.nonzero(_as_1d(x), size=size, fill_value=fill_value)
+    if x.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
+    return jnp.stack(coordinates, axis=1).astype(jnp.int64)
+
+
+# ----------------------------------------------------------------------------- search
+def _searchsorted(boundaries, values, out_int32, right, side=None, sorter=None):
+    if sorter is not None:
+        boundaries = jnp.take_along_axis(boundaries, sorter, axis=-1)
+    dtype = result_dtype(boundaries.dtype, jnp.asarray(values).dtype)
+    boundaries, values = boundaries.astype(dtype), jnp.asarray(values, dtype)
+    side = "right" if right or side == "right" else "left"
+    if boundaries.ndim <= 1:
+        found = jnp.searchsorted(boundaries, values, side=side)
+    else:
+        rows = boundaries.reshape(-1, boundaries.shape[-1])
+        found = jax.vmap(lambda row, v: jnp.searchsorted(row, v, side=side))(
+            rows, values.reshape(rows.shape[0], -1)).reshape(values.shape)
+    return found.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+lower(aten.searchsorted.Tensor, aten.searchsorted.Scalar)(_searchsorted)
+
+
+@lower(aten.bucketize.Tensor)
+def bucketize(x, boundaries, out_int32=False, right=False):
+    return _searchsorted(boundaries, x, out_int32, right)
+
+
+@lower(aten.bucketize.Scalar)
+def bucketize_scalar(x, boundaries, out_int32=False, right=False):
+    return _searchsorted(boundaries, x, out_int32, right)
+
+
+# ----------------------------------------------------------------------------- unique & counts
+_NOTHING = jnp.zeros((0,), jnp.int64)  # PyTorch returns empty tensors for outputs not asked for
+
+
+def _unique_outputs(values, inverse, counts, return_inverse, return_counts):
+    return (values,
+            inverse.astype(jnp.int64) if return_inverse else _NOTHING,
+            counts.astype(jnp.int64) if return_counts else _NOTHING)
+
+
+@lower(aten._unique2.default, jit=False)
+def unique2(x, sorted=True, return_inverse=False, return_counts=False):
+    values, inverse, counts = jnp.unique(x.reshape(-1), return_inverse=True, return_counts=True)
+    return _unique_outputs(values, inverse.reshape(x.shape), counts, return_inverse, return_counts)
+
+
+@lower(aten._unique.default, jit=False)
+def unique(x, sorted=True, return_inverse=False):
+    return unique2(x, sorted, return_inverse)[:2]
+
+
+@lower(aten.unique_dim.default, jit=False)
+def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
+    values, inverse, counts = jnp.unique(x, axis=dim, return_inverse=True, return_counts=True)
+    return _unique_outputs(values, inverse.reshape(-1), counts, return_inverse, return_counts)
+
+
+def _unique_consecutive(x, return_inverse, return_counts, dim):
+    if dim is None:
+        values, inverse, counts = _unique_consecutive(x.reshape(-1), True, True, 0)
+        return _unique_outputs(values, inverse.reshape(x.shape), counts,
+                               return_inverse, return_counts)
+    moved = jnp.moveaxis(x, dim, 0)
+    if moved.shape[0] == 0:
+        return _unique_outputs(x, _NOTHING, _NOTHING, return_inverse, return_counts)
+    changed = jnp.any((moved[1:] != moved[:-1]).reshape(moved.shape[0] - 1, -1), axis=1)
+    starts = jnp.concatenate([jnp.array([True]), changed])
+    first = np.flatnonzero(np.asarray(starts))
+    counts = np.diff(np.append(first, moved.shape[0]))
+    values = jnp.moveaxis(moved[first], 0, dim)
+    return _unique_outputs(values, jnp.cumsum(starts) - 1, jnp.asarray(counts),
+                           return_inverse, return_counts)
+
+
+lower(aten.unique_consecutive.default, jit=False)(_unique_consecutive)
+
+
+@lower(aten.unique_dim_consecutive.default, jit=False)
+def unique_dim_consecutive(x, dim, return_inverse=False, return_counts=False):
+    return _unique_consecutive(x, return_inverse, return_counts, dim)
+
+
+@lower(aten.bincount.default, jit=False)
+def bincount(x, weights=None, minlength=0):
+    if x.ndim != 1 or not jnp.issubdtype(x.dtype, jnp.integer) or (x.size and int(x.min()) < 0):
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is not None and weights.shape != x.shape:
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+    length = max(int(x.max()) + 1 if x.size else 0, minlength)
+    if weights is None:
+        return jnp.bincount(x, length=length).astype(jnp.int64)
+    dtype = jnp.float32 if weights.dtype == jnp.float32 else jnp.float64  # as torch CPU
+    return jnp.bincount(x, weights.astype(dtype), length=length)
+
+
+@lower(aten.histc.default, promote=Promote.DEFAULT, promote_args=("self",))
+def histc(x, bins=100, min=0, max=0, *, types):
+    """Equal-width bins over [min, max] (the data's range when min == max), like torch CPU:
+    bin = int((x - min) * bins / (max - min)); x == max goes to the last bin."""
+    low, high = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
+    data_range = low == high
+    low = jnp.where(data_range, jnp.min(x, initial=jnp.inf, where=~jnp.isnan(x)), low)
+    high = jnp.where(data_range, jnp.max(x, initial=-jnp.inf, where=~jnp.isnan(x)), high)
+    degenerate = low == high
+    low, high = jnp.where(degenerate, low - 1, low), jnp.where(degenerate, high + 1, high)
+    inside = (x >= low) & (x <= high)
+    position = ((x - low) * bins / (high - low)).astype(jnp.int64)
+    position = jnp.clip(position, 0, bins - 1)
+    counts = jnp.zeros((bins,), x.dtype).at[jnp.where(inside, position, bins)].add(
+        jnp.ones_like(x), mode="drop")
+    return counts.astype(types.result)

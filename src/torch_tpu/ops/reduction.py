@@ -1,2 +1,492 @@
-"""reduction lowerings."""
+"""Reductions, scans, sorts and order statistics.
+
+PyTorch's dtype rules: sums and products of integers/bools return int64, ``dtype=`` casts the
+input first, float16/bfloat16 accumulate in float32 (torch's opmath), means and norms need a
+floating input. ``dim=None`` or ``[]`` reduce every dim. Index results are int64 and pick the
+element a sequential CPU kernel picks (first maximum, stable sort order, last mode).
+"""
 from __future__ import annotations
+
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .._dtypes import to_torch
+from .._registry import lower
+from ._helpers import accumulator, type_name
+
+aten = __import__("torch").ops.aten
+INDEX = jnp.int64
+
+
+# ----------------------------------------------------------------------------- dims and dtypes
+def _dims(x: jax.Array, dim) -> tuple[int, ...]:
+    """Reduction dims in ``[0, ndim)``, sorted; ``None`` or ``[]`` mean every dim."""
+    if dim is None or dim == ():
+        return tuple(range(x.ndim))
+    dims = (dim,) if isinstance(dim, int) else dim
+    rank = max(x.ndim, 1)  # a 0-dim tensor accepts dim 0 and -1
+    for d in dims:
+        if not -rank <= d < rank:
+            raise IndexError(f"Dimension out of range (expected to be in range of "
+                             f"[{-rank}, {rank - 1}], but got {d})")
+    normalized = [d % rank for d in dims]
+    for i, d in enumerate(normalized):
+        if d in normalized[:i]:
+            raise RuntimeError(f"dim {d} appears multiple times in the list of dims")
+    return tuple(sorted(normalized)) if x.ndim else ()
+
+
+def _dim(x: jax.Array, dim: int) -> Optional[int]:
+    """One dim in ``[0, ndim)``; None for a 0-dim tensor (whose only "dim" is itself)."""
+    dims = _dims(x, (dim,))
+    return dims[0] if dims else None
+
+
+def _nonempty(x: jax.Array, dims: tuple[int, ...], name: str) -> None:
+    for d in dims:
+        if x.shape[d] == 0:
+            raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+
+
+def _is_integral(dtype) -> bool:
+    return not jnp.issubdtype(dtype, jnp.inexact)
+
+
+def _real(dtype) -> np.dtype:
+    return np.dtype(jnp.finfo(dtype).dtype)
+
+
+def _sum_dtype(x_dtype, dtype) -> np.dtype:
+    """Result dtype of sum/prod/cumsum: ``dtype`` if given, int64 for integers and bools."""
+    if dtype is not None:
+        return np.dtype(dtype)
+    return np.dtype(jnp.int64) if _is_integral(x_dtype) else np.dtype(x_dtype)
+
+
+def _float_dtype(name: str, x_dtype, dtype) -> np.dtype:
+    """Result dtype of mean-like ops, which cannot infer one for integer inputs."""
+    result = np.dtype(dtype if dtype is not None else x_dtype)
+    if _is_integral(result):
+        which = "Optional" if dtype is not None else "Input"
+        raise RuntimeError(f"{name}(): could not infer output dtype. {which} dtype must be either "
+                           f"a floating point or complex dtype. Got: {to_torch(result)}")
+    return result
+
+
+def _require_float(x: jax.Array, message: str) -> None:
+    if _is_integral(x.dtype):
+        raise RuntimeError(f"{message} Got {type_name(x.dtype)}")
+
+
+def _count(x: jax.Array, dims: tuple[int, ...]) -> int:
+    return math.prod(x.shape[d] for d in dims)
+
+
+def _keep_all(out: jax.Array, ndim: int, keepdim: bool) -> jax.Array:
+    """A full reduction's scalar, as shape ``[1] * ndim`` when ``keepdim``."""
+    return out.reshape((1,) * ndim) if keepdim else out
+
+
+# ----------------------------------------------------------------------------- sum / mean / prod
+def _accumulate(reduce, x, dim, keepdim, result):
+    return reduce(x.astype(accumulator(result)), axis=_dims(x, dim), keepdims=keepdim).astype(result)
+
+
+@lower(aten.sum.dim_IntList)
+def sum_dim(x, dim, keepdim=False, dtype=None):
+    return _accumulate(jnp.sum, x, dim, keepdim, _sum_dtype(x.dtype, dtype))
+
+
+@lower(aten.sum.default)
+def sum_all(x, dtype=None):
+    return sum_dim(x, None, False, dtype)
+
+
+@lower(aten.nansum.default)
+def nansum(x, dim=None, keepdim=False, dtype=None):
+    return _accumulate(jnp.nansum, x, dim, keepdim, _sum_dtype(x.dtype, dtype))
+
+
+@lower(aten.prod.dim_int)
+def prod_dim(x, dim, keepdim=False, dtype=None):
+    return _accumulate(jnp.prod, x, (dim,), keepdim, _sum_dtype(x.dtype, dtype))
+
+
+@lower(aten.prod.default)
+def prod_all(x, dtype=None):
+    return _accumulate(jnp.prod, x, None, False, _sum_dtype(x.dtype, dtype))
+
+
+@lower(aten.mean.dim)
+def mean_dim(x, dim, keepdim=False, dtype=None):
+    return _accumulate(jnp.mean, x, dim, keepdim, _float_dtype("mean", x.dtype, dtype))
+
+
+@lower(aten.mean.default)
+def mean_all(x, dtype=None):
+    return mean_dim(x, None, False, dtype)
+
+
+# ----------------------------------------------------------------------------- var / std
+def _var_mean(x, dim, correction, keepdim):
+    if _is_integral(x.dtype):
+        raise RuntimeError("std and var only support floating point and complex dtypes")
+    dims = _dims(x, dim)
+    wide = x.astype(accumulator(x.dtype))
+    mean = jnp.mean(wide, axis=dims, keepdims=True)
+    squares = jnp.sum(jnp.square(jnp.abs(wide - mean)), axis=dims, keepdims=keepdim)
+    correction = 1 if correction is None else correction
+    var = squares / jnp.maximum(_count(x, dims) - correction, 0)
+    mean = mean if keepdim else jnp.squeeze(mean, dims)
+    return var.astype(_real(x.dtype)), mean.astype(x.dtype)
+
+
+@lower(aten.var.correction)
+def var(x, dim=None, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction, keepdim)[0]
+
+
+@lower(aten.std.correction)
+def std(x, dim=None, correction=None, keepdim=False):
+    return jnp.sqrt(var(x, dim, correction, keepdim))
+
+
+@lower(aten.var_mean.correction)
+def var_mean(x, dim=None, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction, keepdim)
+
+
+@lower(aten.std_mean.correction)
+def std_mean(x, dim=None, correction=None, keepdim=False):
+    variance, mean = _var_mean(x, dim, correction, keepdim)
+    return jnp.sqrt(variance), mean
+
+
+# ----------------------------------------------------------------------------- max / min / arg
+def _extreme(name, reduce):
+    """``max``/``min`` over everything: an error on empty inputs (there is no identity)."""
+    def full(x):
+        if x.size == 0:
+            raise RuntimeError(f"{name}(): Expected reduction dim to be specified for "
+                               "input.numel() == 0. Specify the reduction dim with the 'dim' "
+                               "argument.")
+        return reduce(x)
+    return full
+
+
+def _extreme_dim(name, reduce, arg):
+    """``max.dim``/``min.dim``: values and the index of the first extreme (NaN wins)."""
+    def along(x, dim, keepdim=False):
+        axis = _dim(x, dim)
+        if axis is None:
+            return x, jnp.zeros((), INDEX)
+        _nonempty(x, (axis,), name)
+        return (reduce(x, axis=axis, keepdims=keepdim),
+                arg(x, axis=axis, keepdims=keepdim).astype(INDEX))
+    return along
+
+
+def _extreme_dims(name, reduce):
+    """``amax``/``amin``: several dims, no indices."""
+    def over(x, dim=(), keepdim=False):
+        dims = _dims(x, dim)
+        _nonempty(x, dims, name)
+        return reduce(x, axis=dims, keepdims=keepdim)
+    return over
+
+
+def _arg_extreme(name, arg):
+    """``argmax``/``argmin``: ``dim=None`` flattens (``keepdim`` then keeps every dim as 1)."""
+    def index(x, dim=None, keepdim=False):
+        if dim is None:
+            if x.size == 0:
+                raise IndexError(f"{name}(): Expected reduction dim to be specified for "
+                                 "input.numel() == 0.")
+            return _keep_all(arg(x.reshape(-1)).astype(INDEX), x.ndim, keepdim)
+        axis = _dim(x, dim)
+        if axis is None:
+            return jnp.zeros((), INDEX)
+        _nonempty(x, (axis,), name)
+        return arg(x, axis=axis, keepdims=keepdim).astype(INDEX)
+    return index
+
+
+for _name, _reduce, _arg in [("max", jnp.max, jnp.argmax), ("min", jnp.min, jnp.argmin)]:
+    _packet = getattr(aten, _name)
+    lower(_packet.default)(_extreme(_name, _reduce))
+    lower(_packet.dim)(_extreme_dim(_name, _reduce, _arg))
+    lower(getattr(aten, "a" + _name).default)(_extreme_dims("a" + _name, _reduce))
+    lower(getattr(aten, "arg" + _name).default)(_arg_extreme("arg" + _name, _arg))
+
+
+@lower(aten.aminmax.default)
+def aminmax(x, dim=None, keepdim=False):
+    if dim is None:
+        if x.size == 0:
+            raise RuntimeError("aminmax(): cannot compute aminmax over an empty dimension as the "
+                               "operation has no identity.")
+        return _keep_all(jnp.min(x), x.ndim, keepdim), _keep_all(jnp.max(x), x.ndim, keepdim)
+    dims = _dims(x, (dim,))
+    for d in dims:
+        if x.shape[d] == 0:
+            raise IndexError(f"aminmax: Expected reduction dim {d} to have non-zero size.")
+    return jnp.min(x, axis=dims, keepdims=keepdim), jnp.max(x, axis=dims, keepdims=keepdim)
+
+
+# ----------------------------------------------------------------------------- all / any / count
+def _logical(reduce):
+    """``all``/``any``: bool results, except uint8 inputs give uint8 (a torch legacy rule)."""
+    def over(x, dim=None, keepdim=False):
+        out = reduce(x.astype(bool), axis=_dims(x, dim), keepdims=keepdim)
+        return out.astype(jnp.uint8) if x.dtype == jnp.uint8 else out
+    return over
+
+
+for _name, _reduce in [("all", jnp.all), ("any", jnp.any)]:
+    _packet = getattr(aten, _name)
+    lower(_packet.default, _packet.dim, _packet.dims)(_logical(_reduce))
+
+
+@lower(aten.count_nonzero.dim_IntList)
+def count_nonzero_dims(x, dim):
+    return jnp.sum(x != 0, axis=_dims(x, dim), dtype=INDEX)
+
+
+@lower(aten.count_nonzero.default)
+def count_nonzero(x, dim=None):
+    return count_nonzero_dims(x, () if dim is None else (dim,))
+
+
+# ----------------------------------------------------------------------------- norms
+def _vector_norm(x, ord, dims, keepdim):
+    """``sum(|x|**ord)**(1/ord)`` with the limits torch uses for 0 and +-inf."""
+    magnitude = jnp.abs(x)
+    if ord in (math.inf, -math.inf):
+        if any(x.shape[d] == 0 for d in dims) or (not dims and x.size == 0):
+            raise RuntimeError("linalg.vector_norm cannot compute the inf norm on an empty tensor "
+                               "because the operation does not have an identity")
+        return (jnp.max if ord > 0 else jnp.min)(magnitude, axis=dims, keepdims=keepdim)
+    if ord == 0:
+        return jnp.sum(magnitude != 0, axis=dims, keepdims=keepdim).astype(x.dtype)
+    if ord == 1:
+        return jnp.sum(magnitude, axis=dims, keepdims=keepdim)
+    if ord == 2:
+        return jnp.sqrt(jnp.sum(jnp.square(magnitude), axis=dims, keepdims=keepdim))
+    return jnp.sum(magnitude ** ord, axis=dims, keepdims=keepdim) ** (1.0 / ord)
+
+
+@lower(aten.linalg_vector_norm.default, static=("ord",))
+def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
+    _require_float(x, "linalg.vector_norm: Expected a floating point or complex tensor as input.")
+    if dtype is not None:
+        x = x.astype(dtype)
+    result = _real(x.dtype)
+    wide = x.astype(accumulator(x.dtype))
+    return _vector_norm(wide, float(ord), _dims(x, dim), keepdim).astype(result)
+
+
+@lower(aten.norm.ScalarOpt_dim, aten.norm.ScalarOpt_dim_dtype, static=("p",))
+def norm_dim(x, p, dim, keepdim=False, dtype=None):
+    return linalg_vector_norm(x, 2 if p is None else p, dim, keepdim, dtype)
+
+
+@lower(aten.norm.Scalar, aten.norm.ScalarOpt_dtype, static=("p",))
+def norm(x, p=2, dtype=None):
+    return norm_dim(x, p, (), False, dtype)
+
+
+@lower(aten._foreach_norm.Scalar, static=("ord",))
+def foreach_norm(xs, ord=2, dtype=None):
+    return [linalg_vector_norm(x, ord, None, False, dtype) for x in xs]
+
+
+@lower(aten.logsumexp.default)
+def logsumexp(x, dim, keepdim=False):
+    if _is_integral(x.dtype):
+        x = x.astype(jnp.float32)  # torch's default dtype
+    dims = _dims(x, dim)
+    wide = x.astype(accumulator(x.dtype))
+    peak = jnp.max(wide, axis=dims, keepdims=True, initial=-jnp.inf)
+    peak = jnp.where(jnp.isfinite(peak), peak, 0)  # all -inf (or +inf) slices: no shift
+    out = jnp.log(jnp.sum(jnp.exp(wide - peak), axis=dims, keepdims=True)) + peak
+    return (out if keepdim else jnp.squeeze(out, dims)).astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------- scans
+def _scan(fn):
+    """A cumulative op along ``dim``; a 0-dim tensor is its own prefix."""
+    def along(x, dim, dtype=None):
+        result = _sum_dtype(x.dtype, dtype)
+        axis = _dim(x, dim)
+        wide = x.astype(accumulator(result))
+        return (wide if axis is None else fn(wide, axis=axis)).astype(result)
+    return along
+
+
+lower(aten.cumsum.default)(_scan(jnp.cumsum))
+lower(aten.cumprod.default)(_scan(jnp.cumprod))
+
+
+@lower(aten.logcumsumexp.default, aten._logcumsumexp.default)
+def logcumsumexp(x, dim):
+    if _is_integral(x.dtype):
+        raise NotImplementedError(
+            f"logcumsumexp not implemented for '{type_name(x.dtype)}'")
+    axis = _dim(x, dim)
+    if axis is None or x.shape[axis] == 0:
+        return x
+    return lax.cumlogsumexp(x.astype(accumulator(x.dtype)), axis=axis).astype(x.dtype)
+
+
+def _running_extreme(later_wins):
+    """``cummax``/``cummin``: the CPU kernel's running (value, index) pair. A later element
+    replaces the current one when it ties or beats it, or is NaN; once NaN, it stays. That
+    rule is associative, so it runs as a parallel scan."""
+    def combine(a, b):
+        (va, ia), (vb, ib) = a, b
+        take_b = ~_isnan(va) & (_isnan(vb) | later_wins(vb, va))
+        return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
+
+    def along(x, dim):
+        axis = _dim(x, dim)
+        if axis is None:
+            return x, jnp.zeros((), INDEX)
+        if x.shape[axis] == 0:
+            return x, jnp.zeros(x.shape, INDEX)
+        index = lax.broadcasted_iota(INDEX, x.shape, axis)
+        return lax.associative_scan(combine, (x, index), axis=axis)
+    return along
+
+
+def _isnan(x):
+    return jnp.isnan(x) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.zeros(x.shape, bool)
+
+
+lower(aten.cummax.default)(_running_extreme(jnp.greater_equal))
+lower(aten.cummin.default)(_running_extreme(jnp.less_equal))
+
+
+# ----------------------------------------------------------------------------- sort and selection
+def _sort(x, axis: int, descending: bool = False):
+    """Stable sort along ``axis``: values and int64 source indices. NaN sorts as the largest
+    value and -0.0 ties with 0.0, as in torch. A descending stable sort is the reverse of an
+    ascending stable sort of the reversed input (which keeps ties in source order)."""
+    index = lax.broadcasted_iota(INDEX, x.shape, axis)
+    if descending:
+        x, index = jnp.flip(x, axis), jnp.flip(index, axis)
+    values, index = lax.sort((x, index), dimension=axis, num_keys=1, is_stable=True)
+    if descending:
+        values, index = jnp.flip(values, axis), jnp.flip(index, axis)
+    return values, index
+
+
+@lower(aten.sort.stable)
+def sort_stable(x, stable=None, dim=-1, descending=False):
+    axis = _dim(x, dim)
+    if axis is None:
+        return x, jnp.zeros((), INDEX)
+    return _sort(x, axis, descending)
+
+
+@lower(aten.sort.default)
+def sort(x, dim=-1, descending=False):
+    return sort_stable(x, True, dim, descending)
+
+
+def _take(values, index, axis, position, keepdim):
+    """Element ``position`` (static int or per-slice array) along ``axis`` of sorted outputs."""
+    position = jnp.expand_dims(jnp.asarray(position, INDEX), axis) if jnp.ndim(position) \
+        else jnp.full(values.shape[:axis] + (1,) + values.shape[axis + 1:], position, INDEX)
+    picked = [jnp.take_along_axis(a, position, axis) for a in (values, index)]
+    return tuple(p if keepdim else jnp.squeeze(p, axis) for p in picked)
+
+
+def _selection(name, x, dim):
+    """Axis of an order-statistic op (None for 0-dim inputs), checking it is not empty."""
+    axis = _dim(x, dim)
+    if axis is not None:
+        _nonempty(x, (axis,), name)
+    return axis
+
+
+@lower(aten.topk.default)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    axis = _dim(x, dim)
+    size = 1 if axis is None else x.shape[axis]
+    if not 0 <= k <= size:
+        raise RuntimeError("selected index k out of range")
+    if axis is None:
+        return x, jnp.zeros((), INDEX)
+    values, index = _sort(x, axis, descending=largest)
+    return lax.slice_in_dim(values, 0, k, axis=axis), lax.slice_in_dim(index, 0, k, axis=axis)
+
+
+@lower(aten.kthvalue.default)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    axis = _selection("kthvalue", x, dim)
+    size = 1 if axis is None else x.shape[axis]
+    if not 1 <= k <= size:
+        raise RuntimeError(f"kthvalue(): selected number k out of range for dimension "
+                           f"{0 if axis is None else axis}")
+    if axis is None:
+        return x, jnp.zeros((), INDEX)
+    return _take(*_sort(x, axis), axis, k - 1, keepdim)
+
+
+def _median_position(sorted_values, axis, ignore_nan):
+    """Position of the lower median in each sorted slice. NaNs sort last: ``median`` returns
+    the first NaN of a slice that has one; ``nanmedian`` takes the median of the rest."""
+    size = sorted_values.shape[axis]
+    nans = jnp.sum(_isnan(sorted_values), axis=axis, dtype=INDEX)
+    if ignore_nan:
+        return (jnp.maximum(size - nans, 1) - 1) // 2
+    return jnp.where(nans > 0, size - nans, (size - 1) // 2)
+
+
+def _median(name, ignore_nan):
+    def along(x, dim, keepdim=False):
+        axis = _selection(name, x, dim)
+        if axis is None:
+            return x, jnp.zeros((), INDEX)
+        values, index = _sort(x, axis)
+        return _take(values, index, axis, _median_position(values, axis, ignore_nan), keepdim)
+
+    def full(x):
+        if x.size == 0:
+            return jnp.full((), jnp.nan, x.dtype)
+        return along(x.reshape(-1), 0)[0]
+    return full, along
+
+
+for _name, _ignore_nan in [("median", False), ("nanmedian", True)]:
+    _full, _along = _median(_name, _ignore_nan)
+    lower(getattr(aten, _name).default)(_full)
+    lower(getattr(aten, _name).dim)(_along)
+
+
+@lower(aten.mode.default)
+def mode(x, dim=-1, keepdim=False):
+    """The most frequent value (the smallest among equally frequent ones) and the index of its
+    last occurrence, as the CPU kernel returns."""
+    axis = _selection("mode", x, dim)
+    if axis is None:
+        return x, jnp.zeros((), INDEX)
+    values = jnp.sort(x, axis=axis)
+    size = x.shape[axis]
+    position = lax.broadcasted_iota(INDEX, x.shape, axis)
+    previous = jnp.concatenate([lax.slice_in_dim(values, 0, 1, axis=axis),
+                                lax.slice_in_dim(values, 0, size - 1, axis=axis)], axis)
+    run_start = jnp.where((position == 0) | (values != previous), position, 0)
+    run_start = lax.cummax(run_start, axis=axis)
+    run_length = position - run_start + 1
+    # the last element of the longest (first, hence smallest) run
+    best_end = jnp.argmax(run_length, axis=axis, keepdims=True)
+    value = jnp.take_along_axis(values, best_end, axis)
+    last_index = jnp.max(jnp.where(x == value, lax.broadcasted_iota(INDEX, x.shape, axis), -1),
+                         axis=axis, keepdims=True)
+    return tuple(a if keepdim else jnp.squeeze(a, axis) for a in (value, last_index))

@@ -1,0 +1,186 @@
+"""Every tpu lowering validated against PyTorch CPU on OpInfo samples.
+
+For each OpInfo and each dtype tpu supports, a few samples run on CPU and on tpu: forward values
+and dtypes must match (``torch.testing.assert_close``), the derived in-place variant too, and for
+float32 the gradients (``torch.autograd.grad``) as well. Samples that reach an op with no tpu
+lowering are skipped (the coverage table in docs/ops.md tracks them); a mismatch fails unless
+``expectations.py`` says why.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils._pytree import tree_flatten, tree_map
+
+import torch_tpu  # noqa: F401
+
+from .expectations import RANDOM_OPS, TOLERANCES, XFAILS
+
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+          torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64)
+SAMPLES_PER_OP = 3
+
+
+def _name(op) -> str:
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def _dense(op) -> bool:
+    """Sparse-layout OpInfos test sparse kernels, which tpu (dense XLA arrays) does not have."""
+    return not (op.name.startswith("sparse.") or "to_sparse" in op.name)
+
+
+OPS = [op for op in op_db if _dense(op)]
+
+
+def _cases():
+    for op in OPS:
+        supported = op.supported_dtypes("cpu")
+        for dtype in DTYPES:
+            if dtype in supported:
+                yield pytest.param(op, dtype, id=f"{_name(op)}-{str(dtype)[6:]}")
+
+
+def _to_tpu(x):
+    if isinstance(x, torch.Tensor):
+        moved = x.detach().to("tpu")
+        return moved.requires_grad_(x.requires_grad) if x.is_leaf else moved
+    return x
+
+
+def _samples(op, dtype, requires_grad=False):
+    samples = op.sample_inputs("cpu", dtype, requires_grad=requires_grad)
+    return [s for _, s in zip(range(SAMPLES_PER_OP), samples)]
+
+
+def _call(fn, sample, move):
+    args = tree_map(move, (sample.input, sample.args, sample.kwargs))
+    return fn(args[0], *args[1], **args[2]), args
+
+
+def _tolerance(name, dtype):
+    for tolerance in (TOLERANCES.get(name), TOLERANCES["default-half"]):
+        if tolerance and (tolerance.dtypes is None or dtype in tolerance.dtypes):
+            return {"atol": tolerance.atol, "rtol": tolerance.rtol}
+    return {}
+
+
+def _compare(actual, expected, name, dtype, what):
+    actual_leaves, _ = tree_flatten(actual)
+    expected_leaves, _ = tree_flatten(expected)
+    assert len(actual_leaves) == len(expected_leaves), f"{what}: output structure differs"
+    for a, e in zip(actual_leaves, expected_leaves):
+        if not isinstance(e, torch.Tensor):
+            if isinstance(e, (int, float, bool, complex)) and isinstance(a, type(e)):
+                torch.testing.assert_close(a, e, equal_nan=True, msg=lambda m: f"{what}: {m}",
+                                           **_tolerance(name, dtype))
+            continue
+        assert isinstance(a, torch.Tensor), f"{what}: expected a tensor, got {type(a)}"
+        assert a.device.type == "tpu" or e.device.type == "cpu", f"{what}: result on {a.device}"
+        if name in RANDOM_OPS:
+            assert (a.shape, a.dtype) == (e.shape, e.dtype), f"{what}: shape/dtype differ"
+            continue
+        torch.testing.assert_close(a.cpu(), e, equal_nan=True, msg=lambda m: f"{what}: {m}",
+                                   **_tolerance(name, dtype))
+
+
+def _run_or_skip(fn):
+    """Run ``fn``; skip when it reaches an op tpu has no lowering for (tracked in docs/ops.md)."""
+    try:
+        return fn()
+    except NotImplementedError as e:
+        if "has no tpu lowering" in str(e):
+            pytest.skip(str(e).split(".")[0])
+        raise
+
+
+def _with_expectations(name, dtype, check, backward=False):
+    """Run ``check``; an XFAIL entry must still fail (strict), so stale entries surface."""
+    xfail = XFAILS.get(name)
+    if not (xfail and (xfail.dtypes is None or dtype in xfail.dtypes)
+            and xfail.backward_only == backward):
+        return check()
+    try:
+        check()
+    except (AssertionError, RuntimeError, TypeError, ValueError, IndexError):
+        pytest.xfail(xfail.reason)
+    pytest.fail(f"{name} ({dtype}) now matches CPU: remove its XFAILS entry")
+
+
+@pytest.mark.parametrize("op, dtype", list(_cases()))
+def test_forward(op, dtype):
+    _with_expectations(_name(op), dtype, lambda: _check_forward(op, dtype))
+
+
+def _check_forward(op, dtype):
+    name = _name(op)
+    ran = 0
+    for sample in _samples(op, dtype):
+        try:
+            expected, _ = _call(op, sample, lambda x: x)
+        except Exception:  # noqa: BLE001  (a sample CPU rejects says nothing about tpu)
+            continue
+        actual, _ = _run_or_skip(lambda: _call(op, sample, _to_tpu))
+        _compare(actual, expected, name, dtype, f"{name} forward")
+        ran += 1
+        inplace = op.inplace_variant
+        if inplace is not None and isinstance(sample.input, torch.Tensor):
+            try:
+                expected_inplace, _ = _call(inplace, sample, lambda x: x.clone() if isinstance(x, torch.Tensor) else x)
+            except Exception:  # noqa: BLE001
+                continue
+            actual_inplace, _ = _run_or_skip(lambda: _call(inplace, sample, _to_tpu))
+            _compare(actual_inplace, expected_inplace, name, dtype, f"{name} in-place")
+    if not ran:
+        pytest.skip("no sample runs on CPU for this dtype")
+
+
+def _grad_inputs(args):
+    leaves, _ = tree_flatten(args)
+    return [x for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad]
+
+
+def _grads(op, sample, move):
+    out, args = _call(op, sample, move)
+    out = sample.output_process_fn_grad(out)
+    outputs = [o for o in tree_flatten(out)[0]
+               if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point]
+    inputs = _grad_inputs(args)
+    if not outputs or not inputs:
+        return None
+    # a fixed, non-uniform cotangent catches more than ones_like
+    cotangents = [torch.linspace(-1, 1, o.numel(), dtype=o.dtype).reshape(o.shape).to(o.device)
+                  for o in outputs]
+    return torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
+
+
+@pytest.mark.parametrize("op", [op for op in OPS if op.supports_autograd
+                                and torch.float32 in op.supported_dtypes("cpu")], ids=_name)
+def test_backward(op):
+    if _name(op) in RANDOM_OPS:
+        pytest.skip("random op: gradients depend on the random values")
+    _with_expectations(_name(op), torch.float32, lambda: _check_backward(op), backward=True)
+
+
+def _check_backward(op):
+    name = _name(op)
+    ran = 0
+    for sample in _samples(op, torch.float32, requires_grad=True):
+        try:
+            expected = _grads(op, sample, lambda x: x)
+        except Exception:  # noqa: BLE001
+            continue
+        if expected is None:
+            continue
+        actual = _run_or_skip(lambda: _grads(op, sample, _to_tpu))
+        for a, e in zip(actual, expected):
+            if e is None:
+                continue
+            assert a is not None, f"{name}: tpu produced no gradient where CPU did"
+            torch.testing.assert_close(a.cpu(), e, equal_nan=True,
+                                       msg=lambda m: f"{name} backward: {m}",
+                                       **_tolerance(name, torch.float32))
+        ran += 1
+    if not ran:
+        pytest.skip("no differentiable sample")

@@ -1,0 +1,219 @@
+"""Errors on tpu are PyTorch's errors: the same exception types as CPU (messages like CUDA's where
+the device shows), raised before anything is written, after which the process keeps working.
+Also the opt-in switches that change error behaviour: CPU fallback and debug (blocking) eager."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import torch_tpu
+
+TPU = torch.device("tpu")
+aten = torch.ops.aten
+SAME_DEVICE = "Expected all tensors to be on the same device"
+
+
+def _cpu_and_tpu(*cpu_tensors: torch.Tensor):
+    return cpu_tensors, tuple(t.to(TPU) for t in cpu_tensors)
+
+
+def assert_raises_like_cpu(fn, *cpu_tensors: torch.Tensor) -> Exception:
+    """``fn`` raises the same exception type on the tpu copies as on the CPU tensors, and leaves
+    every argument unchanged. Returns the tpu exception."""
+    cpu, tpu = _cpu_and_tpu(*cpu_tensors)
+    with pytest.raises(Exception) as cpu_error:
+        fn(*cpu)
+    with pytest.raises(type(cpu_error.value)) as tpu_error:
+        fn(*tpu)
+    assert type(tpu_error.value) is type(cpu_error.value), (tpu_error.value, cpu_error.value)
+    for before, after in zip(cpu_tensors, tpu):
+        assert torch.equal(after.cpu(), before), "a failed op modified its argument"
+    assert torch.equal((tpu[0] * 1).cpu(), cpu_tensors[0] * 1), "the process stopped working"
+    return tpu_error.value
+
+
+# ----------------------------------------------------------------------------- devices
+MIXED = {
+    "binary": lambda t, c: t + c,
+    "binary_reversed": lambda t, c: c * t,
+    "inplace_tpu_self": lambda t, c: t.add_(c),
+    "inplace_cpu_self": lambda t, c: c.sub_(t),
+    "out_on_cpu": lambda t, c: torch.add(t, t, out=c),
+    "where": lambda t, c: torch.where(t > 0, t, c),
+    "cat": lambda t, c: torch.cat([t, c]),
+    "matmul": lambda t, c: t.view(2, 2) @ c.view(2, 2),
+}
+
+
+@pytest.mark.parametrize("name", MIXED)
+def test_device_mismatch(name):
+    tpu, cpu = torch.arange(4.0, device=TPU), torch.arange(4.0) + 10
+    with pytest.raises(RuntimeError, match=SAME_DEVICE):
+        MIXED[name](tpu, cpu)
+    assert tpu.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert cpu.tolist() == [10.0, 11.0, 12.0, 13.0]
+
+
+def test_cpu_scalar_tensor_joins_device_ops():
+    tpu = torch.arange(4.0, device=TPU)
+    scalar = torch.tensor(2.5)
+    assert (tpu * scalar).device.type == "tpu"
+    assert (tpu * scalar).cpu().tolist() == [0.0, 2.5, 5.0, 7.5]
+    assert torch.where(tpu > 1, tpu, scalar).cpu().tolist() == [2.5, 2.5, 2.0, 3.0]
+    tpu.add_(torch.tensor(1))
+    assert tpu.cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+# ----------------------------------------------------------------------------- shapes and dtypes
+SHAPE_ERRORS = {
+    "broadcast": (lambda a, b: a + b, (torch.ones(3), torch.ones(4))),
+    "inplace_broadcast": (lambda a, b: a.mul_(b), (torch.ones(3), torch.ones(2, 3))),
+    "out_shape": (lambda a, b: torch.add(a, a, out=b.view(2, 2)[0].t().expand(3, 2)),
+                  (torch.ones(3, 2), torch.zeros(4))),
+    "view": (lambda a: a.view(5), (torch.ones(12),)),
+    "view_incompatible_strides": (lambda a: a.t().view(12), (torch.ones(3, 4),)),
+    "copy_": (lambda a, b: a.copy_(b), (torch.ones(3), torch.ones(4))),
+    "cat": (lambda a, b: torch.cat([a, b]), (torch.ones(2, 3), torch.ones(2, 4))),
+    "mm": pytest.param(
+        lambda a, b: a @ b, (torch.ones(5, 1), torch.ones(2, 3)),
+        marks=pytest.mark.xfail(strict=True, reason="linalg's mm lowering (einsum) broadcasts a "
+                                                    "size-1 inner dimension instead of raising")),
+    "expand": (lambda a: a.expand(2, 4), (torch.ones(3),)),
+    "reshape": (lambda a: a.reshape(-1, 5), (torch.ones(12),)),
+}
+
+
+@pytest.mark.parametrize("fn,args", SHAPE_ERRORS.values(), ids=SHAPE_ERRORS.keys())
+def test_shape_errors_like_cpu(fn, args):
+    assert_raises_like_cpu(fn, *args)
+
+
+CAST_ERRORS = {
+    "int_iadd_float": (lambda a, b: a.__iadd__(b), (torch.arange(3), torch.ones(3)),
+                       "result type Float can't be cast to the desired output type Long"),
+    "int_add_float_scalar": (lambda a: a.add_(1.5), (torch.arange(3),),
+                             "result type Float can't be cast to the desired output type Long"),
+    "bool_add_int": (lambda a: a.add_(1), (torch.ones(3, dtype=torch.bool),),
+                     "result type Long can't be cast to the desired output type Bool"),
+    "float_out_into_int": (lambda a, b: torch.mul(a, a, out=b), (torch.ones(3),
+                                                                 torch.zeros(3, dtype=torch.int32)),
+                           "result type Float can't be cast to the desired output type Int"),
+}
+
+
+@pytest.mark.parametrize("fn,args,message", CAST_ERRORS.values(), ids=CAST_ERRORS.keys())
+def test_dtype_errors_like_cpu(fn, args, message):
+    error = assert_raises_like_cpu(fn, *args)
+    assert message in str(error)
+
+
+# ----------------------------------------------------------------------------- indexing
+INDEX_ERRORS = {
+    "past_end": (lambda x: x[10], (5,)),
+    "negative_past_start": (lambda x: x[-6], (5,)),
+    "second_dim": (lambda x: x[:, 3], (2, 3)),
+    "select": (lambda x: x.select(1, 7), (2, 3)),
+    "setitem": (lambda x: x.__setitem__(5, 1.0), (5,)),
+    "tensor_index": (lambda x: x[torch.tensor([1, 7], device=x.device)], (5,)),
+    "index_select": (lambda x: x.index_select(0, torch.tensor([9], device=x.device)), (5,)),
+    "gather": (lambda x: x.gather(0, torch.tensor([9], device=x.device)), (5,)),
+    "narrow": (lambda x: x.narrow(0, 3, 4), (5,)),
+}
+
+
+@pytest.mark.parametrize("fn,shape", INDEX_ERRORS.values(), ids=INDEX_ERRORS.keys())
+def test_index_errors_like_cpu(fn, shape):
+    assert_raises_like_cpu(fn, torch.arange(float(torch.Size(shape).numel())).reshape(shape))
+
+
+# ----------------------------------------------------------------------------- unsupported ops
+# Ops with CPU kernels and (today) no tpu lowering; the test uses the first one still unlowered.
+_RARE_OPS = [(aten.special_bessel_j0.default, torch.special.bessel_j0),
+             (aten.special_airy_ai.default, torch.special.airy_ai),
+             (aten.special_spherical_bessel_j0.default, torch.special.spherical_bessel_j0),
+             (aten.special_scaled_modified_bessel_k0.default,
+              torch.special.scaled_modified_bessel_k0),
+             (aten.special_erfcx.default, torch.special.erfcx)]
+
+
+def _qualified(op) -> str:
+    return op._schema.name if op._overloadname == "default" else f"{op._schema.name}.{op._overloadname}"
+
+
+def _unlowered_op():
+    lowered = set(torch_tpu.lowered_ops())
+    for op, fn in _RARE_OPS:
+        if str(op) not in lowered:
+            return op, fn
+    pytest.fail("every candidate op is lowered now: add an unlowered one to _RARE_OPS")
+
+
+def test_unlowered_op_names_itself_and_the_fallback_switch():
+    op, fn = _unlowered_op()
+    tpu = torch.linspace(0.5, 2.0, 4, device=TPU)
+    with pytest.raises(NotImplementedError) as error:
+        fn(tpu)
+    assert f"'{_qualified(op)}'" in str(error.value)
+    assert "TORCH_TPU_CPU_FALLBACK=1" in str(error.value)
+    assert tpu.cpu().tolist() == [0.5, 1.0, 1.5, 2.0]
+    assert (tpu + 1).cpu().tolist() == [1.5, 2.0, 2.5, 3.0]
+
+
+def test_cpu_fallback_is_opt_in_and_counted(run_python):
+    op, _ = _unlowered_op()
+    out = run_python(f"""
+        import json, torch, torch_tpu
+        fn = torch.ops.aten.{op._schema.name.removeprefix("aten::")}
+        cpu = torch.linspace(0.5, 2.0, 7)
+        result = fn(cpu.to("tpu"))
+        fn(cpu.to("tpu")[::2])
+        print(json.dumps({{"device": str(result.device), "equal": torch.equal(result.cpu(), fn(cpu)),
+                          "counts": dict(torch_tpu.cpu_fallback_counts())}}))
+    """, TORCH_TPU_CPU_FALLBACK="1")
+    report = json.loads(out.splitlines()[-1])
+    assert report["device"] == "tpu:0" and report["equal"]
+    assert report["counts"] == {_qualified(op): 2}
+
+
+def test_fallback_counts_are_empty_without_fallback():
+    assert not torch_tpu.cpu_fallback_counts()
+
+
+# ----------------------------------------------------------------------------- debug eager
+def test_launch_blocking_runs_ops(run_python):
+    out = run_python("""
+        import torch, torch_tpu
+        from torch_tpu import config
+        x = torch.arange(6.0, device="tpu").view(2, 3)
+        y = (x.t() @ x).sum(0)
+        x.add_(1)
+        torch.mul(x, 2, out=x)
+        try:
+            x[:, :2] + x
+        except RuntimeError:
+            pass
+        print(config.launch_blocking, y.cpu().tolist(), x.cpu().tolist())
+    """, TPU_LAUNCH_BLOCKING="1")
+    assert out.split() == ["True", "[15.0,", "54.0,", "93.0]", "[[2.0,", "4.0,", "6.0],",
+                           "[8.0,", "10.0,", "12.0]]"]
+
+
+# ----------------------------------------------------------------------------- generators
+GENERATOR_USES = {
+    "randn": lambda g: torch.randn(3, device=TPU, generator=g),
+    "rand": lambda g: torch.rand(3, device=TPU, generator=g),
+    "randint": lambda g: torch.randint(0, 5, (3,), device=TPU, generator=g),
+    "randperm": lambda g: torch.randperm(5, device=TPU, generator=g),
+    "uniform_": lambda g: torch.zeros(3, device=TPU).uniform_(generator=g),
+    "normal_": lambda g: torch.zeros(3, device=TPU).normal_(generator=g),
+    "exponential_": lambda g: torch.zeros(3, device=TPU).exponential_(generator=g),
+}
+
+
+@pytest.mark.parametrize("name", GENERATOR_USES)
+def test_cpu_generator_on_tpu_is_an_error_like_cuda(name):
+    with pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but "
+                                           "found 'cpu'"):
+        GENERATOR_USES[name](torch.Generator())

@@ -1,0 +1,452 @@
+"""The tpu data model against CPU: views and aliasing, writes through views, autograd over views,
+dtype reinterpretation, host transfers, printing and dtype support.
+
+Every case runs the same code on a CPU tensor and on its tpu copy and requires the same values,
+geometry (shape, strides, offset) and aliasing (which results share their base's storage).
+"""
+from __future__ import annotations
+
+import gc
+import re
+
+import pytest
+import torch
+
+TPU = torch.device("tpu")
+
+
+def _base(shape=(3, 4), dtype=torch.float32) -> torch.Tensor:
+    """A fresh tensor (not itself a view), counting up from 0."""
+    return torch.arange(int(torch.tensor(shape).prod()), dtype=dtype).reshape(shape).clone()
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+
+def assert_same(tpu: torch.Tensor, cpu: torch.Tensor) -> None:
+    """Same dtype, shape and values, bit for bit (NaNs included)."""
+    assert tpu.device.type == "tpu"
+    assert tpu.dtype == cpu.dtype and tpu.shape == cpu.shape
+    host = tpu.cpu()
+    if cpu.dtype.is_complex:
+        host, cpu = torch.view_as_real(host), torch.view_as_real(cpu)
+    if cpu.dim() == 0:
+        host, cpu = host.reshape(1), cpu.reshape(1)
+    assert torch.equal(host.contiguous().view(torch.uint8), cpu.contiguous().view(torch.uint8)), \
+        f"tpu {host}\n!= cpu {cpu}"
+
+
+def assert_same_view(tpu: torch.Tensor, tpu_base: torch.Tensor, cpu: torch.Tensor,
+                     cpu_base: torch.Tensor) -> None:
+    """Same values and the same geometry and aliasing as PyTorch's CPU view."""
+    assert_same(tpu, cpu)
+    assert tpu.stride() == cpu.stride()
+    assert tpu.storage_offset() == cpu.storage_offset()
+    assert tpu.is_contiguous() == cpu.is_contiguous()
+    assert _shares_storage(tpu, tpu_base) == _shares_storage(cpu, cpu_base)
+    assert (tpu._base is tpu_base) == (cpu._base is cpu_base)
+
+
+# ----------------------------------------------------------------------------- views
+VIEWS = {
+    "slice": lambda x: x[1:3],
+    "slice_step": lambda x: x[:, ::2],
+    "slice_step_offset": lambda x: x[1:, 1::2],
+    "negative_index": lambda x: x[-1],
+    "negative_slice": lambda x: x[-2:, -3:-1],
+    "ellipsis_none": lambda x: x[None, ..., 1, None],
+    "view_flat": lambda x: x.view(12),
+    "view_infer": lambda x: x.view(-1, 2),
+    "view_as": lambda x: x.view_as(torch.empty(4, 3)),
+    "reshape_is_view": lambda x: x.reshape(6, 2),
+    "reshape_needs_copy": lambda x: x.t().reshape(12),
+    "flatten": lambda x: x.flatten(),
+    "unflatten": lambda x: x.unflatten(1, (2, 2)),
+    "t": lambda x: x.t(),
+    "T": lambda x: x.T,
+    "mT": lambda x: x.mT,
+    "transpose": lambda x: x.transpose(0, 1),
+    "permute_3d": lambda x: x.view(2, 3, 2).permute(2, 0, 1),
+    "transpose_3d": lambda x: x.view(2, 3, 2).transpose(0, 2),
+    "movedim": lambda x: x.view(2, 3, 2).movedim(0, -1),
+    "expand": lambda x: x[:1].expand(3, 4),
+    "expand_new_dim": lambda x: x[0].expand(2, 4),
+    "unfold": lambda x: x.unfold(1, 2, 1),
+    "unfold_step": lambda x: x.unfold(1, 2, 2),
+    "as_strided": lambda x: x.as_strided((2, 2), (1, 4), 1),
+    "as_strided_overlap": lambda x: x.as_strided((3, 3), (1, 1)),
+    "diagonal": lambda x: x.diagonal(),
+    "diagonal_offset": lambda x: x.diagonal(offset=1),
+    "diagonal_negative": lambda x: x.diagonal(offset=-1),
+    "select": lambda x: x.select(1, 2),
+    "narrow": lambda x: x.narrow(1, 1, 2),
+    "unsqueeze": lambda x: x.unsqueeze(1),
+    "squeeze": lambda x: x.unsqueeze(0).unsqueeze(-1).squeeze(),
+    "split": lambda x: x.split(3, dim=1)[1],
+    "chunk": lambda x: x.chunk(2, dim=0)[1],
+    "unbind": lambda x: x.unbind(1)[3],
+    "chained": lambda x: x.t()[1:, ::2].unsqueeze(0).expand(2, 3, 2),
+    "view_of_slice": lambda x: x[1:].view(2, 2, 2),
+    "contiguous_of_view": lambda x: x.t().contiguous(),
+    "contiguous_is_noop": lambda x: x.contiguous(),
+    "clone_of_view": lambda x: x.t().clone(),
+}
+
+
+@pytest.mark.parametrize("name", VIEWS)
+def test_view_matches_cpu(name):
+    cpu_base = _base()
+    tpu_base = cpu_base.to(TPU)
+    fn = VIEWS[name]
+    assert_same_view(fn(tpu_base), tpu_base, fn(cpu_base), cpu_base)
+
+
+def test_view_as_real_and_complex():
+    cpu = torch.complex(_base(), -_base())
+    tpu = cpu.to(TPU)
+    assert_same_view(torch.view_as_real(tpu), tpu, torch.view_as_real(cpu), cpu)
+    real_cpu, real_tpu = _base((3, 2, 2)), _base((3, 2, 2)).to(TPU)
+    assert_same_view(torch.view_as_complex(real_tpu), real_tpu, torch.view_as_complex(real_cpu),
+                     real_cpu)
+    torch.view_as_real(tpu)[1, 2, 1] = 100  # writes the imaginary part of tpu[1, 2]
+    torch.view_as_real(cpu)[1, 2, 1] = 100
+    assert_same(tpu, cpu)
+
+
+BITCASTS = [  # (source dtype, target dtype): x.view(dtype) reinterprets the bytes
+    (torch.float32, torch.int32), (torch.int32, torch.float32), (torch.float32, torch.bfloat16),
+    (torch.bfloat16, torch.float32), (torch.float32, torch.int16), (torch.int16, torch.float32),
+    (torch.float32, torch.uint8), (torch.uint8, torch.float32), (torch.int64, torch.float64),
+    (torch.float64, torch.int64), (torch.float16, torch.int16), (torch.bfloat16, torch.float16),
+    (torch.int8, torch.uint8), (torch.uint8, torch.int8), (torch.bool, torch.uint8),
+    (torch.uint8, torch.bool), (torch.complex64, torch.float32), (torch.float32, torch.complex64),
+    (torch.int64, torch.int32), (torch.complex64, torch.int64),
+]
+
+
+def _bit_pattern_source(dtype: torch.dtype) -> torch.Tensor:
+    """8 x 8 values with varied bit patterns (0/1 only for bool, so every byte is a valid bool)."""
+    if dtype == torch.bool:
+        return torch.arange(64).reshape(8, 8) % 3 == 0
+    values = torch.linspace(-300.5, 300.25, 64, dtype=torch.float64).reshape(8, 8)
+    if dtype.is_complex:
+        return torch.complex(values, values.flip(1)).to(dtype)
+    if dtype.is_floating_point:
+        return values.to(dtype)
+    info = torch.iinfo(dtype)
+    return values.to(torch.int64).clamp(info.min, info.max).to(dtype)
+
+
+@pytest.mark.parametrize("source,target", BITCASTS, ids=lambda d: str(d).removeprefix("torch."))
+def test_view_dtype_reinterprets_bits(source, target):
+    cpu = _bit_pattern_source(source)
+    if target == torch.bool:
+        cpu = cpu % 2  # only 0/1 bytes are valid bools
+    tpu = cpu.to(TPU)
+    assert_same_view(tpu.view(target), tpu, cpu.view(target), cpu)
+    assert_same_view(tpu[2:5].view(target), tpu, cpu[2:5].view(target), cpu)
+
+
+def test_write_through_dtype_view_changes_bits_of_base():
+    cpu, tpu = _base(), _base().to(TPU)
+    for x in (cpu, tpu):
+        x.view(torch.int32)[1] = 0x3F800000  # the bits of 1.0f
+        x.view(torch.int16)[2, 1::2] = 0x4000  # high halves: 2.0f's upper bits
+    assert_same(tpu, cpu)
+    assert tpu[1].tolist() == [1.0] * 4
+
+
+# ----------------------------------------------------------------------------- writes through views
+def _values_like(x: torch.Tensor, values) -> torch.Tensor:
+    return torch.tensor(values, dtype=x.dtype).to(x.device)
+
+
+WRITES = {
+    "row_add_": lambda x: x[0].add_(1),
+    "transposed_row_mul_": lambda x: x.t()[1].mul_(10),
+    "flat_view_zero_": lambda x: x.view(12)[5:8].zero_(),
+    "column_copy_": lambda x: x[:, 1].copy_(_values_like(x, [7, 8, 9])),
+    "step_setitem": lambda x: x.__setitem__(slice(None, None, 2), 5),
+    "diagonal_fill_": lambda x: x.diagonal().fill_(-1),
+    "unfold_mul_": lambda x: x.unfold(1, 2, 2).mul_(2),
+    "select_neg_": lambda x: x.select(1, 3).neg_(),
+    "narrow_sub_": lambda x: x.narrow(0, 1, 1).sub_(1),
+    "as_strided_fill_": lambda x: x.as_strided((2, 2), (4, 1), 5).fill_(0),
+    "unsqueeze_div_": lambda x: x.unsqueeze(0)[0, 2].div_(2),
+    "transposed_block_setitem": lambda x: x[1:, 1:].transpose(0, 1).__setitem__(0, 3),
+    "negative_slice_setitem": lambda x: x.__setitem__((-1, slice(-2, None)),
+                                                       _values_like(x, [-5, -6])),
+    "flatten_step_add_": lambda x: x.flatten()[::3].add_(100),
+    "reshape_view_add_": lambda x: x.reshape(12)[::5].add_(1),
+    "reshape_copy_add_": lambda x: x.t().reshape(12).add_(1),  # a copy: base unchanged
+    "contiguous_copy_add_": lambda x: x.t().contiguous().add_(1),  # a copy: base unchanged
+    "clone_add_": lambda x: x.clone().add_(1),  # base unchanged
+    "broadcast_copy_": lambda x: x[1:].copy_(_values_like(x, [1, 2, 3, 4])),
+    "scalar_element_setitem": lambda x: x.__setitem__((2, 3), 42),
+    "out_into_view": lambda x: torch.add(x[0], 1, out=x[2]),
+    "chained_views_add_": lambda x: x.t()[1:, ::2].unsqueeze(0)[0].add_(0.5),
+    "inplace_on_base_whole": lambda x: x.mul_(3),
+}
+
+
+@pytest.mark.parametrize("name", WRITES)
+def test_write_through_view_matches_cpu(name):
+    cpu, tpu = _base(), _base().to(TPU)
+    WRITES[name](cpu)
+    WRITES[name](tpu)
+    assert_same(tpu, cpu)
+    assert tpu._version == cpu._version
+
+
+def test_write_to_base_is_visible_in_views():
+    cpu, tpu = _base(), _base().to(TPU)
+    views = [lambda x: x[1], lambda x: x.t()[::2], lambda x: x.diagonal(), lambda x: x.view(12)]
+    cpu_views, tpu_views = [v(cpu) for v in views], [v(tpu) for v in views]
+    for x in (cpu, tpu):
+        x.add_(1)
+        x[0, 0] = -7
+    for tv, cv in zip(tpu_views, cpu_views):
+        assert_same(tv, cv)
+    tpu.copy_(torch.full((3, 4), 2.5))  # a whole-storage write replaces the storage value
+    cpu.copy_(torch.full((3, 4), 2.5))
+    for tv, cv in zip(tpu_views, cpu_views):
+        assert_same(tv, cv)
+
+
+def test_write_through_one_view_is_visible_in_another():
+    cpu, tpu = _base(), _base().to(TPU)
+    for x in (cpu, tpu):
+        column, row = x[:, 2], x[1]
+        column.mul_(-1)
+        assert row[2].item() == -6.0
+    assert_same(tpu, cpu)
+
+
+def test_write_through_expanded_view_is_an_error():
+    cpu, tpu = _base(), _base().to(TPU)
+    with pytest.raises(RuntimeError, match="single memory location") as cpu_error:
+        cpu[:1].expand(3, 4).add_(1)
+    with pytest.raises(type(cpu_error.value), match="single memory location"):
+        tpu[:1].expand(3, 4).add_(1)
+    assert_same(tpu, cpu)
+
+
+def test_version_counter_is_shared_by_views():
+    cpu, tpu = _base(), _base().to(TPU)
+    for x in (cpu, tpu):
+        view = x.t()[1]
+        before = x._version
+        view.add_(1)
+        assert x._version == view._version == before + 1
+
+
+def test_views_share_storage_and_copies_do_not():
+    tpu = _base().to(TPU)
+    assert tpu.t()._base is tpu and tpu[1:]._base is tpu
+    assert _shares_storage(tpu.view(12), tpu)
+    assert not _shares_storage(tpu.clone(), tpu)
+    assert not _shares_storage(tpu + 0, tpu)
+    assert tpu.untyped_storage().device.type == "tpu"
+
+
+def test_clone_is_independent():
+    tpu = _base().to(TPU)
+    copy = tpu.t().clone()
+    copy.add_(100)
+    assert_same(tpu, _base())
+    assert_same(copy, _base().t() + 100)
+
+
+# ----------------------------------------------------------------------------- autograd
+GRAD_FNS = {
+    "transpose_slice": lambda a: (a.t()[1:] * torch.arange(9.0).reshape(3, 3).to(a.device)).sum(),
+    "expand": lambda a: (a[:1].expand(3, 4) * a).sum(),
+    "diagonal": lambda a: (a.diagonal() ** 2).sum(),
+    "unfold": lambda a: a.unfold(1, 2, 1).prod(-1).sum(),
+    "as_strided": lambda a: a.as_strided((2, 3), (2, 1), 1).exp().sum(),
+    "view_step_slice": lambda a: (a.view(2, 6)[:, ::2] * 3).sum(),
+    "select_narrow": lambda a: a.select(0, 1).sum() + a.narrow(1, 2, 2).pow(2).sum(),
+    "permute_reshape": lambda a: a.view(2, 3, 2).permute(2, 0, 1).reshape(-1, 3).sin().sum(),
+}
+
+
+@pytest.mark.parametrize("name", GRAD_FNS)
+def test_autograd_through_views(name):
+    cpu_leaf = (_base() / 10).requires_grad_()
+    tpu_leaf = (_base() / 10).to(TPU).requires_grad_()
+    GRAD_FNS[name](cpu_leaf).backward()
+    GRAD_FNS[name](tpu_leaf).backward()
+    assert tpu_leaf.grad.shape == cpu_leaf.grad.shape
+    torch.testing.assert_close(tpu_leaf.grad.cpu(), cpu_leaf.grad)
+
+
+def _inplace_on_views(a: torch.Tensor) -> torch.Tensor:
+    """In-place writes into views of a non-leaf: autograd records them as CopySlices."""
+    b = a * 1
+    b[0].mul_(2)
+    b.t()[1].add_(a[2, 0] * 3)
+    b.diagonal().mul_(a[0, 3])
+    return (b * b).sum()
+
+
+def test_autograd_through_inplace_writes_on_views():
+    cpu_leaf = (_base() / 10).requires_grad_()
+    tpu_leaf = (_base() / 10).to(TPU).requires_grad_()
+    cpu_loss, tpu_loss = _inplace_on_views(cpu_leaf), _inplace_on_views(tpu_leaf)
+    cpu_loss.backward()
+    tpu_loss.backward()
+    torch.testing.assert_close(tpu_loss.cpu(), cpu_loss)
+    torch.testing.assert_close(tpu_leaf.grad.cpu(), cpu_leaf.grad)
+
+
+def test_copy_slices_grad_fn():
+    a = _base().to(TPU).requires_grad_()
+    b = a.clone()
+    b[1].mul_(2)
+    assert type(b.grad_fn).__name__ == "CopySlices"
+
+
+# ----------------------------------------------------------------------------- empty is lazy
+def test_empty_does_not_allocate_until_used():
+    gc.collect()
+    before = torch.tpu.memory_allocated()
+    huge = torch.empty(1 << 28, device=TPU)  # 1 GiB of float32
+    assert torch.tpu.memory_allocated() - before < 1 << 20
+    del huge
+
+    gc.collect()
+    before = torch.tpu.memory_allocated()
+    small = torch.empty(1 << 20, device=TPU)  # 4 MiB, materialized by the first write
+    small[:3] = torch.tensor([1.0, 2.0, 3.0])
+    assert torch.tpu.memory_allocated() - before >= 4 << 20
+    assert small[:4].tolist()[:3] == [1.0, 2.0, 3.0]
+
+
+def test_empty_strided_and_views_of_empty():
+    x = torch.empty_strided((3, 4), (1, 3), device=TPU)
+    assert x.stride() == (1, 3)
+    x.copy_(_base())
+    assert_same(x, _base())
+    assert_same(x.t(), _base().t())
+
+
+# ----------------------------------------------------------------------------- conversions
+CASTS = [(torch.float32, torch.int32), (torch.float32, torch.bfloat16),
+         (torch.float32, torch.float16), (torch.int64, torch.float32), (torch.int32, torch.bool),
+         (torch.float32, torch.float64), (torch.bool, torch.float32), (torch.int64, torch.int8),
+         (torch.float32, torch.complex64), (torch.uint8, torch.int64)]
+
+
+@pytest.mark.parametrize("source,target", CASTS, ids=lambda d: str(d).removeprefix("torch."))
+def test_to_dtype_matches_cpu(source, target):
+    cpu = (torch.linspace(-3.7, 3.9, 12).reshape(3, 4) * (1 if source.is_floating_point else 20))
+    cpu = cpu.abs().to(source) if source == torch.uint8 else cpu.to(source)
+    tpu = cpu.to(TPU)
+    assert_same(tpu.to(target), cpu.to(target))
+    assert_same(tpu.t().to(target), cpu.t().to(target))
+    assert tpu.to(source) is tpu
+
+
+def test_to_cpu_and_back_of_views():
+    cpu = _base((2, 3, 4))
+    tpu = cpu.to(TPU)
+    for view in (lambda x: x.permute(2, 0, 1), lambda x: x[:, ::2, 1:], lambda x: x.unfold(2, 2, 1)):
+        assert torch.equal(view(tpu).to("cpu"), view(cpu))
+        assert torch.equal(view(tpu).cpu(), view(cpu))
+    assert_same(cpu.permute(2, 0, 1).to(TPU), cpu.permute(2, 0, 1))
+
+
+def test_non_blocking_transfers():
+    cpu = _base()
+    tpu = cpu.to(TPU, non_blocking=True)
+    back = tpu.mul(2).to("cpu", non_blocking=True)
+    torch.tpu.synchronize()
+    assert torch.equal(back, cpu * 2)
+    target = torch.zeros(3, 4, device=TPU)
+    target.copy_(cpu, non_blocking=True)
+    assert_same(target, cpu)
+
+
+def test_host_tensor_mutation_after_transfer_does_not_leak():
+    cpu = _base()
+    tpu = cpu.to(TPU)
+    cpu.add_(1000)
+    assert_same(tpu, _base())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16,
+                                   torch.float16, torch.complex64, torch.uint8])
+def test_repr_matches_cpu(dtype):
+    cpu = (_base() - 5).to(dtype)
+    tpu = cpu.to(TPU)
+    assert "device='tpu:0'" in repr(tpu)
+    assert _without_device(repr(tpu)) == repr(cpu)
+    assert _without_device(str(tpu.t())) == str(cpu.t())
+
+
+def _without_device(text: str) -> str:
+    """A tpu tensor's repr as the CPU one would read (the suffix may wrap onto its own line)."""
+    return re.sub(r",\s*device='tpu:0'", "", text)
+
+
+def test_repr_of_large_tensor_is_summarized_like_cpu():
+    cpu = torch.linspace(-1, 1, 5000).reshape(50, 100)
+    assert _without_device(repr(cpu.to(TPU))) == repr(cpu)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16,
+                                   torch.complex64, torch.int8])
+def test_item_and_tolist(dtype):
+    cpu = (_base() - 4).to(dtype)
+    tpu = cpu.to(TPU)
+    assert tpu[1, 2].item() == cpu[1, 2].item()
+    assert type(tpu[1, 2].item()) is type(cpu[1, 2].item())
+    assert tpu.tolist() == cpu.tolist()
+    assert tpu.t()[1:].tolist() == cpu.t()[1:].tolist()
+
+
+def test_numpy_fails_like_cuda():
+    with pytest.raises(TypeError, match=r"can't convert tpu:0 device type tensor to numpy\. "
+                                        r"Use Tensor\.cpu\(\) to copy the tensor to host memory"):
+        torch.ones(2, device=TPU).numpy()
+
+
+# ----------------------------------------------------------------------------- dtypes
+def _extremes(dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.bool:
+        return torch.tensor([True, False, True])
+    if dtype.is_complex:
+        parts = _extremes(torch.float32)
+        return torch.complex(parts, parts.flip(0))
+    if dtype.is_floating_point:
+        info = torch.finfo(dtype)
+        return torch.tensor([0.0, -0.0, 1.5, info.max, info.min, info.tiny, info.smallest_normal / 4,
+                             info.eps, float("inf"), -float("inf"), float("nan")], dtype=dtype)
+    info = torch.iinfo(dtype)
+    return torch.tensor([0, 1, -1 if info.min else 2, info.min, info.max], dtype=dtype)
+
+
+SUPPORTED = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+             torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64]
+
+
+@pytest.mark.parametrize("dtype", SUPPORTED, ids=str)
+def test_dtype_round_trips_exactly(dtype):
+    cpu = _extremes(dtype)
+    tpu = cpu.to(TPU)
+    assert tpu.dtype == dtype
+    assert_same(tpu, cpu)
+    assert_same(tpu.clone(), cpu)
+    assert_same(torch.empty(cpu.shape, dtype=dtype, device=TPU).copy_(cpu), cpu)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex128, torch.float8_e4m3fn, torch.uint16,
+                                   torch.uint32], ids=str)
+def test_unsupported_dtype_is_a_clear_error(dtype):
+    with pytest.raises(TypeError, match=f"tpu does not support dtype {dtype}"):
+        torch.empty(3, dtype=dtype, device=TPU)
+    with pytest.raises(TypeError, match=f"tpu does not support dtype {dtype}"):
+        torch.zeros(3).to(dtype).to(TPU)
+    with pytest.raises(TypeError, match=f"tpu does not support dtype {dtype}"):
+        torch.ones(3, device=TPU).to(dtype)

@@ -4,6 +4,7 @@ Also the opt-in switches that change error behaviour: CPU fallback and debug (bl
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -138,10 +139,6 @@ _RARE_OPS = [(aten.special_bessel_j0.default, torch.special.bessel_j0),
              (aten.special_erfcx.default, torch.special.erfcx)]
 
 
-def _qualified(op) -> str:
-    return op._schema.name if op._overloadname == "default" else f"{op._schema.name}.{op._overloadname}"
-
-
 def _unlowered_op():
     lowered = set(torch_tpu.lowered_ops())
     for op, fn in _RARE_OPS:
@@ -155,7 +152,8 @@ def test_unlowered_op_names_itself_and_the_fallback_switch():
     tpu = torch.linspace(0.5, 2.0, 4, device=TPU)
     with pytest.raises(NotImplementedError) as error:
         fn(tpu)
-    assert f"'{_qualified(op)}'" in str(error.value)
+    # PyTorch may reach the backend through another overload of the op (often ``.out``)
+    assert re.search(rf"'{op._schema.name}(\.\w+)?' has no tpu lowering", str(error.value))
     assert "TORCH_TPU_CPU_FALLBACK=1" in str(error.value)
     assert tpu.cpu().tolist() == [0.5, 1.0, 1.5, 2.0]
     assert (tpu + 1).cpu().tolist() == [1.5, 2.0, 2.5, 3.0]
@@ -174,7 +172,9 @@ def test_cpu_fallback_is_opt_in_and_counted(run_python):
     """, TORCH_TPU_CPU_FALLBACK="1")
     report = json.loads(out.splitlines()[-1])
     assert report["device"] == "tpu:0" and report["equal"]
-    assert report["counts"] == {_qualified(op): 2}
+    counts = report["counts"]
+    assert {name.split(".")[0] for name in counts} == {op._schema.name}
+    assert sum(counts.values()) == 2
 
 
 def test_fallback_counts_are_empty_without_fallback():
@@ -184,20 +184,24 @@ def test_fallback_counts_are_empty_without_fallback():
 # ----------------------------------------------------------------------------- debug eager
 def test_launch_blocking_runs_ops(run_python):
     out = run_python("""
-        import torch, torch_tpu
+        import json, torch, torch_tpu
         from torch_tpu import config
-        x = torch.arange(6.0, device="tpu").view(2, 3)
-        y = (x.t() @ x).sum(0)
-        x.add_(1)
-        torch.mul(x, 2, out=x)
-        try:
-            x[:, :2] + x
-        except RuntimeError:
-            pass
-        print(config.launch_blocking, y.cpu().tolist(), x.cpu().tolist())
+
+        def work(x):
+            y = (x.t() @ x).sum(0)
+            x.add_(1)
+            torch.mul(x, 2, out=x)
+            try:
+                x[:, :2] + x
+            except RuntimeError:
+                pass
+            return torch.cat([y, x.flatten()])
+
+        cpu = torch.arange(6.0).view(2, 3)
+        tpu = work(cpu.to("tpu"))
+        print(json.dumps([config.launch_blocking, torch.equal(tpu.cpu(), work(cpu))]))
     """, TPU_LAUNCH_BLOCKING="1")
-    assert out.split() == ["True", "[15.0,", "54.0,", "93.0]", "[[2.0,", "4.0,", "6.0],",
-                           "[8.0,", "10.0,", "12.0]]"]
+    assert json.loads(out.splitlines()[-1]) == [True, True]
 
 
 # ----------------------------------------------------------------------------- generators

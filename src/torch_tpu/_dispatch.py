@@ -16,8 +16,8 @@ from typing import Any, Callable
 import jax
 import torch
 
-from . import _random, _tensor, config
-from ._dtypes import JAX_TO_TORCH, TORCH_TO_JAX, to_jax
+from . import _random, _tensor, _transfer, config
+from ._dtypes import JAX_TO_TORCH, TORCH_TO_JAX, to_jax, type_name
 from ._registry import LOWERINGS, Lowering, Types, qualified_name
 
 aten = torch.ops.aten
@@ -38,7 +38,7 @@ def record_ops(enabled: bool = True) -> set:
     return recorded_ops if recorded_ops is not None else set()
 
 
-_TENSOR, _TENSOR_LIST, _SCALAR, _STATIC, _DTYPE, _GENERATOR = range(6)
+_TENSOR, _TENSOR_LIST, _INDICES, _SCALAR, _STATIC, _DTYPE, _GENERATOR = range(7)
 _NO_DEFAULT = object()
 
 
@@ -46,8 +46,10 @@ def _kind(arg: torch._C.Argument) -> int:
     text = str(arg.real_type)  # .type spells ScalarType as "int"
     if text in ("Tensor", "Optional[Tensor]"):
         return _TENSOR
-    if text in ("List[Tensor]", "List[Optional[Tensor]]"):
+    if text == "List[Tensor]":
         return _TENSOR_LIST
+    if text == "List[Optional[Tensor]]":  # the indices of index / index_put
+        return _INDICES
     if text in ("number", "Optional[number]"):
         return _SCALAR
     if text in ("ScalarType", "Optional[ScalarType]"):
@@ -78,6 +80,13 @@ def _to_jax_arg(x: Any) -> Any:
 
 
 _scalar_arrays: dict = {}
+
+
+def _index_to_jax(x: Any) -> Any:
+    """Index tensors may live on the host, as on CUDA (``x[torch.tensor([0, 2])]``)."""
+    if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+        return _transfer.to_device(x)
+    return _to_jax_arg(x)
 
 
 def _scalar(x: Any) -> Any:
@@ -175,10 +184,16 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     static_names = set(entry.static)
     static_pos = tuple(i for i, (k, n) in enumerate(zip(kinds, binder.names))
                        if k in (_STATIC, _DTYPE) or (k == _SCALAR and n in static_names))
-    # only lowerings with promote= take ``types`` (jax rejects static names a function lacks)
-    typed = ("types",) if entry.promote is not None else ()
-    fn = jax.jit(entry.fn, static_argnums=static_pos, static_argnames=typed) \
-        if entry.jit else entry.fn
+    jit = functools.partial(jax.jit, static_argnums=static_pos) if entry.jit else (lambda f: f)
+    fn = jit(entry.fn)
+    by_types: dict[Types, Callable] = {}
+
+    def fn_for(types: Types) -> Callable:
+        # one jitted function per promoted dtype pair: cheaper than a static keyword per call
+        typed = by_types.get(types)
+        if typed is None:
+            typed = by_types[types] = jit(functools.partial(entry.fn, types=types))
+        return typed
     promote_pos = None
     if entry.promote is not None:
         names = entry.promote_args or [n for n, k in zip(binder.names, kinds) if k in (_TENSOR, _SCALAR)]
@@ -190,6 +205,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     convert_by_kind = {
         _TENSOR: _to_jax_arg,
         _TENSOR_LIST: lambda xs: [_to_jax_arg(x) for x in xs],
+        _INDICES: lambda xs: [_index_to_jax(x) for x in xs],
         _DTYPE: lambda d: None if d is None else to_jax(d),
         _STATIC: _static,
         _SCALAR: _scalar,
@@ -203,8 +219,8 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             recorded_ops.add(op)
         values = binder.bind(args, kwargs)
         extra = {}
-        if promote_pos is not None:
-            extra["types"] = promoted_types(entry.promote, [values[i] for i in promote_pos])
+        lowered = fn if promote_pos is None else \
+            fn_for(promoted_types(entry.promote, [values[i] for i in promote_pos]))
         for i in generator_pos:
             _check_generator(values[i])
             values[i] = None
@@ -213,8 +229,10 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         for i, convert in converters:
             values[i] = convert(values[i])
         try:
-            return fn(*values, **extra)
-        except (TypeError, ValueError, IndexError) as e:
+            return lowered(*values, **extra)
+        except IndexError:
+            raise  # lowerings raise PyTorch's own IndexErrors (bounds, mask shapes)
+        except (TypeError, ValueError) as e:
             raise _translate(op, e, args, kwargs) from e
 
     return compute, binder
@@ -223,6 +241,8 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
 def _to_meta(x: Any) -> Any:
     if isinstance(x, torch.Tensor) and x.device.type == "tpu":
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    if isinstance(x, torch.device) and x.type == "tpu":  # factories: replay on meta, not here
+        return torch.device("meta")
     return x
 
 
@@ -232,12 +252,12 @@ def _translate(op, error: Exception, args: tuple, kwargs: dict) -> Exception:
     meta_args, meta_kwargs = torch.utils._pytree.tree_map(_to_meta, (args, kwargs))
     try:
         op(*meta_args, **meta_kwargs)
+    except NotImplementedError:  # no meta kernel (data-dependent ops): fall through
+        pass
     except (RuntimeError, IndexError, ValueError, TypeError) as torch_error:
         return torch_error
     except Exception:  # noqa: BLE001  (no meta kernel: fall through to our own message)
         pass
-    if isinstance(error, IndexError):
-        return IndexError(f"{op}: {error}")
     return RuntimeError(f"{op} on tpu: {error}")
 
 
@@ -272,11 +292,6 @@ def _functional_kernel(entry: Lowering) -> Callable:
     return kernel
 
 
-_SCALAR_TYPE_NAMES = {
-    torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
-    torch.int32: "Int", torch.int64: "Long", torch.float16: "Half", torch.bfloat16: "BFloat16",
-    torch.float32: "Float", torch.float64: "Double", torch.complex64: "ComplexFloat",
-}
 
 
 def _store(dst: torch.Tensor, value: jax.Array, resize: bool) -> None:
@@ -285,8 +300,8 @@ def _store(dst: torch.Tensor, value: jax.Array, resize: bool) -> None:
         raise _device_mismatch(dst)
     result = JAX_TO_TORCH[value.dtype]
     if not torch.can_cast(result, dst.dtype):
-        raise RuntimeError(f"result type {_SCALAR_TYPE_NAMES[result]} can't be cast to the "
-                           f"desired output type {_SCALAR_TYPE_NAMES[dst.dtype]}")
+        raise RuntimeError(f"result type {type_name(result)} can't be cast to the "
+                           f"desired output type {type_name(dst.dtype)}")
     if tuple(dst.shape) != value.shape:
         if not resize:
             raise RuntimeError(f"output with shape {list(dst.shape)} doesn't match the broadcast "

@@ -39,3 +39,17 @@ def to_torch(dtype: np.dtype) -> torch.dtype:
         return JAX_TO_TORCH[np.dtype(dtype)]
     except KeyError:
         raise unsupported(dtype) from None
+
+
+_SCALAR_TYPE_NAMES = {
+    torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
+    torch.int32: "Int", torch.int64: "Long", torch.float16: "Half", torch.bfloat16: "BFloat16",
+    torch.float32: "Float", torch.float64: "Double", torch.complex64: "ComplexFloat",
+}
+
+
+def type_name(dtype) -> str:
+    """PyTorch's C++ name for a torch or JAX dtype (``Long``), as its error messages spell it."""
+    if not isinstance(dtype, torch.dtype):
+        dtype = to_torch(dtype)
+    return _SCALAR_TYPE_NAMES[dtype]

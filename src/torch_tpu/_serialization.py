@@ -3,14 +3,15 @@
 PyTorch moves tensors in and out of files through their *storages*: ``torch.save`` writes the
 bytes of ``storage.cpu()`` under the location tag ``"tpu:0"``; ``torch.load`` rebuilds each storage
 on the CPU and moves it with ``storage.to("tpu")``; ``copy.deepcopy`` clones the storage; pickle
-uses the legacy format, which reads and writes storages through raw data pointers. A C++ backend
-gets all of this from its allocator. A tpu storage has none: its bytes are a ``jax.Array`` attached
-to the Python storage object (``_buffer``). So the few storage entry points that would reach the
-allocator or a host pointer are redirected here, for tpu storages only (every other device runs
-PyTorch's code unchanged). Saved files are ordinary PyTorch checkpoints: a process without
-torch_tpu loads them with ``map_location="cpu"``.
+uses the legacy format, which reads and writes storages through raw data pointers; sharing
+(views, tied weights) is recognized by ``data_ptr()``. A C++ backend gets all of this from its
+allocator. A tpu storage has none: its bytes are a ``jax.Array`` attached to the Python storage
+object (``_buffer``). So the few storage entry points that would reach the allocator or a host
+pointer are redirected here, for tpu storages only (every other device runs PyTorch's code
+unchanged), and safetensors' loader learns the device name. Saved files are ordinary PyTorch
+checkpoints: a process without torch_tpu loads them with ``map_location="cpu"``.
 
-Importing this module installs the patches (once; ``torch_tpu`` imports it at registration).
+Importing this module installs the patches (``torch_tpu`` imports it once, at registration).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from . import device as _device_module
 
 _StorageBase = torch._C.StorageBase
 _Untyped = torch.UntypedStorage
+_TensorBase = torch._C.TensorBase
 
 
 def _is_tpu(storage: _StorageBase) -> bool:
@@ -68,10 +70,24 @@ def _len(self) -> int:
 
 
 def _data_ptr(self) -> int:
-    """A tpu storage has no host address. C++ raises for a storage with bytes but no host data
-    ("invalid python storage"); PyTorch reports 0 for storages without host memory, which is
-    what lets ``torch.save`` and safetensors skip their host-pointer checks."""
-    return 0 if _is_tpu(self) else _StorageBase.data_ptr(self)
+    """A tpu storage has no host address (C++ raises "invalid python storage" for a storage with
+    bytes but no host data). Like a CUDA pointer, what it reports is an opaque device handle: the
+    StorageImpl's address, unique and stable while the storage lives, and 0 when it is empty.
+    Callers key sharing on it: ``torch.load`` keeps a storage (so views stay shared) only if it
+    is nonzero, ``torch.save`` and safetensors detect tensors saved twice by it."""
+    if not _is_tpu(self):
+        return _StorageBase.data_ptr(self)
+    return self._cdata if self.nbytes() else 0
+
+
+def _tensor_data_ptr(self) -> int:
+    """``tensor.data_ptr()`` of a tpu tensor: its storage's handle (:func:`_data_ptr`) plus its
+    byte offset, so the two agree as on other devices (C++ adds the offset to a null pointer).
+    safetensors and transformers compare them to tell tied weights from views."""
+    address = _TensorBase.data_ptr(self)
+    if self.device.type == "tpu":
+        address += self.untyped_storage().data_ptr()
+    return address
 
 
 def _as_bytes(storage) -> torch.Tensor:
@@ -142,6 +158,7 @@ def _patch_safetensors() -> None:
 def _install() -> None:
     for name, patch in _STORAGE_PATCHES.items():
         setattr(_Untyped, name, patch)
+    torch.Tensor.data_ptr = _tensor_data_ptr
     # ``storage.tpu()`` / ``storage.is_tpu`` (PyTorch generates them only on request).
     if not hasattr(torch.storage._StorageBase, "tpu"):
         from torch.utils.backend_registration import \

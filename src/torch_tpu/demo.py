@@ -14,7 +14,6 @@ loss did not fall or the parity check failed, so the demo doubles as a smoke tes
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import importlib.resources
 import sys
@@ -69,6 +68,16 @@ def batches(data: torch.Tensor, count: int, batch_size: int, block_size: int, se
         chunk = data[row[:, None] + windows]
         result.append((chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()))
     return result
+
+
+def build(config: GPTConfig, state: dict[str, torch.Tensor], device: str) -> GPT:
+    """A GPT created directly on ``device`` holding ``state``. Creating it there, instead of
+    moving a CPU model with ``.to(device)``, keeps the tied embedding/LM-head weight tied on
+    every device (see the tied-weights test in tests/test_training.py)."""
+    with torch.device(device):
+        model = GPT(config)
+    model.load_state_dict(state)
+    return model
 
 
 def train(model: GPT, data: list[tuple[torch.Tensor, torch.Tensor]], device: str, lr: float,
@@ -141,17 +150,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     device = args.device
     corpus = CharCorpus.load()
-    config = GPTConfig(vocab_size=len(corpus.chars), block_size=64, n_layer=2, n_head=4, n_embd=64)
+    config = GPTConfig(vocab_size=len(corpus.chars), block_size=64, n_layer=2, n_head=4, n_embd=64,
+                       dropout=0.0)
     batch_size, lr = 16, 3e-3
     print(f"torch_tpu demo: character-level GPT on {device} "
           f"({torch.tpu.get_device_name() if torch.device(device).type == 'tpu' else 'host CPU'})")
 
     torch.manual_seed(args.seed)
-    model = GPT(config)
-    initial_state = copy.deepcopy(model.state_dict())
+    initial_state = GPT(config).state_dict()  # initialized on CPU: the same weights for every device
+    model = build(config, initial_state, device)
     print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters, vocab "
           f"{config.vocab_size}, context {config.block_size}; corpus {len(corpus.train):,} characters")
-    model.to(device)
     val_data = batches(corpus.val, 4, batch_size, config.block_size, seed=args.seed + 1)
     train_data = batches(corpus.train, args.steps, batch_size, config.block_size, seed=args.seed)
 
@@ -182,10 +191,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("-" * 76 + "\n")
 
     # -- parity with CPU -------------------------------------------------------------------
-    parity_config = dataclasses.replace(config, dropout=0.0)
-    cpu_model = GPT(parity_config)
-    cpu_model.load_state_dict(initial_state)
-    device_model = copy.deepcopy(cpu_model).to(device)
+    # config.dropout is 0: the devices draw different random streams, so dropout would differ
+    cpu_model = build(config, initial_state, "cpu")
+    device_model = build(config, initial_state, device)
     parity_data = train_data[:args.parity_steps]
     cpu_losses = train(cpu_model, parity_data, "cpu", lr)
     device_losses = train(device_model, parity_data, device, lr)

@@ -94,7 +94,7 @@ class device(contextlib.ContextDecorator):
 
 
 def synchronize(device: _DeviceLike = None) -> None:
-    """Wait until all work queued on the device has finished."""
+    """Wait until all queued work whose results are still held has finished."""
     set_device(device)
     jax.effects_barrier()
     for array in jax.live_arrays():

@@ -239,7 +239,9 @@ class GPT(nn.Module):
             if greedy:
                 next_token = logits.argmax(dim=-1, keepdim=True)
             else:
+                # argmax(p / E) with E ~ Exp(1) samples from p exactly (the exponential race);
+                # unlike torch.multinomial it stays on the device without a host round trip
                 probs = F.softmax(logits / temperature, dim=-1)
-                next_token = torch.multinomial(probs, num_samples=1)
+                next_token = (probs / torch.empty_like(probs).exponential_()).argmax(-1, keepdim=True)
             idx = torch.cat((idx, next_token), dim=1)
         return idx

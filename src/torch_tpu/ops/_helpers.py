@@ -7,8 +7,7 @@ import jax.numpy as jnp
 import torch
 import numpy as np
 
-from .._dispatch import _SCALAR_TYPE_NAMES
-from .._dtypes import to_jax, to_torch
+from .._dtypes import to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
 from .._registry import Promote, lower
 
 
@@ -44,11 +43,6 @@ def predicate(op, fn: Callable, **options) -> None:
 def accumulator(dtype) -> np.dtype:
     """The dtype torch CPU accumulates ``dtype`` in (its "opmath"): float32 for the half types."""
     return np.dtype(jnp.float32) if dtype in (jnp.float16, jnp.bfloat16) else np.dtype(dtype)
-
-
-def type_name(dtype) -> str:
-    """torch's C++ name for a JAX dtype (``Long``), as torch's error messages spell it."""
-    return _SCALAR_TYPE_NAMES[to_torch(dtype)]
 
 
 def result_dtype(*dtypes) -> jnp.dtype:

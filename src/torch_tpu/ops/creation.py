@@ -36,15 +36,28 @@ def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=
     if dtype is None:
         integral = all(isinstance(v, (int, bool)) for v in (start, end, step))
         dtype = np.dtype(jnp.int64) if integral else _float_or_default(None)
+    integer = jnp.issubdtype(dtype, jnp.integer)
+    if integer:  # torch truncates the bounds and the step to integers first
+        start, end, step = int(start), int(end), int(step)
     if step == 0:
         raise RuntimeError("step must be nonzero")
     if (end - start) * step < 0:
-        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+        raise RuntimeError("upper bound and lower bound inconsistent with step sign")
     length = max(math.ceil((end - start) / step), 0)
-    if jnp.issubdtype(dtype, jnp.integer):
-        return (start + step * jnp.arange(length, dtype=jnp.int64)).astype(dtype)
-    # torch computes start + i * step in double, then rounds once
-    return (start + step * jnp.arange(length, dtype=jnp.float64)).astype(dtype)
+    # start + i * step in int64 or double (torch's accumulate types), rounded once
+    positions = jnp.arange(length, dtype=jnp.int64 if integer else jnp.float64)
+    return (start + step * positions).astype(dtype)
+
+
+def _triangle_indices(triangle):
+    def indices(row, col, offset=0, dtype=np.dtype(jnp.int64), layout=None, device=None,
+                pin_memory=None):
+        return jnp.stack(triangle(row, offset, col)).astype(dtype)
+    return indices
+
+
+lower(aten.tril_indices.default)(_triangle_indices(jnp.tril_indices))
+lower(aten.triu_indices.default)(_triangle_indices(jnp.triu_indices))
 
 
 def _linear_steps(start, end, steps: int, dtype) -> jax.Array:

@@ -12,6 +12,7 @@ tensors, whose kernels raise PyTorch's own exception and message.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable, Optional, Sequence
 
 import jax
@@ -84,6 +85,19 @@ def _as_1d(x: jax.Array) -> jax.Array:
     return x.reshape(1) if x.ndim == 0 else x
 
 
+def _at_reduce(x: jax.Array, key, values, reduce: str) -> jax.Array:
+    """``x`` with ``values`` combined in at ``key`` (``set``/``sum``/``prod``/``amax``/``amin``).
+
+    Booleans combine as torch does (sum and amax are "or", prod and amin "and"), computed in
+    int32 since XLA has no boolean add or multiply."""
+    work = x.astype(jnp.int32) if x.dtype == jnp.bool_ else x
+    target = work.at[key]
+    values = jnp.asarray(values).astype(work.dtype)
+    combine = {"set": target.set, "sum": target.add, "prod": target.multiply,
+               "amax": target.max, "amin": target.min}[reduce]
+    return combine(values).astype(x.dtype)
+
+
 # ----------------------------------------------------------------------------- advanced indexing
 def _advanced_indices(x: jax.Array, indices) -> list[Optional[jax.Array]]:
     """``Tensor?[] indices`` with boolean masks replaced by their nonzero coordinates (a host
@@ -131,9 +145,7 @@ def _take_advanced(x, indices):
 
 @functools.partial(jax.jit, static_argnums=(3,))
 def _put_advanced(x, indices, values, accumulate):
-    target = x.at[_numpy_key(indices)]
-    values = values.astype(x.dtype)
-    return target.add(values) if accumulate else target.set(values)
+    return _at_reduce(x, _numpy_key(indices), values, "sum" if accumulate else "set")
 
 
 @lower(aten.index.Tensor, jit=False)
@@ -189,11 +201,7 @@ def _scatter_reduce_into(x, dim, index, src, reduce: str):
     x, index = _as_1d(x), _as_1d(index)
     if jnp.ndim(src):
         src = _as_1d(src)[tuple(slice(0, n) for n in index.shape)]
-    target = x.at[_along(index, dim)]
-    src = jnp.asarray(src, x.dtype)
-    combined = {"set": target.set, "sum": target.add, "prod": target.multiply,
-                "amax": target.max, "amin": target.min}[reduce](src)
-    return combined.reshape(shape)
+    return _at_reduce(x, _along(index, dim), src, reduce).reshape(shape)
 
 
 _LEGACY_REDUCE = {"add": "sum", "multiply": "prod"}
@@ -223,20 +231,23 @@ def scatter_add(x, dim, index, src):
     return _scatter_lowering(reduce_arg=True)(x, dim, index, src, "add")
 
 
-_IDENTITY = {"sum": 0, "mean": 0, "prod": 1}
+def _identity(reduce: str, dtype) -> jax.Array:
+    """The value a position starts from when ``include_self=False`` leaves ``self`` out."""
+    if reduce in ("sum", "mean"):
+        return jnp.zeros((), dtype)
+    if reduce == "prod" or dtype == jnp.bool_:
+        return jnp.asarray(reduce in ("prod", "amin"), dtype)
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.asarray(-jnp.inf if reduce == "amax" else jnp.inf, dtype)
+    info = jnp.iinfo(dtype)
+    return jnp.asarray(info.min if reduce == "amax" else info.max, dtype)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 4, 5))
 def _scatter_reduce(x, dim, index, src, reduce, include_self):
     hit = _scatter_reduce_into(jnp.zeros(x.shape, jnp.bool_), dim, index, True, "set")
     if not include_self:
-        identity = _IDENTITY.get(reduce)
-        if identity is None:  # amax/amin: the extreme of the dtype
-            info = jnp.finfo(x.dtype) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.iinfo(x.dtype)
-            identity = info.min if reduce == "amax" else info.max
-            if jnp.issubdtype(x.dtype, jnp.inexact):
-                identity = -jnp.inf if reduce == "amax" else jnp.inf
-        x = jnp.where(hit, jnp.asarray(identity, x.dtype), x)
+        x = jnp.where(hit, _identity(reduce, x.dtype), x)
     if reduce != "mean":
         return _scatter_reduce_into(x, dim, index, src, reduce)
     total = _scatter_reduce_into(x, dim, index, src, "sum")
@@ -286,11 +297,10 @@ def index_select(x, dim, index):
 
 @functools.partial(jax.jit, static_argnums=(1, 4))
 def _index_update(x, dim, index, source, reduce):
-    target = _as_1d(x).at[_dim_key(dim, _as_1d(index))]
-    source = jnp.asarray(source, x.dtype)
-    if source.ndim:
-        source = source.reshape(_selected_shape(_as_1d(x).shape, dim, _as_1d(index)))
-    return (target.add(source) if reduce == "sum" else target.set(source)).reshape(x.shape)
+    flat, index = _as_1d(x), _as_1d(index)
+    if jnp.ndim(source):
+        source = source.reshape(_selected_shape(flat.shape, dim, index))
+    return _at_reduce(flat, _dim_key(dim, index), source, reduce).reshape(x.shape)
 
 
 @lower(aten.index_add.default, jit=False)
@@ -319,12 +329,36 @@ def index_fill(x, dim, index, value):
     return _index_update(x, dim, index, value, "set")
 
 
-@lower(aten.take.default, jit=False)
-def take(x, index):
-    _require_index_dtype(index, "take")
+def _check_flat_index(x, index, op: str) -> None:
+    _require_index_dtype(index, op)
     _check_bounds([(index, x.size, True)], lambda _, value, size: IndexError(
         f"out of range: tried to access index {value} on a tensor of {size} elements."))
+
+
+@lower(aten.take.default, jit=False)
+def take(x, index):
+    _check_flat_index(x, index, "take")
     return _take_advanced(x.reshape(-1), (index,))
+
+
+@lower(aten.put.default, jit=False)
+def put(x, index, source, accumulate=False):
+    _require_same_dtype(x, source, "put")
+    _check_flat_index(x, index, "put")
+    return _put_advanced(x.reshape(-1), (index.reshape(-1),), source.reshape(-1),
+                         accumulate).reshape(x.shape)
+
+
+@lower(aten.index_reduce.default, jit=False)
+def index_reduce(x, dim, index, source, reduce, include_self=True):
+    """``scatter_reduce`` with ``index`` spread over ``source``'s other dimensions."""
+    _require_same_dtype(x, source, "index_reduce")
+    dim = _check_index_dim(x, dim, index, "index_reduce", _out_of_range_in_self)
+    source = _as_1d(source)
+    along = [1] * source.ndim
+    along[dim] = -1
+    spread = jnp.broadcast_to(_as_1d(index).reshape(along), source.shape)
+    return _scatter_reduce(x, dim, spread, source, reduce, include_self)
 
 
 # ----------------------------------------------------------------------------- masks
@@ -440,7 +474,8 @@ def _unique_consecutive(x, return_inverse, return_counts, dim):
     moved = jnp.moveaxis(x, dim, 0)
     if moved.shape[0] == 0:
         return _unique_outputs(x, _NOTHING, _NOTHING, return_inverse, return_counts)
-    changed = jnp.any((moved[1:] != moved[:-1]).reshape(moved.shape[0] - 1, -1), axis=1)
+    rows = (moved[1:] != moved[:-1]).reshape(moved.shape[0] - 1, math.prod(moved.shape[1:]))
+    changed = jnp.any(rows, axis=1)
     starts = jnp.concatenate([jnp.array([True]), changed])
     first = np.flatnonzero(np.asarray(starts))
     counts = np.diff(np.append(first, moved.shape[0]))

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
+from .. import _tensor
 from .._dtypes import to_torch
-from .._registry import lower
+from .._registry import lower, runtime
 from ._helpers import accumulator, type_name
 
-aten = __import__("torch").ops.aten
+aten = torch.ops.aten
 HIGHEST = lax.Precision.HIGHEST
 
 
@@ -44,7 +46,9 @@ def _product(spec: str, a, b):
 
 
 def _scaled_sum(bias, product, beta, alpha, dtype):
-    """``beta * bias + alpha * product``; ``beta == 0`` ignores ``bias`` (NaN/inf included)."""
+    """``beta * bias + alpha * product``; ``beta == 0`` ignores ``bias`` (NaN/inf included).
+    The scalars take the product's dtype first, as in torch (``alpha=0.6`` is 0 for ints)."""
+    beta, alpha = jnp.asarray(beta, product.dtype), jnp.asarray(alpha, product.dtype)
     bias = jnp.where(beta == 0, jnp.zeros((), product.dtype), bias.astype(product.dtype) * beta)
     return jnp.broadcast_to(bias + product * alpha, product.shape).astype(dtype)
 
@@ -109,4 +113,174 @@ def addr(bias, a, b, beta=1, alpha=1):
 def addmm_activation(bias, a, b, beta=1, alpha=1, use_gelu=False):
     out = addmm(bias, a, b, beta, alpha)
     wide = out.astype(accumulator(out.dtype))
-    return (jax.nn.gelu(wide, approximate=False) if use_gelu else jax.nn.relu(wide)).astype(out.dtype)
+    activated = jax.nn.gelu(wide, approximate=False) if use_gelu else jax.nn.relu(wide)
+    return activated.astype(out.dtype)
+
+
+# ----------------------------------------------------------------------------- decompositions
+# Info outputs are int32 like LAPACK's. Factorizations with ``check_errors`` run unjitted so a
+# failure can raise on the host; their arithmetic is jitted below.
+def _raise_if_failed(check_errors: bool, info: jax.Array, message: str) -> None:
+    if check_errors and bool(jnp.any(info != 0)):
+        first = int(jnp.ravel(info)[jnp.argmax(jnp.ravel(info) != 0)])
+        raise torch.linalg.LinAlgError(message.format(first))
+
+
+def _first_failure(bad: jax.Array) -> jax.Array:
+    """LAPACK-style info: 1 + the first index along the last axis where ``bad``, else 0."""
+    if bad.shape[-1] == 0:
+        return jnp.zeros(bad.shape[:-1], jnp.int32)
+    return jnp.where(jnp.any(bad, -1), jnp.argmax(bad, -1) + 1, 0).astype(jnp.int32)
+
+
+def _mT(x):
+    return jnp.conj(jnp.swapaxes(x, -1, -2))
+
+
+@jax.jit
+def _cholesky(a):
+    lower_factor = lax.linalg.cholesky(a, symmetrize_input=False)
+    diagonal = jnp.diagonal(lower_factor, axis1=-2, axis2=-1)
+    return lower_factor, _first_failure(~jnp.isfinite(diagonal))
+
+
+@lower(aten.linalg_cholesky_ex.default, jit=False)
+def linalg_cholesky_ex(a, upper=False, check_errors=False):
+    factor, info = _cholesky(a)
+    _raise_if_failed(check_errors, info, "linalg.cholesky: The factorization could not be "
+                     "completed because the input is not positive-definite (the leading minor "
+                     "of order {} is not positive-definite).")
+    return (_mT(factor) if upper else factor), info
+
+
+@jax.jit
+def _lu(a):
+    """LU with partial pivoting: packed factors, 1-based int32 pivots (LAPACK's), info."""
+    lu, pivots, _ = lax.linalg.lu(a)
+    diagonal = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    return lu, (pivots + 1).astype(jnp.int32), _first_failure(diagonal == 0)
+
+
+@lower(aten.linalg_lu_factor_ex.default, jit=False)
+def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
+    if not pivot:
+        raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
+    lu, pivots, info = _lu(a)
+    _raise_if_failed(check_errors, info, "linalg.lu_factor: U[{0},{0}] is zero and therefore "
+                     "the matrix is singular.")
+    return lu, pivots, info
+
+
+def _factored_transpose(op):
+    """A kernel for ``op(A) -> (..., LU, pivots)``. torch factors A^T when A is contiguous and
+    real (a copy-free LAPACK layout), and its backward formulas read LU that way, so the
+    kernel must know A's strides: it is a runtime entry around a pure, jitted ``fn(A, A_T)``."""
+    def register(fn):
+        jitted = jax.jit(fn, static_argnums=1)
+
+        def kernel(a):
+            factor_transpose = a.is_contiguous() and not a.is_complex()
+            return tuple(_tensor.wrap(o) for o in jitted(_tensor.read(a), factor_transpose))
+        runtime(op)(kernel)
+        return fn
+    return register
+
+
+def _signed_lu(a, factor_transpose):
+    """LU of A (or A^T), its diagonal and the sign of its row permutation."""
+    lu, pivots, _ = _lu(jnp.swapaxes(a, -1, -2) if factor_transpose else a)
+    swaps = jnp.sum(pivots != jnp.arange(1, pivots.shape[-1] + 1, dtype=pivots.dtype), -1)
+    sign = (1 - 2 * (swaps % 2)).astype(a.dtype)
+    return lu, pivots, jnp.diagonal(lu, axis1=-2, axis2=-1), sign
+
+
+@_factored_transpose(aten._linalg_det.default)
+def linalg_det(a, factor_transpose):
+    lu, pivots, diagonal, sign = _signed_lu(a, factor_transpose)
+    return jnp.prod(diagonal, -1) * sign, lu, pivots
+
+
+@_factored_transpose(aten._linalg_slogdet.default)
+def linalg_slogdet(a, factor_transpose):
+    lu, pivots, diagonal, sign = _signed_lu(a, factor_transpose)
+    sign = jnp.prod(jnp.sign(diagonal), -1) * sign
+    return sign, jnp.sum(jnp.log(jnp.abs(diagonal)), -1), lu, pivots
+
+
+def _lu_solve(lu, pivots, b, left=True, adjoint=False):
+    """Solve ``op(A) X = B`` (``left``) or ``X op(A) = B`` from A's packed LU factors and
+    1-based pivots, where ``op`` is the conjugate transpose when ``adjoint``."""
+    if not left:  # X op(A) = B  <=>  op(A)^T X^T = B^T; conjugating turns ^H^T into plain ^T
+        conj = jnp.conj if adjoint else (lambda x: x)
+        flipped = _lu_solve(lu, pivots, conj(jnp.swapaxes(b, -1, -2)), True, not adjoint)
+        return jnp.swapaxes(conj(flipped), -1, -2)
+    batch = jnp.broadcast_shapes(lu.shape[:-2], b.shape[:-2])
+    lu = jnp.broadcast_to(lu, batch + lu.shape[-2:])
+    pivots = jnp.broadcast_to(pivots, batch + pivots.shape[-1:])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    return jax.scipy.linalg.lu_solve((lu, pivots - 1), b, trans=2 if adjoint else 0)
+
+
+_jit_lu_solve = jax.jit(_lu_solve, static_argnums=(3, 4))
+lower(aten.linalg_lu_solve.default)(_lu_solve)
+
+
+@lower(aten.linalg_inv_ex.default, jit=False)
+def linalg_inv_ex(a, check_errors=False):
+    lu, pivots, info = _lu(a)
+    _raise_if_failed(check_errors, info, "linalg.inv: The diagonal element {} is zero, the "
+                     "inversion could not be completed because the input matrix is singular.")
+    identity = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    return _jit_lu_solve(lu, pivots, identity), info
+
+
+@lower(aten._linalg_solve_ex.default, jit=False)
+def linalg_solve_ex(a, b, left=True, check_errors=False):
+    """torch.linalg.solve: ``b`` is a (batch of) vector(s) when it has one dim less than ``a``."""
+    lu, pivots, info = _lu(a)
+    _raise_if_failed(check_errors, info, "torch.linalg.solve: The solver failed because the "
+                     "input matrix is singular.")
+    vector = left and (b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1]))
+    solution = _jit_lu_solve(lu, pivots, b[..., None] if vector else b, left, False)
+    return (solution[..., 0] if vector else solution), lu, pivots, info
+
+
+def _triangular_solve(a, b, upper, left, unitriangular, transpose=False):
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = jnp.broadcast_to(a, batch + a.shape[-2:])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    return lax.linalg.triangular_solve(a, b, left_side=left, lower=not upper,
+                                       transpose_a=transpose, unit_diagonal=unitriangular), a
+
+
+@lower(aten.linalg_solve_triangular.default)
+def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
+    return _triangular_solve(a, b, upper, left, unitriangular)[0]
+
+
+@lower(aten.triangular_solve.default)
+def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
+    solution, a = _triangular_solve(a, b, upper, True, unitriangular, transpose)
+    return solution, a
+
+
+@lower(aten.linalg_qr.default)
+def linalg_qr(a, mode="reduced"):
+    if mode == "r":
+        return jnp.zeros((0,), a.dtype), jnp.linalg.qr(a, mode="r")
+    return jnp.linalg.qr(a, mode=mode)
+
+
+@lower(aten._linalg_svd.default)
+def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
+    if not compute_uv:
+        empty = jnp.zeros((0,), a.dtype)
+        return empty, jnp.linalg.svd(a, compute_uv=False), empty
+    u, s, vh = jnp.linalg.svd(a, full_matrices=full_matrices)
+    return u, s, vh
+
+
+@lower(aten._linalg_eigh.default)
+def linalg_eigh(a, UPLO="L", compute_v=True):
+    values, vectors = jnp.linalg.eigh(a, UPLO=UPLO, symmetrize_input=False)
+    return values, (vectors if compute_v else jnp.zeros((0,), a.dtype))

@@ -41,6 +41,22 @@ def _vjp(fn, primals, cotangent, mask):
     return tuple(g if wanted else None for g, wanted in zip(grads, mask))
 
 
+def _require(valid: bool) -> None:
+    """Rejects arguments PyTorch rejects, at trace time (shapes are static, so this costs
+    nothing per call). The ValueError makes the dispatcher replay the call on PyTorch's meta
+    kernels, which raise PyTorch's own error."""
+    if not valid:
+        raise ValueError("invalid arguments")
+
+
+def _wrap_dim(dim: int, ndim: int) -> int:
+    bound = max(ndim, 1)
+    if not -bound <= dim < bound:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-bound}, "
+                         f"{bound - 1}], but got {dim})")
+    return dim % bound
+
+
 def _ntuple(value, n: int):
     """An ``int[n]`` argument as n ints (PyTorch lets a single value stand for all)."""
     value = tuple(value) if isinstance(value, (tuple, list)) else (value,)
@@ -48,11 +64,10 @@ def _ntuple(value, n: int):
 
 
 # ----------------------------------------------------------------------------- convolution
-def _conv_dimension_numbers(spatial_dims: int):
-    letters = "DHW"[-spatial_dims:] if spatial_dims <= 3 else None
-    return lax.ConvDimensionNumbers(*(
-        lax.conv_dimension_numbers((1,) * (spatial_dims + 2), (1,) * (spatial_dims + 2),
-                                   ("NC" + letters, "OI" + letters, "NC" + letters))))
+def _conv_dimension_numbers(spatial_dims: int) -> tuple[str, str, str]:
+    """PyTorch's layouts: input/output (N, C, *spatial), weight (O, I, *spatial)."""
+    spatial = "DHW"[-spatial_dims:]
+    return "NC" + spatial, "OI" + spatial, "NC" + spatial
 
 
 def _transposed_weight(weight, groups: int):
@@ -116,6 +131,8 @@ def _pool_geometry(x, kernel_size, stride, padding, dilation, ceil_mode, n):
     padding, dilation = _ntuple(padding, n), _ntuple(dilation, n)
     out = tuple(_pooled_size(size, k, s, p, d, ceil_mode) for size, k, s, p, d in
                 zip(x.shape[-n:], kernel, stride, padding, dilation))
+    _require(all(o > 0 for o in out) and all(
+        2 * p <= (k - 1) * d + 1 for k, p, d in zip(kernel, padding, dilation)))
     return kernel, stride, padding, dilation, out
 
 
@@ -175,7 +192,7 @@ _max_pool_entries(aten.max_pool3d_with_indices.default,
                   aten.max_pool3d_with_indices_backward.default, 3)
 
 
-def _window_counts(size, k, s, p, out, covered):
+def _window_counts(k, s, out, covered):
     """Per output position, how many of the positions ``covered`` (on the padded axis) its
     window holds: the avg-pool divisor along one axis."""
     return np.array([covered[o * s: o * s + k].sum() for o in range(out)], np.float64)
@@ -199,8 +216,11 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
     for size, k, s, p, o, h in zip(spatial, kernel, stride, padding, out, high):
         # PyTorch counts padding but never the extra ceil_mode overhang beyond it
         covered = np.zeros(p + size + h)
-        covered[0 if count_include_pad else p: p + size + (min(p, h) if count_include_pad else 0)] = 1
-        divisor = np.multiply.outer(divisor, _window_counts(size, k, s, p, o, covered))
+        if count_include_pad:
+            covered[: p + size + min(p, h)] = 1
+        else:
+            covered[p: p + size] = 1
+        divisor = np.multiply.outer(divisor, _window_counts(k, s, o, covered))
     return (sums / divisor.astype(compute)).astype(x.dtype)
 
 
@@ -267,9 +287,9 @@ def _adaptive_max_pool(x, output_size, n):
         idx = np.array([[min(s + j, e - 1) for j in range(width)] for s, e in zip(starts, ends)])
         gathers.append(idx)
         # axis -> (out, width), with the width axes collected at the end
-        windows = jnp.moveaxis(jnp.take(windows, jnp.asarray(idx.reshape(-1)), axis=axis)
-                               .reshape(windows.shape[:axis] + idx.shape + windows.shape[axis + 1:]),
-                               axis + 1, -1)
+        gathered = jnp.take(windows, jnp.asarray(idx.reshape(-1)), axis=axis)
+        gathered = gathered.reshape(windows.shape[:axis] + idx.shape + windows.shape[axis + 1:])
+        windows = jnp.moveaxis(gathered, axis + 1, -1)
     windows = windows.reshape(windows.shape[:x.ndim] + (-1,))
     best = jnp.argmax(windows, axis=-1)
     widths = tuple(g.shape[1] for g in gathers)
@@ -314,11 +334,8 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
             running_var = (1 - momentum) * running_var + momentum * unbiased.astype(params.dtype)
     else:
         mean, invstd = running_mean.astype(compute), lax.rsqrt(running_var.astype(compute) + eps)
-    out = (xc - mean.reshape(_channel_shape(x))) * invstd.reshape(_channel_shape(x))
-    if weight is not None:
-        out = out * weight.astype(compute).reshape(_channel_shape(x))
-    if bias is not None:
-        out = out + bias.astype(compute).reshape(_channel_shape(x))
+    shape = _channel_shape(x)
+    out = _affine((xc - mean.reshape(shape)) * invstd.reshape(shape), weight, bias, shape)
     if not training:
         mean = invstd = jnp.zeros((0,), compute)
     return (out.astype(x.dtype), mean.astype(params.dtype), invstd.astype(params.dtype),
@@ -361,6 +378,31 @@ def native_batch_norm(x, weight, bias, running_mean, running_var, training, mome
                                    momentum, eps)
 
 
+# The batch_norm ops that torch.export / functionalization produce (eager uses those above).
+def _reserve():
+    return jnp.zeros((0,), jnp.uint8)
+
+
+@lower(aten._batch_norm_with_update_functional.default)
+def batch_norm_with_update_functional(x, weight, bias, running_mean, running_var, momentum, eps):
+    out, mean, invstd, new_mean, new_var = _batch_norm(x, weight, bias, running_mean, running_var,
+                                                       True, momentum, eps)
+    return out, mean, invstd, _reserve(), new_mean, new_var
+
+
+@lower(aten._batch_norm_no_update.default)
+def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    training = running_mean is None  # without running statistics only the batch's exist
+    return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum,
+                       eps)[:3] + (_reserve(),)
+
+
+@runtime(aten._batch_norm_with_update.default)
+def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
+    return native_batch_norm_legit(x, weight, bias, running_mean, running_var, True, momentum,
+                                   eps) + (_tensor.wrap(_reserve()),)
+
+
 def _normalization_grad(grad_normalized, normalized, rstd, axes):
     """d(input) given d(normalized) for ``normalized = (x - mean(x)) * rstd`` over ``axes``."""
     def mean(v):
@@ -393,6 +435,13 @@ def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_
                    (x.dtype, param_dtype, param_dtype), output_mask)
 
 
+@lower(aten.batch_norm_backward.default)
+def batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd,
+                        update, eps, output_mask, reserve):
+    return native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean,
+                                      save_invstd, update, eps, output_mask)
+
+
 def _normalize(x, axes, eps):
     """(normalized, mean, rstd) over ``axes`` (kept)."""
     mean = x.mean(axes, keepdims=True)
@@ -410,6 +459,7 @@ def _affine(x, weight, bias, shape):
 
 @lower(aten.native_layer_norm.default)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    _require(tuple(x.shape[x.ndim - len(normalized_shape):]) == tuple(normalized_shape))
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     out, mean, rstd = _normalize(x.astype(_compute_dtype(x.dtype)), axes, eps)
     out = _affine(out, weight, bias, normalized_shape)
@@ -437,6 +487,7 @@ def _grouped(x, n, group):
 
 @lower(aten.native_group_norm.default)
 def native_group_norm(x, weight, bias, n, channels, hxw, group, eps):
+    _require(channels % group == 0)
     compute = _compute_dtype(x.dtype)
     out, mean, rstd = _normalize(_grouped(x.astype(compute), n, group), (2,), eps)
     out = _affine(out.reshape(x.shape), weight, bias, (channels,) + (1,) * (x.ndim - 2))
@@ -529,6 +580,25 @@ for _op, _formula in [
     _activation_backward(_op, _formula)
 
 
+def _glu(x, dim):
+    first, second = jnp.split(x, 2, axis=dim)
+    return first * jax.nn.sigmoid(second)
+
+
+_activation_backward(aten.log_sigmoid_backward.default,
+                     lambda g, x, buffer: g * jax.nn.sigmoid(-x))
+lower(aten.glu.default)(lambda x, dim=-1: _glu(x, dim))
+lower(aten.glu_backward.default)(
+    lambda grad, x, dim: _vjp(lambda x: _glu(x, dim), (x,), grad, (True,))[0])
+
+
+@lower(aten.log_sigmoid_forward.default)
+def log_sigmoid_forward(x):
+    """(output, buffer); PyTorch's CPU kernel leaves the buffer empty."""
+    compute = _compute_dtype(x.dtype)
+    return jax.nn.log_sigmoid(x.astype(compute)).astype(x.dtype), jnp.zeros((0,), x.dtype)
+
+
 @lower(aten.elu_backward.default, promote=Promote.DEFAULT,
        promote_args=("grad_output", "self_or_result"))
 def elu_backward(grad, alpha, scale, input_scale, is_result, x, *, types):
@@ -540,6 +610,7 @@ def elu_backward(grad, alpha, scale, input_scale, is_result, x, *, types):
 # ----------------------------------------------------------------------------- softmax
 def _along(fn, x, dim):
     """``fn(x, axis)`` that also accepts 0-d tensors (PyTorch treats them as one element)."""
+    dim = _wrap_dim(dim, x.ndim)
     if x.ndim == 0:
         return fn(x.reshape(1), 0).reshape(())
     return fn(x, dim)
@@ -702,6 +773,16 @@ def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, re
 @lower(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(weight, indices, axis=0)
+
+
+@lower(aten.embedding_renorm.default)
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    """Rescales the looked-up rows whose norm exceeds ``max_norm`` (``embedding_renorm_`` is
+    derived from this)."""
+    rows = weight[indices.reshape(-1)].astype(_compute_dtype(weight.dtype))
+    norms = jnp.linalg.norm(rows, ord=norm_type, axis=1, keepdims=True)
+    scale = jnp.where(norms > max_norm, max_norm / (norms + 1e-7), 1)
+    return weight.at[indices.reshape(-1)].set((rows * scale).astype(weight.dtype))
 
 
 @lower(aten.embedding_dense_backward.default)

@@ -94,7 +94,8 @@ def _keep_all(out: jax.Array, ndim: int, keepdim: bool) -> jax.Array:
 
 # ----------------------------------------------------------------------------- sum / mean / prod
 def _accumulate(reduce, x, dim, keepdim, result):
-    return reduce(x.astype(accumulator(result)), axis=_dims(x, dim), keepdims=keepdim).astype(result)
+    wide = x.astype(accumulator(result))
+    return reduce(wide, axis=_dims(x, dim), keepdims=keepdim).astype(result)
 
 
 @lower(aten.sum.dim_IntList)

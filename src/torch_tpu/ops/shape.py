@@ -89,7 +89,10 @@ def constant_pad_nd(x, pad, value=0):
 def _padding_family(mode: str, forward_ops, backward_ops) -> None:
     """``<mode>_pad{1,2,3}d`` and their backward ops (the VJP of the forward pad)."""
     def pad(x, padding):
-        return jnp.pad(x, _pad_widths(x.ndim, padding), mode=mode)
+        widths = _pad_widths(x.ndim, padding)
+        padded = jnp.pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in widths], mode=mode)
+        crop = [(min(lo, 0), min(hi, 0), 0) for lo, hi in widths]  # torch crops on negatives
+        return lax.pad(padded, jnp.zeros((), x.dtype), crop)
 
     def pad_backward(grad_output, x, padding):
         _, vjp = jax.vjp(lambda value: pad(value, padding), x)

@@ -59,6 +59,9 @@ def _register_device() -> None:
 
         _dispatch.install()
         from . import _serialization  # noqa: F401  (tpu storages for save/load/deepcopy)
+        from . import _modules
+
+        _modules.install()
         _initialized = True
 
 

@@ -1,6 +1,8 @@
 """Host <-> device copies (numpy has no bfloat16 for torch, so it travels as int16 bits)."""
 from __future__ import annotations
 
+import warnings
+
 import jax
 import numpy as np
 import torch
@@ -27,9 +29,16 @@ def to_device(host: torch.Tensor) -> jax.Array:
     return jax.device_put(_host_array(host), _runtime.device())
 
 
+def _host_view(value: jax.Array) -> torch.Tensor:
+    """A read-only CPU tensor over the value's host copy (zero-copy on the CPU platform)."""
+    if value.dtype == jnp.bfloat16:  # numpy has no bfloat16 that torch understands: move bits
+        return _host_view(lax.bitcast_convert_type(value, jnp.int16)).view(torch.bfloat16)
+    with warnings.catch_warnings():  # the view is only read, never written
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.asarray(value))
+
+
 def to_host(value: jax.Array) -> torch.Tensor:
-    """A CPU tensor with the value's contents."""
-    if value.dtype == jnp.bfloat16:
-        bits = np.asarray(lax.bitcast_convert_type(value, jnp.int16))
-        return torch.from_numpy(bits.copy()).view(torch.bfloat16)
-    return torch.from_numpy(np.array(value, copy=True))
+    """A new CPU tensor with the value's contents, owning ordinary (resizable) storage."""
+    view = _host_view(value)
+    return torch.empty(view.shape, dtype=view.dtype).copy_(view)

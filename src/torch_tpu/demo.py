@@ -32,6 +32,8 @@ LOSS_DROP_REQUIRED = 0.6
 #: A run passes when CPU and device losses agree to this relative tolerance over the parity steps.
 PARITY_RTOL = 1e-3
 
+Batch = tuple[torch.Tensor, torch.Tensor]  # (input ids, target ids), each (batch, block_size)
+
 
 @dataclasses.dataclass
 class CharCorpus:
@@ -57,7 +59,7 @@ class CharCorpus:
 
 
 def batches(data: torch.Tensor, count: int, batch_size: int, block_size: int, seed: int
-            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            ) -> list[Batch]:
     """``count`` (input, target) pairs of random windows, drawn on CPU from a seeded generator so
     every device trains on exactly the same batches."""
     generator = torch.Generator().manual_seed(seed)
@@ -80,7 +82,7 @@ def build(config: GPTConfig, state: dict[str, torch.Tensor], device: str) -> GPT
     return model
 
 
-def train(model: GPT, data: list[tuple[torch.Tensor, torch.Tensor]], device: str, lr: float,
+def train(model: GPT, data: list[Batch], device: str, lr: float,
           on_step: Optional[Callable[[int, torch.Tensor], None]] = None) -> torch.Tensor:
     """AdamW on ``model`` (already on ``device``) over ``data``; returns the per-step losses.
 
@@ -101,14 +103,14 @@ def train(model: GPT, data: list[tuple[torch.Tensor, torch.Tensor]], device: str
 
 
 @torch.no_grad()
-def evaluate(model: GPT, data: list[tuple[torch.Tensor, torch.Tensor]], device: str) -> float:
+def evaluate(model: GPT, data: list[Batch], device: str) -> float:
     model.eval()
     losses = [model(inputs.to(device), targets.to(device))[1] for inputs, targets in data]
     model.train()
     return torch.stack(losses).mean().item()
 
 
-def tokens_per_second(model: GPT, data: list[tuple[torch.Tensor, torch.Tensor]], device: str,
+def tokens_per_second(model: GPT, data: list[Batch], device: str,
                       lr: float) -> float:
     """Training throughput on ``device``, timed after one untimed step (compilation, warm caches)."""
     train(model, data[:1], device, lr)
@@ -135,9 +137,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--device", default="tpu", help="device to train on (default tpu)")
     parser.add_argument("--parity-steps", type=int, default=10,
                         help="steps replayed on CPU and the device for the parity check")
-    parser.add_argument("--throughput-steps", type=int, default=20,
+    parser.add_argument("--throughput-steps", type=int, default=10,
                         help="steps timed on each device for the throughput comparison")
-    parser.add_argument("--sample-chars", type=int, default=240, help="characters to generate")
+    parser.add_argument("--sample-chars", type=int, default=200, help="characters to generate")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     for name in ("steps", "parity_steps", "throughput_steps"):
@@ -152,7 +154,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     corpus = CharCorpus.load()
     config = GPTConfig(vocab_size=len(corpus.chars), block_size=64, n_layer=2, n_head=4, n_embd=64,
                        dropout=0.0)
-    batch_size, lr = 16, 3e-3
+    batch_size, lr = 32, 6e-3
     print(f"torch_tpu demo: character-level GPT on {device} "
           f"({torch.tpu.get_device_name() if torch.device(device).type == 'tpu' else 'host CPU'})")
 

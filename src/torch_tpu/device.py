@@ -75,8 +75,9 @@ def _index(device: _DeviceLike) -> int:
 
 def set_device(device: _DeviceLike) -> None:
     """Validates ``device``: a process is bound to ``tpu:0`` and cannot switch."""
-    if _index(device) != 0:
-        raise RuntimeError(f"tpu: this process drives only tpu:0, cannot select {device!r} "
+    index = _index(device)
+    if index != 0:
+        raise RuntimeError(f"tpu: this process drives only tpu:0, cannot select tpu:{index} "
                            "(launch one process per device)")
 
 

@@ -8,6 +8,7 @@ PyTorch's own.
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -118,9 +119,10 @@ def _host_to_device(host: torch.Tensor, dtype: torch.dtype) -> jax.Array:
 @runtime(aten.copy_)
 def copy_(self, src, non_blocking=False):
     if _tensor.is_tpu(self):
-        if self.is_complex() is False and src.is_complex():
-            raise RuntimeError("copy_: complex -> real copy would discard the imaginary part; "
-                               "use .real explicitly")
+        if src.is_complex() and not self.is_complex():
+            warnings.warn("Casting complex values to real discards the imaginary part",
+                          UserWarning, stacklevel=2)
+            src = src.real
         value = _tensor.read(src) if _tensor.is_tpu(src) else _host_to_device(src, self.dtype)
         if tuple(src.shape) != tuple(self.shape):
             torch.broadcast_shapes(src.shape, self.shape)  # PyTorch's error for bad shapes

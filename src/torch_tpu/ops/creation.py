@@ -24,11 +24,11 @@ def _float_or_default(dtype) -> np.dtype:
     return to_jax(torch.get_default_dtype()) if dtype is None else dtype
 
 
-def _step_dtype(dtype) -> np.dtype:
-    """torch CPU steps integer ranges in double and half types in float (its accumulate type)."""
+def _accumulate_dtype(dtype) -> np.dtype:
+    """torch CPU's accumulate type for ranges: int64 for integers, float for half types."""
     if jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_:
-        return np.dtype(jnp.float64)
-    return np.dtype(jnp.float32) if dtype in (jnp.float16, jnp.bfloat16) else dtype
+        return np.dtype(jnp.int64)
+    return np.dtype(jnp.float32) if dtype in (jnp.float16, jnp.bfloat16) else np.dtype(jnp.float64)
 
 
 @lower(aten.arange.start_step, jit=False, static=("start", "end", "step"))
@@ -36,17 +36,20 @@ def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=
     if dtype is None:
         integral = all(isinstance(v, (int, bool)) for v in (start, end, step))
         dtype = np.dtype(jnp.int64) if integral else _float_or_default(None)
-    integer = jnp.issubdtype(dtype, jnp.integer)
-    if integer:  # torch truncates the bounds and the step to integers first
-        start, end, step = int(start), int(end), int(step)
-    if step == 0:
+    accumulate = _accumulate_dtype(dtype)
+    integral = jnp.issubdtype(accumulate, jnp.integer)
+    convert = int if integral else float  # torch's Scalar.to<acc_type>: truncates for integers
+    first, last, stride = convert(start), convert(end), convert(step)
+    if stride == 0:
         raise RuntimeError("step must be nonzero")
-    if (end - start) * step < 0:
+    if (last - first) * stride < 0:
         raise RuntimeError("upper bound and lower bound inconsistent with step sign")
-    length = max(math.ceil((end - start) / step), 0)
-    # start + i * step in int64 or double (torch's accumulate types), rounded once
-    positions = jnp.arange(length, dtype=jnp.int64 if integer else jnp.float64)
-    return (start + step * positions).astype(dtype)
+    if dtype == jnp.int64:  # exact integer count, as torch does for int64 only
+        span = last - first + stride - (1 if stride > 0 else -1)
+        length = abs(span) // abs(stride)
+    else:
+        length = math.ceil((float(end) - float(start)) / float(step))
+    return (first + stride * jnp.arange(max(length, 0), dtype=accumulate)).astype(dtype)
 
 
 def _triangle_indices(triangle):
@@ -58,6 +61,13 @@ def _triangle_indices(triangle):
 
 lower(aten.tril_indices.default)(_triangle_indices(jnp.tril_indices))
 lower(aten.triu_indices.default)(_triangle_indices(jnp.triu_indices))
+
+
+def _step_dtype(dtype) -> np.dtype:
+    """torch CPU steps integer linspaces in double and half types in float."""
+    if jnp.issubdtype(dtype, jnp.integer):
+        return np.dtype(jnp.float64)
+    return np.dtype(jnp.float32) if dtype in (jnp.float16, jnp.bfloat16) else np.dtype(dtype)
 
 
 def _linear_steps(start, end, steps: int, dtype) -> jax.Array:

@@ -35,12 +35,13 @@ def _reject(reason: str):
 
 
 def _require_index_dtype(index: jax.Array, op: str) -> None:
-    if index.dtype not in _INDEX_DTYPES:
+    if index.dtype not in _INDEX_DTYPES and index.size:
         _reject(f"{op}: index dtype {index.dtype}")
 
 
-def _require_same_dtype(x: jax.Array, other: jax.Array, op: str) -> None:
-    if other.dtype != x.dtype:
+def _require_same_dtype(x: jax.Array, other, op: str) -> None:
+    """(``other`` may be a number: a host 0-dim tensor the dispatcher passed by value.)"""
+    if isinstance(other, jax.Array) and other.dtype != x.dtype:
         _reject(f"{op}: dtype {other.dtype} != {x.dtype}")
 
 
@@ -155,7 +156,7 @@ def index(x, indices):
 
 @lower(aten.index_put.default, jit=False)
 def index_put(x, indices, values, accumulate=False):
-    if values.dtype != x.dtype:
+    if isinstance(values, jax.Array) and values.dtype != x.dtype:
         raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
                            f"{type_name(x.dtype)} for the destination and "
                            f"{type_name(values.dtype)} for the source.")
@@ -176,7 +177,7 @@ def _along(index: jax.Array, dim: int) -> tuple:
 
 def _check_along(x: jax.Array, dim: int, index: jax.Array, op: str) -> None:
     _require_index_dtype(index, op)
-    if index.ndim and x.ndim and index.ndim != x.ndim:
+    if index.size and index.ndim and x.ndim and index.ndim != x.ndim:
         _reject(f"{op}: index rank")
     size = _as_1d(x).shape[_wrap_dim(dim, x.ndim)]
     _check_bounds([(index, size, False)],
@@ -192,6 +193,8 @@ def _gather(x, dim, index):
 @lower(aten.gather.default, jit=False)
 def gather(x, dim, index, sparse_grad=False):
     _check_along(x, dim, index, "gather")
+    if not index.size:  # torch accepts any empty index
+        return jnp.zeros(index.shape, x.dtype)
     return _gather(x, _wrap_dim(dim, x.ndim), index)
 
 
@@ -214,9 +217,11 @@ def _scatter(x, dim, index, src, reduce):
 
 def _scatter_lowering(reduce_arg: bool):
     def scatter(x, dim, index, src, reduce="set"):
-        if isinstance(src, jax.Array) and src.ndim:
+        if jnp.ndim(src):  # a 0-dim src is a value, cast like torch's scatter.value
             _require_same_dtype(x, src, "scatter")
         _check_along(x, dim, index, "scatter")
+        if not index.size:
+            return x
         return _scatter(x, _wrap_dim(dim, x.ndim), index, src,
                         _LEGACY_REDUCE[reduce] if reduce_arg else "set")
     return scatter
@@ -262,6 +267,8 @@ def _scatter_reduce(x, dim, index, src, reduce, include_self):
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     _require_same_dtype(x, src, "scatter_reduce")
     _check_along(x, dim, index, "scatter_reduce")
+    if not index.size:
+        return x
     return _scatter_reduce(x, _wrap_dim(dim, x.ndim), index, src, reduce, include_self)
 
 

@@ -1,6 +1,6 @@
 """Shape lowerings: concatenation, flips and rolls, padding, triangles, copies of views.
 
-Ops PyTorch already builds from views and copies (``stack``, ``repeat``, ``tile``,
+Ops PyTorch already builds from views and copies (``stack``, ``tile``,
 ``diag_embed``, ``clone``, ``expand``...) reach the tpu through its composite kernels and are
 not lowered here; only what PyTorch implements per backend is.
 """
@@ -34,6 +34,11 @@ def cat(tensors, dim=0):
 @lower(aten.flip.default)
 def flip(x, dims):
     return jnp.flip(x, axis=dims)
+
+
+@lower(aten.repeat.default)
+def repeat(x, repeats):
+    return jnp.tile(x, repeats)
 
 
 @lower(aten.rot90.default)

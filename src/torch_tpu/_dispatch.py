@@ -202,6 +202,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             raise ValueError(f"{op}: promote_args {sorted(unknown)} are not schema arguments")
         promote_pos = [binder.names.index(n) for n in names]
     random = entry.random
+    check = entry.check
     convert_by_kind = {
         _TENSOR: _to_jax_arg,
         _TENSOR_LIST: lambda xs: [_to_jax_arg(x) for x in xs],
@@ -228,6 +229,8 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             extra["key"] = _random.next_key()
         for i, convert in converters:
             values[i] = convert(values[i])
+        if check is not None:
+            check(*values)
         try:
             return lowered(*values, **extra)
         except IndexError:

@@ -37,6 +37,9 @@ class Lowering:
     random: bool = False
     jit: bool = True               # False for data-dependent output shapes (nonzero, unique, ...)
     static: tuple[str, ...] = ()   # Scalar arguments that must be compile-time constants
+    # Runs on the concrete arrays before the jitted lowering, for value checks XLA cannot raise
+    # (index bounds): same arguments as ``fn``, raises PyTorch's exception.
+    check: Optional[Callable] = None
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}

@@ -34,7 +34,6 @@ def _is_tpu(storage: _StorageBase) -> bool:
 def _empty_tpu_storage(nbytes: int) -> torch.UntypedStorage:
     """A tpu storage of ``nbytes`` uninitialized bytes, made the way tpu tensors make theirs."""
     holder = _tensor.empty([nbytes], torch.uint8)
-    _tensor.ensure_nbytes(holder)
     return holder.untyped_storage()  # the storage (and its value) outlives the holder tensor
 
 
@@ -54,19 +53,6 @@ def _untyped_storage_new(cls, *args, **kwargs):
         return _empty_tpu_storage(args[0])
     host = _StorageBase.__new__(_Untyped, *args)  # a sequence of byte values
     return _empty_tpu_storage(host.nbytes()).copy_(host)
-
-
-def _nbytes(self) -> int:
-    """The StorageImpl of a tpu storage learns its byte size lazily (``_tensor.ensure_nbytes``);
-    anyone asking for it (``torch.save``, ``storage.cpu()``, safetensors) needs the true size."""
-    if _is_tpu(self) and _buffer.has_value(self):
-        _tensor.ensure_storage_nbytes(self)
-    return _StorageBase.nbytes(self)
-
-
-def _len(self) -> int:
-    """``len(storage)`` reads the C++ byte size directly; route it through :func:`_nbytes`."""
-    return self.nbytes()
 
 
 def _data_ptr(self) -> int:
@@ -124,7 +110,7 @@ def _set_from_file(self, *args, **kwargs):
 
 
 _STORAGE_PATCHES: dict[str, Callable] = {
-    "__new__": _untyped_storage_new, "nbytes": _nbytes, "__len__": _len, "data_ptr": _data_ptr,
+    "__new__": _untyped_storage_new, "data_ptr": _data_ptr,
     "copy_": _copy_, "_write_file": _write_file, "_set_from_file": _set_from_file,
 }
 

@@ -21,11 +21,22 @@ from ._dtypes import JAX_TO_TORCH, to_jax, unsupported
 _create = torch._C._acc.create_empty_tensor
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
-_storage_nbytes = torch._C.StorageBase.nbytes  # the C++ size (UntypedStorage.nbytes is patched)
+_set_storage_meta = _set_storage._handle.redispatch_boxed
 
 
 def is_tpu(x: object) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == "tpu"
+
+
+def _new_tensor(shape, dtype: torch.dtype, value: _buffer.Value, strides=None) -> torch.Tensor:
+    t = _create(shape, dtype)
+    storage = t.untyped_storage()
+    _buffer.put(storage, value)
+    if _buffer.nbytes(value):
+        # The StorageImpl must know its byte size: PyTorch's C++ reads it directly (view bound
+        # checks, clone_preserve_strides, serialization). Meta's set_ records it, no allocation.
+        _set_storage_meta(_META, t, storage, 0, shape, t.stride() if strides is None else strides)
+    return t
 
 
 def wrap(value: jax.Array) -> torch.Tensor:
@@ -34,9 +45,7 @@ def wrap(value: jax.Array) -> torch.Tensor:
         dtype = JAX_TO_TORCH[value.dtype]
     except KeyError:
         raise unsupported(value.dtype) from None
-    t = _create(value.shape, dtype)
-    _buffer.put(t.untyped_storage(), value)
-    return t
+    return _new_tensor(value.shape, dtype, value)
 
 
 def empty(shape, dtype: torch.dtype, strides=None) -> torch.Tensor:
@@ -45,30 +54,22 @@ def empty(shape, dtype: torch.dtype, strides=None) -> torch.Tensor:
     shape = tuple(shape)
     if any(s < 0 for s in shape):
         raise RuntimeError(f"Trying to create tensor with negative dimension: {list(shape)}")
-    t = _create(shape, dtype)
     if strides is None:
         size = math.prod(shape)
     else:
         size = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides))
-    _buffer.put(t.untyped_storage(), _buffer.Uninitialized(size, jdtype))
-    if strides is not None and tuple(strides) != t.stride():
-        ensure_nbytes(t)
-        _set_storage.redispatch(_META, t, t.untyped_storage(), 0, list(shape), list(strides))
-    return t
+        strides = list(strides)
+    return _new_tensor(list(shape), dtype, _buffer.Uninitialized(size, jdtype), strides)
 
 
 def ensure_nbytes(t: torch.Tensor) -> None:
-    """Make the StorageImpl report the value's size, which PyTorch's view bound checks read.
-
-    Done lazily (only before views, ``set_`` and serialization) because it costs as much as
-    creating the tensor, and most op results are never viewed.
-    """
+    """Make the StorageImpl report the value's size after the value grew (``resize_``)."""
     ensure_storage_nbytes(t.untyped_storage())
 
 
 def ensure_storage_nbytes(storage) -> None:
     need = _buffer.nbytes(_buffer.get(storage))
-    if _storage_nbytes(storage) < need:
+    if storage.nbytes() < need:
         scratch = _create([0], torch.uint8)
         _set_storage.redispatch(_META, scratch, storage, 0, [need], [1])
 

@@ -1,8 +1,9 @@
 """Family helpers: most lowerings are one line built from these."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 import torch
 import numpy as np
@@ -51,3 +52,27 @@ def result_dtype(*dtypes) -> jnp.dtype:
     for dtype in dtypes[1:]:
         result = torch.promote_types(result, to_torch(dtype))
     return np.dtype(to_jax(result))
+
+
+@jax.jit
+def _first_out_of_bounds(index: jax.Array, low, high) -> tuple[jax.Array, jax.Array]:
+    flat = index.reshape(-1)
+    bad = (flat < low) | (flat >= high)
+    return jnp.any(bad), flat[jnp.argmax(bad)]
+
+
+def check_bounds(checks: Sequence[tuple[jax.Array, int, bool]],
+                  error: Callable[[int, int, int], Exception]) -> None:
+    """Raise ``error(position, value, size)`` for the first index outside its dimension.
+
+    ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync.
+    Skipped under a trace, where indices have no values yet.
+    """
+    pending = [(position, index, size, negative_ok)
+               for position, (index, size, negative_ok) in enumerate(checks)
+               if index.size and not isinstance(index, jax.core.Tracer)]
+    results = jax.device_get([_first_out_of_bounds(index, -size if negative_ok else 0, size)
+                              for _, index, size, negative_ok in pending])
+    for (position, _, size, _), (any_bad, value) in zip(pending, results):
+        if any_bad:
+            raise error(position, int(value), size)

@@ -147,7 +147,7 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
 
 @runtime(aten._local_scalar_dense)
 def local_scalar_dense(self):
-    value = _tensor.read(self)
+    value = _tensor.read(self).reshape(())
     if self.dtype.is_complex:
         return complex(value)
     if self.dtype.is_floating_point:
@@ -231,8 +231,10 @@ def random_(self, generator=None):
     return random_from(self, 0, None, generator)
 
 
-@runtime(aten.bernoulli_.float)
+@runtime(aten.bernoulli_.float, aten.bernoulli_.Tensor)
 def bernoulli_(self, p=0.5, generator=None):
+    if isinstance(p, torch.Tensor):
+        p = jnp.broadcast_to(_tensor.read(p) if _tensor.is_tpu(p) else p.item(), self.shape)
     return _fill_random(self, generator,
                         lambda key, shape, dtype: jax.random.bernoulli(key, p, shape).astype(dtype))
 

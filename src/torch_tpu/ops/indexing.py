@@ -1,7 +1,7 @@
 """Indexing lowerings: advanced indexing, gather/scatter, index_* ops, masks, search, unique.
 
 XLA clamps out-of-range indices silently where PyTorch raises, so the ops that take index tensors
-check them first (:func:`_check_bounds`: one host sync) and then run their jitted computation.
+check them first (:func:`check_bounds`: one host sync) and then run their jitted computation.
 Under a trace (fused eager, ``torch.compile``) the indices are not concrete and the check is
 skipped. Ops whose output shape depends on values (boolean masks, ``nonzero``, ``unique``...) are
 ``jit=False``: they read what they need on the host first.
@@ -22,7 +22,7 @@ import torch
 from jax import lax
 
 from .._registry import Promote, lower
-from ._helpers import result_dtype, type_name
+from ._helpers import check_bounds, result_dtype, type_name
 
 aten = torch.ops.aten
 _INDEX_DTYPES = (jnp.int64, jnp.int32)
@@ -43,30 +43,6 @@ def _require_same_dtype(x: jax.Array, other, op: str) -> None:
     """(``other`` may be a number: a host 0-dim tensor the dispatcher passed by value.)"""
     if isinstance(other, jax.Array) and other.dtype != x.dtype:
         _reject(f"{op}: dtype {other.dtype} != {x.dtype}")
-
-
-@jax.jit
-def _first_out_of_bounds(index: jax.Array, low, high) -> tuple[jax.Array, jax.Array]:
-    flat = index.reshape(-1)
-    bad = (flat < low) | (flat >= high)
-    return jnp.any(bad), flat[jnp.argmax(bad)]
-
-
-def _check_bounds(checks: Sequence[tuple[jax.Array, int, bool]],
-                  error: Callable[[int, int, int], Exception]) -> None:
-    """Raise ``error(position, value, size)`` for the first index outside its dimension.
-
-    ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync.
-    Skipped under a trace, where indices have no values yet.
-    """
-    pending = [(position, index, size, negative_ok)
-               for position, (index, size, negative_ok) in enumerate(checks)
-               if index.size and not isinstance(index, jax.core.Tracer)]
-    results = jax.device_get([_first_out_of_bounds(index, -size if negative_ok else 0, size)
-                              for _, index, size, negative_ok in pending])
-    for (position, _, size, _), (any_bad, value) in zip(pending, results):
-        if any_bad:
-            raise error(position, int(value), size)
 
 
 def _out_of_bounds(position: int, value: int, size: int) -> Exception:
@@ -131,7 +107,7 @@ def _advanced_indices(x: jax.Array, indices) -> list[Optional[jax.Array]]:
     if dim > x.ndim:
         raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
     tensor_dims = [(index, x.shape[d]) for d, index in enumerate(expanded) if index is not None]
-    _check_bounds([(index, size, True) for index, size in tensor_dims], _out_of_bounds)
+    check_bounds([(index, size, True) for index, size in tensor_dims], _out_of_bounds)
     return expanded
 
 
@@ -180,7 +156,7 @@ def _check_along(x: jax.Array, dim: int, index: jax.Array, op: str) -> None:
     if index.size and index.ndim and x.ndim and index.ndim != x.ndim:
         _reject(f"{op}: index rank")
     size = _as_1d(x).shape[_wrap_dim(dim, x.ndim)]
-    _check_bounds([(index, size, False)],
+    check_bounds([(index, size, False)],
                   lambda _, value, size: RuntimeError(
                       f"index {value} is out of bounds for dimension {dim} with size {size}"))
 
@@ -292,7 +268,7 @@ def _check_index_dim(x, dim, index, op: str, error, negative_ok: bool = False) -
     if index.ndim > 1:
         _reject(f"{op}: index must be a vector")
     dim = _wrap_dim(dim, x.ndim)
-    _check_bounds([(index, _as_1d(x).shape[dim], negative_ok)], error)
+    check_bounds([(index, _as_1d(x).shape[dim], negative_ok)], error)
     return dim
 
 
@@ -338,7 +314,7 @@ def index_fill(x, dim, index, value):
 
 def _check_flat_index(x, index, op: str) -> None:
     _require_index_dtype(index, op)
-    _check_bounds([(index, x.size, True)], lambda _, value, size: IndexError(
+    check_bounds([(index, x.size, True)], lambda _, value, size: IndexError(
         f"out of range: tried to access index {value} on a tensor of {size} elements."))
 
 

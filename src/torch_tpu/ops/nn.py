@@ -18,6 +18,7 @@ from jax import lax
 
 from .. import _random, _tensor
 from .._registry import Promote, lower, runtime
+from ._helpers import check_bounds
 
 aten = torch.ops.aten
 _HALF_TYPES = (jnp.float16, jnp.bfloat16)
@@ -691,7 +692,14 @@ def _nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_w
     return picked * jnp.expand_dims(values, class_axis)
 
 
-lower(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)(_nll_loss)
+def _check_targets(x, target, weight, reduction, ignore_index, *_):
+    classes = x.shape[0 if x.ndim == 1 else 1]
+    check_bounds([(jnp.where(target == ignore_index, 0, target), classes, False)],
+                 lambda _, value, size: IndexError(f"Target {value} is out of bounds."))
+
+
+lower(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default,
+      check=_check_targets)(_nll_loss)
 lower(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)(_nll_loss_backward)
 
 
@@ -770,7 +778,12 @@ def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, re
 
 
 # ----------------------------------------------------------------------------- embedding
-@lower(aten.embedding.default)
+def _check_embedding_indices(weight, indices, *_):
+    check_bounds([(indices, weight.shape[0], False)],
+                 lambda *_: IndexError("index out of range in self"))
+
+
+@lower(aten.embedding.default, check=_check_embedding_indices)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(weight, indices, axis=0)
 

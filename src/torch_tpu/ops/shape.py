@@ -115,3 +115,16 @@ _padding_family("edge",
                 (aten.replication_pad1d, aten.replication_pad2d, aten.replication_pad3d),
                 (aten.replication_pad1d_backward, aten.replication_pad2d_backward,
                  aten.replication_pad3d_backward))
+
+
+# ----------------------------------------------------------------------------- view scatters
+@lower(aten.slice_scatter.default)
+def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    key = (slice(None),) * (dim % x.ndim) + (slice(start, end, step),)
+    return x.at[key].set(src.astype(x.dtype))
+
+
+@lower(aten.select_scatter.default)
+def select_scatter(x, src, dim, index):
+    key = (slice(None),) * (dim % x.ndim) + (index,)
+    return x.at[key].set(src.astype(x.dtype))

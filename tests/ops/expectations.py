@@ -47,7 +47,13 @@ TOLERANCES: dict[str, Tolerance] = {
     "erfinv": Tolerance(atol=1e-3, rtol=1e-5, dtypes=(torch.float32,)),
 }
 
+#: Ops with an argument PyTorch requires on the CPU (as it does on CUDA): left there.
+CPU_ARGUMENT_OPS = frozenset({"tensor_split"})
+
 XFAILS: dict[str, XFail] = {
+    "as_strided.partial_views": XFail(
+        "the samples read storage outside the viewed tensor; .to() copies only the view's "
+        "elements (as it does for CUDA), so that storage is not there"),
     "float_power": XFail("float_power of complex64 returns complex128, a dtype tpu does not have",
                          dtypes=(torch.complex64,)),
     "logaddexp": XFail("complex logaddexp: XLA picks another branch of the complex log "

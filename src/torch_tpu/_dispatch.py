@@ -69,14 +69,21 @@ def _device_mismatch(t: torch.Tensor) -> RuntimeError:
         f"tpu:0 and {t.device}!")
 
 
+_COMPLEX64 = torch.complex64
+
+
 def _to_jax_arg(x: Any) -> Any:
     if not isinstance(x, torch.Tensor):
         return x  # None, or a Python number PyTorch unwrapped from a "wrapped number" tensor
-    if x.device.type == "tpu":
-        return _tensor.read(x)
-    if x.dim() == 0:  # a CPU scalar tensor may join a device op, as on CUDA
-        return x.item()
-    raise _device_mismatch(x)
+    if x.is_cpu:
+        if x.dim() == 0:  # a CPU scalar tensor may join a device op, as on CUDA
+            return x.item()
+        raise _device_mismatch(x)
+    if x.is_meta:  # (is_cpu/is_meta are cheap flags; reading .device builds an object)
+        raise _device_mismatch(x)
+    if x.dtype is _COMPLEX64:  # only complex views carry lazy conjugate/negative bits
+        return _tensor.read_resolved(x)
+    return _tensor.read(x)
 
 
 _scalar_arrays: dict = {}

@@ -166,6 +166,17 @@ def read(t: torch.Tensor) -> jax.Array:
     return _strided_read(buf, tuple(shape), t.stride(), t.storage_offset())
 
 
+def read_resolved(t: torch.Tensor) -> jax.Array:
+    """:func:`read` with the tensor's lazy conjugate/negative bits applied. PyTorch hands kernels
+    that natively handle them (copies, matmuls, norms...) such views unresolved."""
+    value = read(t)
+    if t.is_conj():
+        value = jnp.conj(value)
+    if t.is_neg():
+        value = -value
+    return value
+
+
 # ----------------------------------------------------------------------------- writes
 @functools.partial(jax.jit, static_argnums=(2, 3, 4))
 def _strided_write(buf: jax.Array, value: jax.Array, shape, strides, offset) -> jax.Array:

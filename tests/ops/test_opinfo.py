@@ -15,7 +15,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 import torch_tpu  # noqa: F401
 
-from .expectations import CPU_ARGUMENT_OPS, RANDOM_OPS, TOLERANCES, XFAILS
+from .expectations import (CPU_ARGUMENT_OPS, RANDOM_OPS, SIGN_FREE_OPS, TIE_BREAK_OPS, TOLERANCES,
+                           XFAILS)
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64)
@@ -63,8 +64,10 @@ def _call(fn, sample, move, name=None):
 
 
 def _tolerance(name, dtype):
-    for tolerance in (TOLERANCES.get(name), TOLERANCES["default-half"]):
-        if tolerance and (tolerance.dtypes is None or dtype in tolerance.dtypes):
+    entries = TOLERANCES.get(name, ())
+    entries = entries if isinstance(entries, tuple) else (entries,)
+    for tolerance in (*entries, TOLERANCES["default-half"]):
+        if tolerance.dtypes is None or dtype in tolerance.dtypes:
             return {"atol": tolerance.atol, "rtol": tolerance.rtol}
     return {}
 
@@ -86,6 +89,33 @@ def _compare(actual, expected, name, dtype, what):
             continue
         torch.testing.assert_close(a.cpu(), e, equal_nan=True, msg=lambda m: f"{what}: {m}",
                                    **_tolerance(name, dtype))
+
+
+def _gathered(source, indices, dim):
+    """``source`` at ``indices`` along ``dim`` (a keepdim=False index gets its dim back)."""
+    reduced = indices.dim() < source.dim()
+    picked = torch.gather(source, dim, indices.unsqueeze(dim) if reduced else indices)
+    return picked.squeeze(dim) if reduced else picked
+
+
+def _resolve_ties(actual, expected, sample, dim_position, what):
+    """For TIE_BREAK_OPS: check tpu's indices by what they select from the input; return the
+    outputs left to compare (the values, or for argsort what each side's indices select)."""
+    if sample.kwargs.get("stable"):  # a stable sort has one right answer
+        return actual, expected
+    args = sample.args
+    dim = sample.kwargs.get("dim", args[dim_position] if len(args) > dim_position else -1)
+    if isinstance(expected, torch.Tensor):  # argsort: indices only
+        assert (actual.shape, actual.dtype) == (expected.shape, expected.dtype), \
+            f"{what}: indices' shape/dtype differ"
+        return _gathered(sample.input, actual.cpu(), dim), _gathered(sample.input, expected, dim)
+    (values, indices), (expected_values, expected_indices) = actual, expected
+    assert (indices.shape, indices.dtype) == (expected_indices.shape, expected_indices.dtype), \
+        f"{what}: indices' shape/dtype differ"
+    torch.testing.assert_close(_gathered(sample.input, indices.cpu(), dim), values.cpu(),
+                               rtol=0, atol=0, equal_nan=True,
+                               msg=lambda m: f"{what}: indices do not select the values: {m}")
+    return values, expected_values
 
 
 def _run_or_skip(fn):
@@ -130,6 +160,12 @@ def _check_forward(op, dtype):
         except Exception:  # noqa: BLE001  (a sample CPU rejects says nothing about tpu)
             continue
         actual, _ = _run_or_skip(lambda: _call(op, sample, _to_tpu, name))
+        if name in SIGN_FREE_OPS:
+            sign_free = sample.output_process_fn_grad
+            actual, expected = sign_free(actual), sign_free(expected)
+        if name in TIE_BREAK_OPS:
+            actual, expected = _resolve_ties(actual, expected, sample, TIE_BREAK_OPS[name],
+                                             f"{name} forward")
         _compare(actual, expected, name, dtype, f"{name} forward")
         ran += 1
         inplace = op.inplace_variant

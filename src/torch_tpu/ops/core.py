@@ -116,17 +116,6 @@ def _host_to_device(host: torch.Tensor, dtype: torch.dtype) -> jax.Array:
     return _transfer.to_device(host)
 
 
-def _read_resolved(t: torch.Tensor) -> jax.Array:
-    """A tpu tensor's value with its lazy conjugate/negative bits applied: PyTorch's Conjugate
-    and Negative fallbacks let copies through unresolved and expect the kernel to apply them."""
-    value = _tensor.read(t)
-    if t.is_conj():
-        value = jnp.conj(value)
-    if t.is_neg():
-        value = -value
-    return value
-
-
 @runtime(aten.copy_)
 def copy_(self, src, non_blocking=False):
     if _tensor.is_tpu(self):
@@ -134,13 +123,13 @@ def copy_(self, src, non_blocking=False):
             warnings.warn("Casting complex values to real discards the imaginary part",
                           UserWarning, stacklevel=2)
             src = src.real
-        value = _read_resolved(src) if _tensor.is_tpu(src) else _host_to_device(src, self.dtype)
+        value = _tensor.read_resolved(src) if _tensor.is_tpu(src) else _host_to_device(src, self.dtype)
         if tuple(src.shape) != tuple(self.shape):
             torch.broadcast_shapes(src.shape, self.shape)  # PyTorch's error for bad shapes
         _tensor._check_no_internal_overlap(self)
         _tensor.write(self, value)
     else:
-        self.copy_(_transfer.to_host(_read_resolved(src)))
+        self.copy_(_transfer.to_host(_tensor.read_resolved(src)))
     return self
 
 
@@ -150,9 +139,9 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     dtype = self.dtype if dtype is None else dtype
     target = torch.device(device) if device is not None else self.device
     if target.type == "tpu":
-        value = _read_resolved(self) if _tensor.is_tpu(self) else _host_to_device(self, dtype)
+        value = _tensor.read_resolved(self) if _tensor.is_tpu(self) else _host_to_device(self, dtype)
         return _tensor.wrap(value.astype(to_jax(dtype)))
-    host = _transfer.to_host(_read_resolved(self))
+    host = _transfer.to_host(_tensor.read_resolved(self))
     return host.to(dtype=dtype, device=target)
 
 
@@ -203,6 +192,9 @@ def _float_sample(sample, shape, dtype):
 
 @runtime(aten.uniform_)
 def uniform_(self, from_=0.0, to=1.0, generator=None):
+    if self.is_complex():  # torch fills the real and imaginary parts independently
+        uniform_(torch.view_as_real(self), from_, to, generator)
+        return self
     return _fill_random(self, generator, lambda key, shape, dtype: _float_sample(
         lambda wide: jax.random.uniform(key, shape, wide, from_, to), shape, dtype))
 

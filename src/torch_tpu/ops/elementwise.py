@@ -12,6 +12,12 @@ aten = __import__("torch").ops.aten
 INT_TO_FLOAT, BOOL = Promote.INT_TO_FLOAT, Promote.ALWAYS_BOOL
 
 # ----------------------------------------------------------------------------- unary
+def _digamma(x):
+    """torch puts digamma's pole at 0 as -inf at +0 and +inf at -0; jax returns NaN there."""
+    pole = jnp.copysign(jnp.inf, -x).astype(x.dtype)
+    return jnp.where(x == 0, pole, jax.scipy.special.digamma(x))
+
+
 for _op, _fn in [
     (aten.neg, jnp.negative), (aten.sign, lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x)),
     (aten.sgn, lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x)),
@@ -31,7 +37,7 @@ for _op, _fn in [
     (aten.acosh, jnp.arccosh), (aten.atanh, jnp.arctanh), (aten.sigmoid, jax.nn.sigmoid),
     (aten.erf, jax.scipy.special.erf), (aten.erfc, jax.scipy.special.erfc),
     (aten.erfinv, jax.scipy.special.erfinv), (aten.lgamma, jax.scipy.special.gammaln),
-    (aten.digamma, jax.scipy.special.digamma), (aten.silu, jax.nn.silu),
+    (aten.digamma, _digamma), (aten.silu, jax.nn.silu),
     (aten.mish, lambda x: x * jnp.tanh(jax.nn.softplus(x))),
     (aten.hardsigmoid, jax.nn.hard_sigmoid), (aten.hardswish, jax.nn.hard_swish),
     (aten.sinc, jnp.sinc),

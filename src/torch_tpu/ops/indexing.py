@@ -364,6 +364,8 @@ def masked_scatter(x, mask, source):
     _require_same_dtype(x, source, "masked_scatter")
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
     mask = jnp.broadcast_to(mask, shape)
+    if source.size == 0:  # nothing to take (CPU requires an all-False mask then)
+        return jnp.broadcast_to(x, shape)
     # the k-th True position (row-major) takes source's k-th element
     position = jnp.cumsum(mask.reshape(-1)) - 1
     taken = source.reshape(-1)[jnp.clip(position, 0, max(source.size - 1, 0))].reshape(shape)

@@ -83,6 +83,14 @@ addmv = lower(aten.addmv.default)(_scaled_matmul_op("addmv", "nk,k->n", (2, 1)))
 addbmm = lower(aten.addbmm.default)(_scaled_matmul_op("addbmm", "bnk,bkm->nm", (3, 3)))
 
 
+@runtime(aten.addbmm_.default)
+def addbmm_(self: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta=1, alpha=1):
+    """CPU's in-place addbmm runs addbmm.out with ``out=self``, so a ``self`` that only
+    broadcasts to the product's shape is resized to it (no other in-place op does this)."""
+    result = aten.addbmm.default(self, batch1, batch2, beta=beta, alpha=alpha)
+    return self.resize_(result.shape).copy_(result)
+
+
 @lower(aten.dot.default)
 def dot(a, b):
     _check_ranks("dot", (a, 1), (b, 1))

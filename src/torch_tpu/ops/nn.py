@@ -825,9 +825,13 @@ def native_dropout(x, p, train, *, key):
     return _dropout(x, p, key)
 
 
-@lower(aten.native_dropout_backward.default)
-def native_dropout_backward(grad, mask, scale):
-    return (grad * mask * jnp.asarray(scale, _compute_dtype(grad.dtype))).astype(grad.dtype)
+@lower(aten.native_dropout_backward.default, promote=Promote.DEFAULT,
+       promote_args=("grad_output", "mask", "scale"))
+def native_dropout_backward(grad, mask, scale, *, types):
+    """``grad * mask * scale`` as PyTorch computes it: an integer or bool gradient gives a
+    floating result (the float ``scale`` promotes it)."""
+    scaled = grad.astype(types.compute) * mask * jnp.asarray(scale, types.compute)
+    return scaled.astype(types.result)
 
 
 # ----------------------------------------------------------------------------- attention

@@ -312,7 +312,8 @@ def logsumexp(x, dim, keepdim=False):
         x = x.astype(jnp.float32)  # torch's default dtype
     dims = _dims(x, dim)
     wide = x.astype(accumulator(x.dtype))
-    peak = jnp.max(wide, axis=dims, keepdims=True, initial=-jnp.inf)
+    # torch shifts complex inputs by the largest real part, leaving log on its principal branch
+    peak = jnp.max(jnp.real(wide), axis=dims, keepdims=True, initial=-jnp.inf)
     peak = jnp.where(jnp.isfinite(peak), peak, 0)  # all -inf (or +inf) slices: no shift
     out = jnp.log(jnp.sum(jnp.exp(wide - peak), axis=dims, keepdims=True)) + peak
     return (out if keepdim else jnp.squeeze(out, dims)).astype(x.dtype)
@@ -341,7 +342,35 @@ def logcumsumexp(x, dim):
     axis = _dim(x, dim)
     if axis is None or x.shape[axis] == 0:
         return x
-    return lax.cumlogsumexp(x.astype(accumulator(x.dtype)), axis=axis).astype(x.dtype)
+    wide = x.astype(accumulator(x.dtype))
+    if jnp.iscomplexobj(x):
+        return _complex_logcumsumexp(wide, axis).astype(x.dtype)
+    return lax.cumlogsumexp(wide, axis=axis).astype(x.dtype)
+
+
+def _complex_log_add_exp(total, x):
+    """CPU's complex logcumsumexp step ``log(exp(total) + exp(x))``: shifted by the operand with
+    the larger real part (``x`` on ties), whose imaginary part it keeps, not wrapped to
+    (-pi, pi], so the result depends on the order of the steps."""
+    x_lower = jnp.real(x) < jnp.real(total)
+    low, high = jnp.where(x_lower, x, total), jnp.where(x_lower, total, x)
+    shifted = jnp.log1p(jnp.exp(low - high)) + high
+    # equal infinite real parts: -inf keeps ``low``; +inf must not compute inf - inf
+    infinite = jnp.where(jnp.real(low) < 0, low, jnp.log(jnp.exp(low) + jnp.exp(high)))
+    both_infinite = jnp.isinf(jnp.real(low)) & (jnp.real(low) == jnp.real(high))
+    nan = lax.complex(jnp.nan, jnp.nan).astype(x.dtype)
+    return jnp.where(jnp.isnan(x) | jnp.isnan(total), nan,
+                     jnp.where(both_infinite, infinite, shifted))
+
+
+def _complex_logcumsumexp(x, axis: int):
+    """The CPU kernel's sequential scan (its branch choices make the step non-associative)."""
+    def step(total, element):
+        total = _complex_log_add_exp(total, element)
+        return total, total
+    start = jnp.full(x.shape[:axis] + x.shape[axis + 1:], -jnp.inf, x.dtype)
+    _, out = lax.scan(step, start, jnp.moveaxis(x, axis, 0))
+    return jnp.moveaxis(out, 0, axis)
 
 
 def _running_extreme(later_wins):

@@ -20,7 +20,10 @@ from .expectations import (CPU_ARGUMENT_OPS, RANDOM_OPS, RANDOM_SAMPLES, SIGN_FR
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64)
-SAMPLES_PER_OP = 3
+# Samples per OpInfo: float32 (and the backward check) see more; other dtypes mostly exercise
+# the same lowering through a different dtype. Keeps the suite within the CI budget on 2 cores.
+SAMPLES_PER_OP = {torch.float32: 3}
+OTHER_DTYPE_SAMPLES = 2
 
 
 def _name(op) -> str:
@@ -52,7 +55,8 @@ def _to_tpu(x):
 
 def _samples(op, dtype, requires_grad=False):
     samples = op.sample_inputs("cpu", dtype, requires_grad=requires_grad)
-    return [s for _, s in zip(range(SAMPLES_PER_OP), samples)]
+    count = SAMPLES_PER_OP.get(dtype, OTHER_DTYPE_SAMPLES)
+    return [s for _, s in zip(range(count), samples)]
 
 
 def _call(fn, sample, move, name=None):
@@ -155,9 +159,24 @@ def test_forward(op, dtype):
     _with_expectations(_name(op), dtype, lambda: _check_forward(op, dtype))
 
 
+def _check_inplace(op, sample, name, dtype, random) -> bool:
+    """Compare the in-place variant on this sample; False if CPU rejects it (e.g. broadcasting)."""
+    inplace = op.inplace_variant
+    if inplace is None or not isinstance(sample.input, torch.Tensor):
+        return True
+    try:
+        expected, _ = _call(inplace, sample, lambda x: x.clone() if isinstance(x, torch.Tensor) else x)
+    except Exception:  # noqa: BLE001
+        return False
+    actual, _ = _run_or_skip(lambda: _call(inplace, sample, _to_tpu, name))
+    _compare(actual, expected, name, dtype, f"{name} in-place", random)
+    return True
+
+
 def _check_forward(op, dtype):
     name = _name(op)
     ran = 0
+    inplace_checked = False
     for sample in _samples(op, dtype):
         try:
             expected, _ = _call(op, sample, lambda x: x)
@@ -173,14 +192,8 @@ def _check_forward(op, dtype):
         random = _random(name, sample)
         _compare(actual, expected, name, dtype, f"{name} forward", random)
         ran += 1
-        inplace = op.inplace_variant
-        if inplace is not None and isinstance(sample.input, torch.Tensor):
-            try:
-                expected_inplace, _ = _call(inplace, sample, lambda x: x.clone() if isinstance(x, torch.Tensor) else x)
-            except Exception:  # noqa: BLE001
-                continue
-            actual_inplace, _ = _run_or_skip(lambda: _call(inplace, sample, _to_tpu, name))
-            _compare(actual_inplace, expected_inplace, name, dtype, f"{name} in-place", random)
+        if not inplace_checked:  # derived by the dispatcher: one sample per dtype suffices
+            inplace_checked = _check_inplace(op, sample, name, dtype, random)
     if not ran:
         pytest.skip("no sample runs on CPU for this dtype")
 

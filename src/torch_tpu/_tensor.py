@@ -75,10 +75,6 @@ def ensure_storage_nbytes(storage) -> None:
 
 
 # ----------------------------------------------------------------------------- reads
-def _itemsize(dtype: np.dtype) -> int:
-    return dtype.itemsize
-
-
 def _bit_carrier(dtype: np.dtype) -> np.dtype:
     """The dtype whose bits ``lax.bitcast_convert_type`` moves for ``dtype`` (it refuses bool and
     complex): bytes for bool, the real part's type for complex (stored as interleaved pairs)."""

@@ -275,8 +275,7 @@ def _block(outputs) -> None:
     jax.block_until_ready(outputs)
 
 
-def _functional_kernel(entry: Lowering) -> Callable:
-    compute, _ = _compute_fn(entry)
+def _functional_kernel(entry: Lowering, compute: Callable) -> Callable:
     shape = _returns_shape(entry.op._schema)
     wrap = _tensor.wrap
 
@@ -324,8 +323,7 @@ def _store(dst: torch.Tensor, value: jax.Array, resize: bool) -> None:
     _tensor.write(dst, value)
 
 
-def _inplace_kernel(entry: Lowering) -> Callable:
-    compute, _ = _compute_fn(entry)
+def _inplace_kernel(compute: Callable) -> Callable:
 
     def kernel(self, *args, **kwargs):
         out = compute((self,) + args, kwargs)
@@ -336,8 +334,7 @@ def _inplace_kernel(entry: Lowering) -> Callable:
     return kernel
 
 
-def _out_kernel(entry: Lowering, out_names: list[str]) -> Callable:
-    compute, _ = _compute_fn(entry)
+def _out_kernel(compute: Callable, out_names: list[str]) -> Callable:
     single = len(out_names) == 1
 
     def kernel(*args, **kwargs):
@@ -440,12 +437,14 @@ def install() -> None:
         if entry.runtime:
             lib.impl(op, _recording(op, entry.fn), "PrivateUse1")
             continue
-        lib.impl(op, _functional_kernel(entry), "PrivateUse1")
+        # one compute (and so one set of compiled executables) serves the op and its variants
+        compute, _ = _compute_fn(entry)
+        lib.impl(op, _functional_kernel(entry, compute), "PrivateUse1")
         for variant, outs in _derived_variants(op):
             if variant in explicit or variant in DERIVED:
                 continue
             DERIVED[variant] = op
-            kernel = _inplace_kernel(entry) if outs is None else _out_kernel(entry, outs)
+            kernel = _inplace_kernel(compute) if outs is None else _out_kernel(compute, outs)
             lib.impl(variant, kernel, "PrivateUse1")
     fallback_lib = torch.library.Library("_", "IMPL")
     _libraries.append(fallback_lib)

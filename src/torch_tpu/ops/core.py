@@ -208,8 +208,7 @@ def normal_(self, mean=0.0, std=1.0, generator=None):
 
 
 def _random_ints(key, shape, dtype, low, high):
-    if jnp.issubdtype(dtype, jnp.floating):
-        return jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
+    """Integers in [low, high) drawn as int64, then cast (floating targets included)."""
     return jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
 
 

@@ -17,7 +17,7 @@ import jax
 import torch
 
 from . import _random, _tensor, _transfer, config
-from ._dtypes import JAX_TO_TORCH, TORCH_TO_JAX, to_jax, type_name
+from ._dtypes import JAX_TO_TORCH, TORCH_TO_JAX, UnsupportedDtypeError, to_jax, type_name
 from ._registry import LOWERINGS, Lowering, Types, qualified_name
 
 aten = torch.ops.aten
@@ -38,7 +38,7 @@ def record_ops(enabled: bool = True) -> set:
     return recorded_ops if recorded_ops is not None else set()
 
 
-_TENSOR, _TENSOR_LIST, _INDICES, _SCALAR, _STATIC, _DTYPE, _GENERATOR = range(7)
+_TENSOR, _TENSOR_LIST, _INDICES, _SCALAR, _SCALAR_LIST, _STATIC, _DTYPE, _GENERATOR = range(8)
 _NO_DEFAULT = object()
 
 
@@ -52,6 +52,8 @@ def _kind(arg: torch._C.Argument) -> int:
         return _INDICES
     if text in ("number", "Optional[number]"):
         return _SCALAR
+    if text == "List[number]":  # the per-tensor scalars of _foreach ops
+        return _SCALAR_LIST
     if text in ("ScalarType", "Optional[ScalarType]"):
         return _DTYPE
     if text == "Optional[Generator]":
@@ -59,8 +61,12 @@ def _kind(arg: torch._C.Argument) -> int:
     return _STATIC
 
 
+def _is_written(arg: torch._C.Argument) -> bool:
+    return arg.alias_info is not None and arg.alias_info.is_write
+
+
 def _is_out(arg: torch._C.Argument) -> bool:
-    return arg.kwarg_only and arg.alias_info is not None and arg.alias_info.is_write
+    return arg.kwarg_only and _is_written(arg)
 
 
 def _device_mismatch(t: torch.Tensor) -> RuntimeError:
@@ -111,6 +117,10 @@ def _scalar(x: Any) -> Any:
             _scalar_arrays.clear()
         array = _scalar_arrays[key] = jax.numpy.asarray(x)
     return array
+
+
+def _scalars(xs: Any) -> Any:
+    return [_scalar(x) for x in xs]
 
 
 def _static(x: Any) -> Any:
@@ -187,7 +197,9 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     """A function (args, kwargs) -> (JAX outputs, result torch dtypes) for a pure lowering."""
     op = entry.op
     binder = _Binder(op._schema)
-    kinds = binder.kinds
+    # float/int arguments the lowering asks to receive as device scalars (a learning rate that
+    # changes every step must not recompile)
+    kinds = [_SCALAR if n in entry.dynamic else k for n, k in zip(binder.names, binder.kinds)]
     static_names = set(entry.static)
     static_pos = tuple(i for i, (k, n) in enumerate(zip(kinds, binder.names))
                        if k in (_STATIC, _DTYPE) or (k == _SCALAR and n in static_names))
@@ -217,6 +229,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         _DTYPE: lambda d: None if d is None else to_jax(d),
         _STATIC: _static,
         _SCALAR: _scalar,
+        _SCALAR_LIST: _scalars,
     }
     converters = [(i, convert_by_kind[k]) for i, k in enumerate(kinds)
                   if k in convert_by_kind and not (k == _SCALAR and i in static_pos)]
@@ -240,7 +253,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             check(*values)
         try:
             return lowered(*values, **extra)
-        except IndexError:
+        except (IndexError, UnsupportedDtypeError):
             raise  # lowerings raise PyTorch's own IndexErrors (bounds, mask shapes)
         except (TypeError, ValueError) as e:
             raise _translate(op, e, args, kwargs) from e
@@ -275,6 +288,16 @@ def _block(outputs) -> None:
     jax.block_until_ready(outputs)
 
 
+def _wrap_output(value):
+    """A lowering's output as tensors: an array, a list of arrays (``Tensor[]``), or None for an
+    output the op's ``output_mask`` left out (an undefined tensor in ATen)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_tensor.wrap(v) for v in value]
+    return _tensor.wrap(value)
+
+
 def _functional_kernel(entry: Lowering, compute: Callable) -> Callable:
     shape = _returns_shape(entry.op._schema)
     wrap = _tensor.wrap
@@ -296,15 +319,19 @@ def _functional_kernel(entry: Lowering, compute: Callable) -> Callable:
             outs = compute(args, kwargs)
             if config.launch_blocking:
                 _block(outs)
-            # None: an output the op's output_mask left out (an undefined tensor in ATen)
-            return tuple(None if o is None else wrap(o) for o in outs)
+            return tuple(_wrap_output(o) for o in outs)
     return kernel
 
 
-
-
-def _store(dst: torch.Tensor, value: jax.Array, resize: bool) -> None:
-    """Write a lowering's output into an in-place target or an ``out=`` tensor, PyTorch-style."""
+def _store(dst: torch.Tensor | list, value, resize: bool) -> None:
+    """Write a lowering's output into an in-place target or an ``out=`` tensor, PyTorch-style
+    (a ``Tensor[]`` target takes a list of outputs, one each)."""
+    if isinstance(dst, (list, tuple)):
+        if len(dst) != len(value):
+            raise RuntimeError(f"expected {len(value)} output tensors, got {len(dst)}")
+        for d, v in zip(dst, value):
+            _store(d, v, resize)
+        return
     if not _tensor.is_tpu(dst):
         raise _device_mismatch(dst)
     result = JAX_TO_TORCH[value.dtype]
@@ -318,35 +345,43 @@ def _store(dst: torch.Tensor, value: jax.Array, resize: bool) -> None:
         if dst.numel():
             warnings.warn(f"An output with one or more elements was resized since it had shape "
                           f"{list(dst.shape)}, which does not match the required output shape "
-                          f"{list(value.shape)}.", stacklevel=3)
+                          f"{list(value.shape)}.", stacklevel=4)
         dst.resize_(value.shape)
     _tensor.write(dst, value)
 
 
-def _inplace_kernel(compute: Callable) -> Callable:
-
-    def kernel(self, *args, **kwargs):
-        out = compute((self,) + args, kwargs)
-        _store(self, out, resize=False)
-        if config.launch_blocking:
-            _block(out)
-        return self
-    return kernel
-
-
-def _out_kernel(compute: Callable, out_names: list[str]) -> Callable:
-    single = len(out_names) == 1
+def _mutating_kernel(compute: Callable, functional: torch._C.FunctionSchema,
+                     schema: torch._C.FunctionSchema, resize: bool) -> Callable:
+    """The kernel of a derived in-place or ``out=`` overload: compute the functional op, then
+    store its outputs, in order, into the arguments the schema marks as written (``self`` for
+    ``add_``; the five state lists for ``_fused_adam_``; the ``out`` tensors for ``add.out``)."""
+    names = [a.name for a in schema.arguments]
+    targets = [(names.index(a.name), a.name) for a in schema.arguments if _is_written(a)]
+    outs = {a.name for a in schema.arguments if _is_out(a)}
+    single = len(targets) == 1
+    returns = len(schema.returns)
+    # PyTorch leaves out arguments equal to *this* schema's defaults, which the functional schema
+    # may lack (bernoulli_.float's p=0.5 vs bernoulli.p's required p): supply them here.
+    functional_defaults = {a.name: _default(a) for a in functional.arguments}
+    own_defaults = [(i, a.name, _default(a)) for i, a in enumerate(schema.arguments)
+                    if a.has_default_value() and not _is_out(a)
+                    and functional_defaults.get(a.name, _NO_DEFAULT) != _default(a)]
 
     def kernel(*args, **kwargs):
-        outs = [kwargs.pop(n) for n in out_names]
+        written = [args[i] if i < len(args) else kwargs[name] for i, name in targets]
+        if outs:
+            kwargs = {k: v for k, v in kwargs.items() if k not in outs}
+        for i, name, default in own_defaults:
+            if i >= len(args) and name not in kwargs:
+                kwargs = {**kwargs, name: default}
         values = compute(args, kwargs)
-        if single:
-            values = (values,)
-        for dst, value in zip(outs, values):
-            _store(dst, value, resize=True)
+        for dst, value in zip(written, (values,) if single else values):
+            _store(dst, value, resize)
         if config.launch_blocking:
             _block(values)
-        return outs[0] if single else tuple(outs)
+        if not returns:
+            return None
+        return written[0] if returns == 1 else tuple(written[:returns])
     return kernel
 
 
@@ -356,21 +391,28 @@ def _signature(schema, drop_out: bool) -> list[tuple[str, str]]:
 
 
 def _derived_variants(op: torch._ops.OpOverload):
-    """In-place and out= overloads whose schema matches the functional ``op``."""
+    """In-place and out= overloads whose schema matches the functional ``op`` and whose written
+    arguments line up one to one with its outputs; yields (overload, resizes its outputs)."""
     base = op._schema.name.split("::")[1]
     want = _signature(op._schema, drop_out=False)
+    outputs = len(op._schema.returns)
+
+    def written(other):
+        return [a for a in other._schema.arguments if _is_written(a)]
     packet = getattr(aten, base)
     for name in packet.overloads():
         other = getattr(packet, name)
-        outs = [a.name for a in other._schema.arguments if _is_out(a)]
-        if other is not op and outs and _signature(other._schema, drop_out=True) == want:
-            yield other, outs
+        targets = written(other)
+        if (other is not op and targets and all(map(_is_out, targets)) and len(targets) == outputs
+                and _signature(other._schema, drop_out=True) == want):
+            yield other, True
     inplace = getattr(aten, base + "_", None)
     if inplace is not None:
         for name in inplace.overloads():
             other = getattr(inplace, name)
-            if _signature(other._schema, drop_out=False) == want:
-                yield other, None
+            if (_signature(other._schema, drop_out=False) == want
+                    and len(written(other)) == outputs):
+                yield other, False
 
 
 def _recording(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
@@ -397,6 +439,8 @@ def check_installable(op: torch._ops.OpOverload) -> None:
 
 # ----------------------------------------------------------------------------- fallback
 def _cpu(x):
+    if isinstance(x, torch.device) and x.type == "tpu":  # factories build on CPU, then move
+        return torch.device("cpu")
     return x.cpu() if _tensor.is_tpu(x) else x
 
 
@@ -424,6 +468,25 @@ def _fallback(op: torch._ops.OpOverload, *args, **kwargs):
 
 # ----------------------------------------------------------------------------- install
 _libraries: list = []
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def _elsewhere_to_cpu(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
+    """A tensor-taking factory asked for another device (``zeros_like(t, device="cpu")``,
+    ``t.new_ones(3, device="cpu")``) runs PyTorch's own composite kernel, which builds the
+    result on that device, instead of the tpu lowering."""
+    names = [a.name for a in op._schema.arguments]
+    if "device" not in names or not torch._C._dispatch_has_kernel_for_dispatch_key(
+            qualified_name(op), "CompositeExplicitAutograd"):
+        return kernel
+    position = names.index("device")
+
+    def routed(*args, **kwargs):
+        device = args[position] if position < len(args) else kwargs.get("device")
+        if device is not None and device.type != "tpu":
+            return op.redispatch(_CPU_KEYS, *args, **kwargs)
+        return kernel(*args, **kwargs)
+    return routed
 
 
 def install() -> None:
@@ -439,13 +502,12 @@ def install() -> None:
             continue
         # one compute (and so one set of compiled executables) serves the op and its variants
         compute, _ = _compute_fn(entry)
-        lib.impl(op, _functional_kernel(entry, compute), "PrivateUse1")
-        for variant, outs in _derived_variants(op):
+        lib.impl(op, _elsewhere_to_cpu(op, _functional_kernel(entry, compute)), "PrivateUse1")
+        for variant, resize in _derived_variants(op):
             if variant in explicit or variant in DERIVED:
                 continue
             DERIVED[variant] = op
-            kernel = _inplace_kernel(compute) if outs is None else _out_kernel(compute, outs)
-            lib.impl(variant, kernel, "PrivateUse1")
+            lib.impl(variant, _mutating_kernel(compute, op._schema, variant._schema, resize), "PrivateUse1")
     fallback_lib = torch.library.Library("_", "IMPL")
     _libraries.append(fallback_lib)
     fallback_lib.fallback(_fallback, "PrivateUse1")

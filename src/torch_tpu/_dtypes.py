@@ -21,9 +21,13 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
 
 
+class UnsupportedDtypeError(TypeError):
+    """A dtype tpu has no storage for (complex128, complex32, float8...)."""
+
+
 def unsupported(dtype: object) -> TypeError:
     names = ", ".join(str(d).removeprefix("torch.") for d in TORCH_TO_JAX)
-    return TypeError(f"tpu does not support dtype {dtype}; supported dtypes: {names}")
+    return UnsupportedDtypeError(f"tpu does not support dtype {dtype}; supported dtypes: {names}")
 
 
 def to_jax(dtype: torch.dtype) -> np.dtype:

@@ -11,6 +11,7 @@ In-place and ``out=`` overloads are derived from the schema by the dispatcher, n
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Callable, Iterable, NamedTuple, Optional
 
 import numpy as np
@@ -37,9 +38,11 @@ class Lowering:
     random: bool = False
     jit: bool = True               # False for data-dependent output shapes (nonzero, unique, ...)
     static: tuple[str, ...] = ()   # Scalar arguments that must be compile-time constants
+    dynamic: tuple[str, ...] = ()  # float/int arguments passed as device scalars (no recompiles)
     # Runs on the concrete arrays before the jitted lowering, for value checks XLA cannot raise
     # (index bounds): same arguments as ``fn``, raises PyTorch's exception.
     check: Optional[Callable] = None
+    family: str = ""               # the ops module that registered it (docs/ops.md's sections)
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
@@ -66,6 +69,15 @@ def _add(entry: Lowering) -> None:
     LOWERINGS[entry.op] = entry
 
 
+def _registering_module() -> str:
+    """The ops module a registration comes from, looking through the registry and the family
+    helpers (``unary``, ``binary``...) that call ``lower`` on a module's behalf."""
+    frame = sys._getframe(2)
+    while frame.f_globals["__name__"] in (__name__, "torch_tpu.ops._helpers"):
+        frame = frame.f_back
+    return frame.f_globals["__name__"].rsplit(".", 1)[-1]
+
+
 def lower(*ops, **options) -> Callable:
     """Register ``fn`` as the pure-JAX lowering of each overload in ``ops``.
 
@@ -75,6 +87,8 @@ def lower(*ops, **options) -> Callable:
         def sin(x, *, types):
             return jnp.sin(x.astype(types.compute)).astype(types.result)
     """
+    options.setdefault("family", _registering_module())
+
     def register(fn: Callable) -> Callable:
         for op in _overloads(ops):
             _add(Lowering(op, fn, **options))

@@ -8,12 +8,12 @@ import torch.nn.functional as F
 
 import torch_tpu  # noqa: F401
 
+from .cases import assert_build_matches_cpu, assert_gradient_matches_cpu, seeded
+
 aten = torch.ops.aten
 
 
-def _x(*shape, dtype=torch.float32, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=generator).to(dtype)
+_x = seeded
 
 
 def _ints(*shape, high=5, seed=0):
@@ -21,6 +21,11 @@ def _ints(*shape, high=5, seed=0):
 
 
 CASES = {
+    "norm.Scalar": lambda d: aten.norm.Scalar(_x(3, 4).to(d), 3),
+    # the loss only: log_alpha holds values CPU never writes
+    "_ctc_loss.Tensor": lambda d: aten._ctc_loss.Tensor(
+        _x(6, 2, 4).log_softmax(2).to(d), torch.tensor([[1, 2], [1, 1]]).to(d),
+        torch.tensor([6, 5]).to(d), torch.tensor([2, 1]).to(d))[0],
     "bitwise_and.Scalar": lambda d: aten.bitwise_and.Scalar(_ints(6).to(d), 3),
     "bitwise_or.Scalar": lambda d: aten.bitwise_or.Scalar(_ints(6).to(d), 3),
     "bitwise_xor.Scalar": lambda d: aten.bitwise_xor.Scalar(_ints(6).to(d), 3),
@@ -64,6 +69,10 @@ CASES = {
 }
 
 GRADIENT_CASES = {
+    "upsample_nearest2d_backward": lambda x: F.interpolate(x, scale_factor=2, mode="nearest"),
+    "_upsample_nearest_exact2d_backward": lambda x: F.interpolate(x, size=(7, 3), mode="nearest-exact"),
+    "_upsample_nearest_exact3d_backward": lambda x: F.interpolate(
+        x.unsqueeze(0), scale_factor=1.5, mode="nearest-exact"),
     "reflection_pad2d_backward": lambda x: F.pad(x, (1, 2, 2, 1), mode="reflect"),
     "reflection_pad3d_backward": lambda x: F.pad(x.unsqueeze(0), (1, 1, 2, 1, 1, 2), mode="reflect"),
     "replication_pad3d_backward": lambda x: F.pad(x.unsqueeze(0), (1, 0, 2, 1, 0, 2), mode="replicate"),
@@ -76,24 +85,14 @@ def _on(device):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_overload_matches_cpu(name):
-    build = CASES[name]
-    expected = build("cpu")
-    actual = build("tpu")
-    torch.testing.assert_close(torch.utils._pytree.tree_map(
-        lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, actual), expected, equal_nan=True)
+    assert_build_matches_cpu(CASES[name])
 
 
 @pytest.mark.parametrize("name", list(GRADIENT_CASES))
 def test_backward_overload_matches_cpu(name):
     fn = GRADIENT_CASES[name]
     x = _x(1, 2, 4, 5) if "2d" in name else _x(1, 2, 3, 4, 5).squeeze(0)
-    grads = []
-    for device in ("cpu", "tpu"):
-        leaf = x.to(device).requires_grad_()
-        out = fn(leaf)
-        (grad,) = torch.autograd.grad(out, leaf, torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(device))
-        grads.append(grad.cpu())
-    torch.testing.assert_close(grads[1], grads[0])
+    assert_gradient_matches_cpu(fn, x)
 
 
 def test_batch_norm_functional_variants_match_cpu():

@@ -1,2 +1,8 @@
-"""Op lowerings by family; importing this package fills the table in ``_registry``."""
-from . import core, creation, elementwise, indexing, linalg, nn, reduction, shape  # noqa: F401
+"""Op lowerings by family; importing this package fills the table in ``_registry``.
+
+``optim`` comes after the families whose lowerings its ``_foreach_*`` ops apply per tensor.
+"""
+from . import (  # noqa: F401
+    complex, core, creation, elementwise, fft, indexing, linalg, losses, nn, pooling, random,
+    reduction, sampling, shape, special)
+from . import optim  # noqa: F401,E402

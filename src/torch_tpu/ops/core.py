@@ -1,4 +1,4 @@
-"""Runtime kernels: tensor creation, copies, views, resizing, scalars and in-place random fills.
+"""Runtime kernels: tensor creation, copies, views, resizing, and scalars.
 
 These manage tpu tensors themselves instead of mapping arrays to arrays, so they are ``runtime``
 entries of the table. Views redispatch to PyTorch's Meta kernels, which compute sizes, strides
@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import _buffer, _random, _tensor, _transfer
+from .. import _buffer, _tensor, _transfer
 from .._dtypes import TORCH_TO_JAX, to_jax
 from .._registry import lower, runtime
 
@@ -172,76 +172,3 @@ def fill_(self, value):
 def zero_(self):
     _tensor.write(self, 0)
     return self
-
-
-# ----------------------------------------------------------------------------- random fills
-def _fill_random(self, generator, sample):
-    if generator is not None and generator.device.type != "tpu":
-        raise RuntimeError(
-            f"Expected a 'tpu' device type for generator but found '{generator.device.type}'")
-    shape, dtype = tuple(self.shape), to_jax(self.dtype)
-    _tensor.write(self, sample(_random.next_key(), shape, dtype))
-    return self
-
-
-def _float_sample(sample, shape, dtype):
-    """Sample in float32 at least, like torch does for half types, then round."""
-    wide = jnp.promote_types(dtype, jnp.float32)
-    return sample(wide).astype(dtype)
-
-
-@runtime(aten.uniform_)
-def uniform_(self, from_=0.0, to=1.0, generator=None):
-    if self.is_complex():  # torch fills the real and imaginary parts independently
-        uniform_(torch.view_as_real(self), from_, to, generator)
-        return self
-    return _fill_random(self, generator, lambda key, shape, dtype: _float_sample(
-        lambda wide: jax.random.uniform(key, shape, wide, from_, to), shape, dtype))
-
-
-@runtime(aten.normal_)
-def normal_(self, mean=0.0, std=1.0, generator=None):
-    if std < 0:
-        raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
-    return _fill_random(self, generator, lambda key, shape, dtype: _float_sample(
-        lambda wide: mean + std * jax.random.normal(key, shape, wide), shape, dtype))
-
-
-def _random_ints(key, shape, dtype, low, high):
-    """Integers in [low, high) drawn as int64, then cast (floating targets included)."""
-    return jax.random.randint(key, shape, low, high, jnp.int64).astype(dtype)
-
-
-@runtime(getattr(aten.random_, "from"))
-def random_from(self, from_, to=None, generator=None):
-    if to is None:
-        to = 2 ** (torch.finfo(self.dtype).nmant + 1) if self.dtype.is_floating_point \
-            else torch.iinfo(self.dtype).max + 1
-    if from_ >= to:
-        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={from_} "
-                           f">= to={to}")
-    return _fill_random(self, generator, lambda k, s, d: _random_ints(k, s, d, from_, to))
-
-
-@runtime(aten.random_.to)
-def random_to(self, to, generator=None):
-    return random_from(self, 0, to, generator)
-
-
-@runtime(aten.random_.default)
-def random_(self, generator=None):
-    return random_from(self, 0, None, generator)
-
-
-@runtime(aten.bernoulli_.float, aten.bernoulli_.Tensor)
-def bernoulli_(self, p=0.5, generator=None):
-    if isinstance(p, torch.Tensor):
-        p = jnp.broadcast_to(_tensor.read(p) if _tensor.is_tpu(p) else p.item(), self.shape)
-    return _fill_random(self, generator,
-                        lambda key, shape, dtype: jax.random.bernoulli(key, p, shape).astype(dtype))
-
-
-@runtime(aten.exponential_)
-def exponential_(self, lambd=1.0, generator=None):
-    return _fill_random(self, generator, lambda key, shape, dtype: _float_sample(
-        lambda wide: jax.random.exponential(key, shape, wide) / lambd, shape, dtype))

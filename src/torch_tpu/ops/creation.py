@@ -1,9 +1,9 @@
-"""Factory lowerings whose values are not just a fill: ranges, identity, permutations.
+"""Factory lowerings: fills (``full``, ``zeros``, ``*_like``, ``new_*``), ranges, windows,
+identity. (Random factories live in ops/random.py.)
 
-``empty``/``full``/``zeros``/``ones``/``scalar_tensor``, the ``*_like`` factories and
-``rand``/``randn``/``randint`` reach the tpu through PyTorch's composites (``empty`` plus an
-in-place fill, see ops/core.py). The factories here read the default dtype, a global, so they
-are resolved outside any trace (``jit=False``); each is a handful of XLA ops.
+Factories that read the default dtype, a global, resolve it outside any trace (``jit=False``);
+each is a handful of XLA ops. The ``*_like``/``new_*`` ones take their dtype from ``self`` and are
+jitted like any lowering.
 """
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .._dtypes import to_jax
+from jax.scipy.special import i0
+
+from .._dtypes import to_jax, to_torch
 from .._registry import lower, runtime
+from ._helpers import accumulator
 
 aten = torch.ops.aten
 
@@ -52,6 +55,140 @@ def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=
     return (first + stride * jnp.arange(max(length, 0), dtype=accumulate)).astype(dtype)
 
 
+@lower(aten.arange.default, jit=False, static=("end",))
+def arange_end(end, dtype=None, layout=None, device=None, pin_memory=None):
+    return arange(0, end, 1, dtype)
+
+
+@lower(aten.arange.start, jit=False, static=("start", "end"))
+def arange_start(start, end, dtype=None, layout=None, device=None, pin_memory=None):
+    return arange(start, end, 1, dtype)
+
+
+@lower(aten.range.step, jit=False, static=("start", "end", "step"))
+def range_step(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
+    """The deprecated ``torch.range``: ``end`` included, default dtype even for integers."""
+    dtype = _float_or_default(dtype)
+    accumulate = _accumulate_dtype(dtype)
+    integral = jnp.issubdtype(accumulate, jnp.integer)
+    first, last, stride = ((int if integral else float)(v) for v in (start, end, step))
+    if not all(map(math.isfinite, (first, last))):
+        raise RuntimeError(f"unsupported range: {first} -> {last}")
+    if stride == 0:
+        raise RuntimeError("step must be nonzero")
+    if (last - first) * stride < 0:
+        raise RuntimeError("upper bound and lower bound inconsistent with step sign")
+    # torch computes the count in the accumulate type: integer division truncates
+    length = abs(last - first) // abs(stride) + 1 if integral else int((last - first) / stride + 1)
+    return (first + stride * jnp.arange(length, dtype=accumulate)).astype(dtype)
+
+
+@lower(aten.range.default, jit=False, static=("start", "end"))
+def range_default(start, end, dtype=None, layout=None, device=None, pin_memory=None):
+    return range_step(start, end, 1, dtype)
+
+
+# ----------------------------------------------------------------------------- fills
+#: The C++ names PyTorch's overflow message uses.
+_CPP_NAMES = {jnp.bool_: "bool", jnp.uint8: "uint8_t", jnp.int8: "int8_t", jnp.int16: "int16_t",
+              jnp.int32: "int", jnp.int64: "int64_t", jnp.float16: "c10::Half",
+              jnp.bfloat16: "c10::BFloat16", jnp.float32: "float", jnp.float64: "double",
+              jnp.complex64: "c10::complex<float>"}
+
+
+def _overflows(value, dtype) -> bool:
+    """PyTorch's ``checked_convert``: would ``value`` overflow ``dtype``? (Negative integers wrap
+    into unsigned types, infinities fit floating types, an imaginary part needs a complex one.)"""
+    if jnp.issubdtype(dtype, jnp.complexfloating) or dtype == jnp.bool_:
+        return False
+    if isinstance(value, complex):
+        if value.imag != 0:
+            return True
+        value = value.real
+    if jnp.issubdtype(dtype, jnp.integer):
+        if not math.isfinite(value):
+            return True
+        info = jnp.iinfo(dtype)
+        magnitude_limit = info.max if info.min == 0 else None
+        if magnitude_limit is not None:
+            return value > info.max or -value > info.max
+        return not info.min <= value <= info.max
+    return math.isfinite(value) and abs(value) > float(jnp.finfo(dtype).max)
+
+
+def _checked_full(shape, value, dtype) -> jax.Array:
+    if _overflows(value, dtype):
+        raise RuntimeError(f"value cannot be converted to type {_CPP_NAMES[dtype.type]} "
+                           "without overflow")
+    return jnp.full(shape, value, dtype)
+
+
+def _fill_dtype(value) -> np.dtype:
+    """``full``'s dtype when none is given: the fill value's kind."""
+    if isinstance(value, bool):
+        return np.dtype(jnp.bool_)
+    if isinstance(value, int):
+        return np.dtype(jnp.int64)
+    if isinstance(value, complex):
+        return to_jax(torch.complex128 if torch.get_default_dtype() == torch.float64
+                      else torch.complex64)
+    return _float_or_default(None)
+
+
+@lower(aten.full.default, jit=False, static=("fill_value",))
+def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
+    return _checked_full(size, fill_value, _fill_dtype(fill_value) if dtype is None else dtype)
+
+
+@lower(aten.scalar_tensor.default, jit=False, static=("s",))
+def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None):
+    return _checked_full((), s, _float_or_default(dtype))
+
+
+def _constant_factory(value):
+    def factory(size, dtype=None, layout=None, device=None, pin_memory=None):
+        return jnp.full(size, value, _float_or_default(dtype))
+    return factory
+
+
+# autograd's zero gradients (_efficientzerotensor) are plain zeros here: no ZeroTensor key on tpu
+lower(aten.zeros.default, aten._efficientzerotensor.default, jit=False)(_constant_factory(0))
+lower(aten.ones.default, jit=False)(_constant_factory(1))
+
+
+@lower(aten.full_like.default)
+def full_like(x, fill_value, dtype=None, layout=None, device=None, pin_memory=None,
+              memory_format=None):
+    """(The fill value is a device scalar here, so unlike ``full`` it is not overflow-checked:
+    that would cost a host sync per call.)"""
+    return jnp.full(x.shape, fill_value, x.dtype if dtype is None else dtype)
+
+
+def _constant_like(value):
+    def like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+        return jnp.full(x.shape, value, x.dtype if dtype is None else dtype)
+    return like
+
+
+lower(aten.zeros_like.default)(_constant_like(0))
+lower(aten.ones_like.default)(_constant_like(1))
+
+
+@lower(aten.new_full.default)
+def new_full(x, size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.full(size, fill_value, x.dtype if dtype is None else dtype)
+
+
+def _constant_new(value):
+    def new(x, size, dtype=None, layout=None, device=None, pin_memory=None):
+        return jnp.full(size, value, x.dtype if dtype is None else dtype)
+    return new
+
+
+lower(aten.new_zeros.default)(_constant_new(0))
+lower(aten.new_ones.default)(_constant_new(1))
+
+
 def _triangle_indices(triangle):
     def indices(row, col, offset=0, dtype=np.dtype(jnp.int64), layout=None, device=None,
                 pin_memory=None):
@@ -70,10 +207,19 @@ def _step_dtype(dtype) -> np.dtype:
     return np.dtype(jnp.float32) if dtype in (jnp.float16, jnp.bfloat16) else np.dtype(dtype)
 
 
+def _real_unless_complex(value, dtype) -> jax.Array:
+    """A bound in ``dtype``; a real dtype keeps only the real part of a complex bound, as
+    torch's scalar conversion does."""
+    value = jnp.asarray(value)
+    if jnp.iscomplexobj(value) and not jnp.issubdtype(dtype, jnp.complexfloating):
+        value = jnp.real(value)
+    return value.astype(dtype)
+
+
 def _linear_steps(start, end, steps: int, dtype) -> jax.Array:
     """torch CPU's linspace: the first half counts up from start, the second down from end."""
     compute = _step_dtype(dtype)
-    start, end = jnp.asarray(start, compute), jnp.asarray(end, compute)
+    start, end = (_real_unless_complex(bound, compute) for bound in (start, end))
     if steps == 1:
         return start.reshape(1)
     step = (end - start) / (steps - 1)
@@ -105,6 +251,116 @@ def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None,
     return jnp.power(jnp.float64(base), exponents.astype(jnp.float64)).astype(dtype)
 
 
+def _check_scalar_bounds(name: str):
+    """The Tensor overloads of linspace/logspace take 0-dim tensors only."""
+    def check(start, end, *rest):
+        if jnp.ndim(start) or jnp.ndim(end):
+            raise RuntimeError(
+                f"{name} only supports 0-dimensional start and end tensors, but got start with "
+                f"{jnp.ndim(start)} dimension(s) and end with {jnp.ndim(end)} dimension(s).")
+    return check
+
+
+lower(aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor,
+      jit=False, check=_check_scalar_bounds("linspace"))(linspace)
+lower(aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor,
+      jit=False, check=_check_scalar_bounds("logspace"))(logspace)
+
+
+# ----------------------------------------------------------------------------- windows
+def _window(name: str, length: int, periodic: bool, dtype, shape) -> jax.Array:
+    """torch's window recipe: ``shape(n, N)`` over n = 0..N-1 where a periodic window is the
+    symmetric one of length + 1 without its last point; lengths 0 and 1 are special."""
+    dtype = _float_or_default(dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise RuntimeError(f"{name} expects floating point dtypes, got: {to_torch(dtype)}")
+    if length < 0:
+        raise RuntimeError(
+            f"{name} requires non-negative window_length, got window_length={length}")
+    if length <= 1:
+        return jnp.ones((length,), dtype)
+    points = length + 1 if periodic else length
+    compute = accumulator(dtype)
+    return shape(jnp.arange(points, dtype=compute), points)[:length].astype(dtype)
+
+
+def _cosine_sum(*coefficients):
+    """sum_k (-1)^k a_k cos(2 pi k n / (N - 1)): Hann, Hamming, Blackman."""
+    def shape(n, points):
+        phase = n * (2 * math.pi / (points - 1))
+        return sum((-1) ** k * a * jnp.cos(k * phase) for k, a in enumerate(coefficients))
+    return shape
+
+
+def _bartlett(n, points):
+    ramp = n * (2.0 / (points - 1))
+    return jnp.where(n < (points - 1) // 2 + 1, ramp, 2 - ramp)
+
+
+def _kaiser(beta: float):
+    def shape(n, points):
+        alpha = (points - 1) / 2.0
+        argument = beta * jnp.sqrt(jnp.abs(1 - ((n - alpha) / alpha) ** 2))
+        return i0(argument) / i0(jnp.asarray(beta, n.dtype))
+    return shape
+
+
+@lower(aten.hann_window.periodic, jit=False)
+def hann_window(window_length, periodic=True, dtype=None, layout=None, device=None,
+                pin_memory=None):
+    return _window("hann_window", window_length, periodic, dtype, _cosine_sum(0.5, 0.5))
+
+
+@lower(aten.hamming_window.periodic_alpha_beta, jit=False)
+def hamming_window(window_length, periodic=True, alpha=0.54, beta=0.46, dtype=None, layout=None,
+                   device=None, pin_memory=None):
+    return _window("hamming_window", window_length, periodic, dtype, _cosine_sum(alpha, beta))
+
+
+@lower(aten.hamming_window.periodic_alpha, jit=False)
+def hamming_window_alpha(window_length, periodic, alpha, dtype=None, layout=None, device=None,
+                         pin_memory=None):
+    return hamming_window(window_length, periodic, alpha, 0.46, dtype)
+
+
+@lower(aten.blackman_window.periodic, jit=False)
+def blackman_window(window_length, periodic=True, dtype=None, layout=None, device=None,
+                    pin_memory=None):
+    return _window("blackman_window", window_length, periodic, dtype,
+                   _cosine_sum(0.42, 0.5, 0.08))
+
+
+@lower(aten.bartlett_window.periodic, jit=False)
+def bartlett_window(window_length, periodic=True, dtype=None, layout=None, device=None,
+                    pin_memory=None):
+    return _window("bartlett_window", window_length, periodic, dtype, _bartlett)
+
+
+@lower(aten.kaiser_window.beta, jit=False)
+def kaiser_window(window_length, periodic=True, beta=12.0, dtype=None, layout=None, device=None,
+                  pin_memory=None):
+    return _window("kaiser_window", window_length, periodic, dtype, _kaiser(beta))
+
+
+def _leading_arguments(window, count: int):
+    """A window overload taking only the first ``count`` of ``window``'s parameters (the rest
+    default), then the factory options."""
+    def lowering(*args):
+        return window(*args[:count], dtype=args[count])
+    return lowering
+
+
+for _overload, _window_fn, _count in [
+        (aten.hann_window.default, hann_window, 1),
+        (aten.hamming_window.default, hamming_window, 1),
+        (aten.hamming_window.periodic, hamming_window, 2),
+        (aten.blackman_window.default, blackman_window, 1),
+        (aten.bartlett_window.default, bartlett_window, 1),
+        (aten.kaiser_window.default, kaiser_window, 1),
+        (aten.kaiser_window.periodic, kaiser_window, 2)]:
+    lower(_overload, jit=False)(_leading_arguments(_window_fn, _count))
+
+
 @lower(aten.eye.default, jit=False)
 def eye(n, dtype=None, layout=None, device=None, pin_memory=None):
     return eye_m(n, n, dtype)
@@ -116,12 +372,6 @@ def eye_m(n, m, dtype=None, layout=None, device=None, pin_memory=None):
         if size < 0:
             raise RuntimeError(f"n must be greater or equal to 0, got {size}")
     return jnp.eye(n, m, dtype=_float_or_default(dtype))
-
-
-@lower(aten.randperm.generator, random=True)
-def randperm(n, generator=None, dtype=np.dtype(jnp.int64), layout=None, device=None,
-             pin_memory=None, *, key):
-    return jax.random.permutation(key, n).astype(dtype)
 
 
 def _factory_out(out_op, functional) -> None:
@@ -137,6 +387,5 @@ def _factory_out(out_op, functional) -> None:
 for _out, _functional in [(aten.arange.start_out, aten.arange.start_step),
                           (aten.linspace.out, aten.linspace.default),
                           (aten.logspace.out, aten.logspace.default),
-                          (aten.eye.out, aten.eye.default), (aten.eye.m_out, aten.eye.m),
-                          (aten.randperm.generator_out, aten.randperm.generator)]:
+                          (aten.eye.out, aten.eye.default), (aten.eye.m_out, aten.eye.m)]:
     _factory_out(_out, _functional)

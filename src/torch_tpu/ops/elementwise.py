@@ -1,12 +1,15 @@
 """Elementwise lowerings: unary math, binary arithmetic, comparisons, ternary ops, activations."""
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._registry import Promote, lower
-from ._helpers import binary, overload, predicate, unary
+from .._registry import Promote, lower, runtime
+from ._helpers import accumulator, binary, predicate, result_dtype, unary
+from ._nn_helpers import require
 
 aten = __import__("torch").ops.aten
 INT_TO_FLOAT, BOOL = Promote.INT_TO_FLOAT, Promote.ALWAYS_BOOL
@@ -52,6 +55,53 @@ for _op, _fn in [(aten.isnan, jnp.isnan), (aten.isinf, jnp.isinf), (aten.isposin
     unary(_op.default, _fn, promote=BOOL)
 
 
+def _real_only(fn):
+    """``fn``, refusing complex inputs as PyTorch does (deg2rad, rad2deg)."""
+    def real(x):
+        require(not jnp.issubdtype(x.dtype, jnp.complexfloating))
+        return fn(x)
+    return real
+
+
+unary(aten.deg2rad.default, _real_only(lambda x: x * (math.pi / 180)), promote=INT_TO_FLOAT)
+unary(aten.rad2deg.default, _real_only(lambda x: x * (180 / math.pi)), promote=INT_TO_FLOAT)
+
+
+@lower(aten.round.decimals, promote=Promote.DEFAULT, promote_args=("self",))
+def round_decimals(x, decimals, *, types):
+    """PyTorch's kernel: scale by 10^|decimals| (divide for negative decimals), round half to
+    even, scale back, all in the compute dtype."""
+    x = x.astype(types.compute)
+    scale = jnp.asarray(10.0 ** abs(decimals), types.compute)
+    if decimals < 0:
+        return (jnp.round(x / scale) * scale).astype(types.result)
+    return (jnp.round(x * scale) / scale).astype(types.result)
+
+
+@lower(aten.frexp.Tensor)
+def frexp(x):
+    require(jnp.issubdtype(x.dtype, jnp.floating))
+    mantissa, exponent = jnp.frexp(x)
+    return mantissa.astype(x.dtype), exponent.astype(jnp.int32)
+
+
+@lower(aten.ldexp.Tensor)
+def ldexp(x, other):
+    """PyTorch's ``self * pow(2.0, other)``: the power takes the float dtype of ``other`` (the
+    default float for integers), the product the promotion of ``self`` with that."""
+    inexact = jnp.issubdtype(other.dtype, jnp.inexact)
+    power_dtype = other.dtype if inexact else jnp.dtype(jnp.float32)
+    power = jnp.exp2(other.astype(accumulator(power_dtype))).astype(power_dtype)
+    dtype = result_dtype(x.dtype, power_dtype)
+    return (x.astype(accumulator(dtype)) * power.astype(accumulator(dtype))).astype(dtype)
+
+
+@lower(aten.fill.Scalar, aten.fill.Tensor)
+def fill(x, value):
+    require(jnp.ndim(value) == 0)
+    return jnp.full(x.shape, value, x.dtype)
+
+
 @lower(aten.gelu.default, promote=INT_TO_FLOAT, promote_args=("self",))
 def gelu(x, approximate="none", *, types):
     return jax.nn.gelu(x.astype(types.compute), approximate=approximate == "tanh").astype(types.result)
@@ -67,6 +117,42 @@ def leaky_relu(x, negative_slope=0.01, *, types):
 def elu(x, alpha=1.0, scale=1.0, input_scale=1.0, *, types):
     x = x.astype(types.compute)
     return (scale * jnp.where(x > 0, x, alpha * jnp.expm1(x * input_scale))).astype(types.result)
+
+
+@lower(aten.celu.default, promote=INT_TO_FLOAT, promote_args=("self",))
+def celu(x, alpha=1.0, *, types):
+    """PyTorch's ``elu(x, alpha, scale=1, input_scale=1/alpha)``."""
+    return elu(x, alpha, 1.0, 1 / alpha, types=types)
+
+
+def _shrinks(x, lambd):
+    """Where hardshrink and softshrink zero their input (and their gradients)."""
+    return (x >= -lambd) & (x <= lambd)
+
+
+@lower(aten.hardshrink.default, promote=Promote.DEFAULT, promote_args=("self",))
+def hardshrink(x, lambd=0.5, *, types):
+    # CPU compares with lambd rounded to the input's dtype
+    return jnp.where(_shrinks(x, jnp.asarray(lambd, x.dtype)), 0, x).astype(types.result)
+
+
+@lower(aten.softshrink.default, promote=Promote.DEFAULT, promote_args=("self",))
+def softshrink(x, lambd=0.5, *, types):
+    x, lambd = x.astype(types.compute), jnp.asarray(lambd, types.compute)
+    # 0 * x keeps NaN and the sign of zero, as CPU's kernel does
+    shrunk = jnp.where(x > lambd, x - lambd, jnp.where(x < -lambd, x + lambd, 0 * x))
+    return shrunk.astype(types.result)
+
+
+def _shrink_backward(grad, x, lambd, *, types):
+    grad, x = grad.astype(types.result), x.astype(types.result)
+    return jnp.where(_shrinks(x, jnp.asarray(lambd, types.result)), 0, grad)
+
+
+lower(aten.hardshrink_backward.default, promote=Promote.DEFAULT,
+      promote_args=("grad_out", "self"))(_shrink_backward)
+lower(aten.softshrink_backward.default, promote=Promote.DEFAULT,
+      promote_args=("grad_output", "self"))(_shrink_backward)
 
 
 @lower(aten.softplus.default, promote=INT_TO_FLOAT, promote_args=("self",))
@@ -87,6 +173,98 @@ def logit(x, eps=None, *, types):
     if eps is not None:
         x = jnp.clip(x, eps, 1 - eps)
     return jnp.log(x / (1 - x)).astype(types.result)
+
+
+@lower(aten.logit_backward.default, promote=Promote.DEFAULT, promote_args=("grad_output", "self"))
+def logit_backward(grad, x, eps=None, *, types):
+    """CPU's kernel: outside [eps, 1 - eps] the gradient is 0 (NaN outside [0, 1] without eps),
+    and at exactly 0 or 1 it is ``grad * inf``."""
+    grad, x = grad.astype(types.compute), x.astype(types.compute)
+    low, high = (0.0, 1.0) if eps is None else (eps, 1 - eps)
+    outside = jnp.nan if eps is None else 0.0
+    at_pole = (x == 0) | (x == 1)
+    inner = jnp.where(at_pole, grad * jnp.inf, grad / jnp.where(at_pole, 1, x * (1 - x)))
+    return jnp.where((x < low) | (x > high), outside, inner).astype(types.result)
+
+
+@lower(aten._prelu_kernel.default, promote=Promote.DEFAULT)
+def prelu(x, weight, *, types):
+    x, weight = x.astype(types.compute), weight.astype(types.compute)
+    return jnp.where(x > 0, x, weight * x).astype(types.result)
+
+
+@lower(aten._prelu_kernel_backward.default, promote=Promote.DEFAULT)
+def prelu_backward(grad, x, weight, *, types):
+    """(grad_input, grad_weight), both in the broadcast shape: autograd sums grad_weight down
+    to the weight's shape itself."""
+    grad, x, weight = (a.astype(types.compute) for a in jnp.broadcast_arrays(grad, x, weight))
+    positive = x > 0
+    return (jnp.where(positive, grad, weight * grad).astype(types.result),
+            jnp.where(positive, 0, x * grad).astype(types.result))
+
+
+@lower(aten.rrelu_with_noise_functional.default, random=True)
+def rrelu_with_noise(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None, *, key):
+    """(output, noise). Training draws each non-positive element's slope from U(lower, upper)
+    (noise 1 elsewhere); evaluation is leaky_relu with their mean, leaving noise as it was."""
+    compute = accumulator(x.dtype)
+    if not training:
+        return jnp.where(x > 0, x, x.astype(compute) * ((lower + upper) / 2)).astype(x.dtype), noise
+    slopes = jax.random.uniform(key, x.shape, compute, minval=lower, maxval=upper)
+    noise = jnp.where(x <= 0, slopes, 1).astype(x.dtype)
+    return (x.astype(compute) * noise.astype(compute)).astype(x.dtype), noise
+
+
+@runtime(aten.rrelu_with_noise.default)
+def rrelu_with_noise_updating_noise(x, noise, lower=0.125, upper=1 / 3, training=False,
+                                    generator=None):
+    """What ``F.rrelu`` calls: the functional op, then ``noise`` updated in place."""
+    output, new_noise = aten.rrelu_with_noise_functional.default(x, noise, lower, upper, training,
+                                                                 generator)
+    noise.copy_(new_noise)
+    return output
+
+
+@runtime(aten.rrelu_with_noise_.default)
+def rrelu_with_noise_in_place(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
+    """``F.rrelu(inplace=True)``: writes both the output (into ``x``) and the noise."""
+    return x.copy_(rrelu_with_noise_updating_noise(x, noise, lower, upper, training, generator))
+
+
+@lower(aten.rrelu_with_noise_backward.default, promote=Promote.DEFAULT,
+       promote_args=("grad_output", "self"), static=("lower", "upper"))
+def rrelu_with_noise_backward(grad, x, noise, lower, upper, training, self_is_result, *, types):
+    """PyTorch's formula: the sampled slopes when training (with a real range), else
+    leaky_relu's gradient with the mean slope."""
+    grad, x = grad.astype(types.compute), x.astype(types.compute)
+    if training and upper - lower > 1e-6:
+        return (grad * noise.astype(types.compute)).astype(types.result)
+    return jnp.where(x > 0, grad, grad * ((lower + upper) / 2)).astype(types.result)
+
+
+def _glu_halves(x, dim):
+    return jnp.split(x, 2, axis=dim)
+
+
+@lower(aten.glu_jvp.default)
+def glu_jvp(glu, x, dx, dim):
+    """Forward-mode derivative of glu(x) = a * sigmoid(b) along dx = (da, db)."""
+    (_, b), (da, db) = _glu_halves(x, dim), _glu_halves(dx, dim)
+    sig_b = jax.nn.sigmoid(b)
+    return da * sig_b + glu * (db - sig_b * db)
+
+
+@lower(aten.glu_backward_jvp.default)
+def glu_backward_jvp(grad_x, grad_glu, x, dgrad_glu, dx, dim):
+    """Forward-mode derivative of glu_backward, PyTorch's formula (Activation.cpp)."""
+    (a, b), (da, db) = _glu_halves(x, dim), _glu_halves(dx, dim)
+    grad_x_a = _glu_halves(grad_x, dim)[0]
+    sig_b = jax.nn.sigmoid(b)
+    glu = a * sig_b
+    db_neg_sig_b = db - db * sig_b
+    dgrad_x_a = dgrad_glu * sig_b + grad_x_a * db_neg_sig_b
+    dgrad_x_b = dgrad_x_a * (a - glu) + grad_x_a * (da - da * sig_b - glu * db_neg_sig_b)
+    return jnp.concatenate([dgrad_x_a, dgrad_x_b], axis=dim)
 
 
 @lower(aten.nan_to_num.default, promote=Promote.DEFAULT, promote_args=("self",))
@@ -111,6 +289,12 @@ def _fmod(x, y):
     return jnp.fmod(x, y)
 
 
+def _lcm(x, y):
+    """PyTorch's ``|x / gcd * y|`` in the integer dtype itself, wrapping on overflow as it does."""
+    divisor = jnp.gcd(x, y)
+    return jnp.where(divisor == 0, 0, jnp.abs(x // jnp.where(divisor == 0, 1, divisor) * y))
+
+
 def _divide(x, y, rounding_mode):
     if rounding_mode is None:
         return x / y
@@ -121,24 +305,45 @@ def _divide(x, y, rounding_mode):
     return jnp.trunc(x / y)
 
 
-for _name, _fn in [("mul", jnp.multiply), ("maximum", jnp.maximum), ("minimum", jnp.minimum),
-                   ("fmax", jnp.fmax), ("fmin", jnp.fmin), ("bitwise_and", jnp.bitwise_and),
-                   ("bitwise_or", jnp.bitwise_or), ("bitwise_xor", jnp.bitwise_xor),
-                   ("remainder", _remainder), ("fmod", _fmod), ("floor_divide", _floor_divide),
-                   ("bitwise_left_shift", jnp.left_shift),
-                   ("bitwise_right_shift", jnp.right_shift)]:
-    for _overload in ("Tensor", "Scalar", "default"):
-        _op = overload(getattr(aten, _name), _overload)
-        if _op is not None and [a.name for a in _op._schema.arguments] == ["self", "other"]:
+def _tensor_binaries(name: str):
+    """The overloads of ``aten.<name>`` computing ``op(self, other)`` with a Tensor on at least
+    one side (``Tensor``, ``Scalar``, ``Scalar_Tensor``, ...; TorchScript's number-only forms and
+    ``out=`` forms left out)."""
+    packet = getattr(aten, name)
+    for overload_name in packet.overloads():
+        op = getattr(packet, overload_name)
+        arguments = op._schema.arguments
+        if ([a.name for a in arguments] == ["self", "other"]
+                and "Tensor" in [str(a.type) for a in arguments]):
+            yield op
+
+
+# the shift operators (``x << 2``) share the bitwise shifts' CPU kernel
+for _names, _fn in [(("mul",), jnp.multiply), (("maximum",), jnp.maximum),
+                    (("minimum",), jnp.minimum), (("fmax",), jnp.fmax), (("fmin",), jnp.fmin),
+                    (("bitwise_and",), jnp.bitwise_and), (("bitwise_or",), jnp.bitwise_or),
+                    (("bitwise_xor",), jnp.bitwise_xor), (("remainder",), _remainder),
+                    (("fmod",), _fmod), (("floor_divide",), _floor_divide), (("gcd",), jnp.gcd),
+                    (("lcm",), _lcm), (("bitwise_left_shift", "__lshift__"), jnp.left_shift),
+                    (("bitwise_right_shift", "__rshift__"), jnp.right_shift)]:
+    for _name in _names:
+        for _op in _tensor_binaries(_name):
             binary(_op, _fn)
+
+def _shift_in_place(shift):
+    """``x <<= y``/``x >>= y``: the shift, written back into ``x`` in its own dtype."""
+    return lambda x, other: x.copy_(shift(x, other))
+
+
+for _in_place, _shift in [(aten.__ilshift__, aten.__lshift__), (aten.__irshift__, aten.__rshift__)]:
+    for _overload in ("Scalar", "Tensor"):
+        runtime(getattr(_in_place, _overload))(_shift_in_place(getattr(_shift, _overload)))
 
 for _name, _fn in [("atan2", jnp.arctan2), ("hypot", jnp.hypot), ("logaddexp", jnp.logaddexp),
                    ("logaddexp2", jnp.logaddexp2), ("copysign", jnp.copysign),
                    ("xlogy", jax.scipy.special.xlogy), ("nextafter", jnp.nextafter)]:
-    for _overload in ("default", "Tensor"):
-        _op = overload(getattr(aten, _name), _overload)
-        if _op is not None:
-            binary(_op, _fn, promote=INT_TO_FLOAT)
+    for _op in _tensor_binaries(_name):
+        binary(_op, _fn, promote=INT_TO_FLOAT)
 
 for _name, _fn in [("eq", jnp.equal), ("ne", jnp.not_equal), ("lt", jnp.less),
                    ("le", jnp.less_equal), ("gt", jnp.greater), ("ge", jnp.greater_equal)]:
@@ -154,6 +359,33 @@ for _name, _fn in [("logical_and", jnp.logical_and), ("logical_or", jnp.logical_
 def add(x, y, alpha=1, *, types):
     x, y = jnp.asarray(x, types.compute), jnp.asarray(y, types.compute)
     return (x + y * jnp.asarray(alpha, types.compute)).astype(types.result)
+
+
+@lower(aten._add_relu.Tensor, aten._add_relu.Scalar, promote=Promote.DEFAULT,
+       promote_args=("self", "other"))
+def add_relu(x, y, alpha=1, *, types):
+    # CPU's fused kernel exists for float32, float64 and the integer types only
+    require(x.dtype not in (jnp.bool_, jnp.float16, jnp.bfloat16, jnp.complex64))
+    return jax.nn.relu(add(x, y, alpha, types=types))
+
+
+@lower(aten.heaviside.default, promote=Promote.DEFAULT)
+def heaviside(x, values, *, types):
+    require(x.dtype == values.dtype)  # PyTorch does not promote here
+    return jnp.where(x == 0, values, (x > 0).astype(types.result))
+
+
+@lower(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor, promote=BOOL)
+def isin(elements, test_elements, assume_unique=False, invert=False, *, types):
+    """Membership by binary search in the sorted test elements, compared in the promoted dtype."""
+    elements = jnp.asarray(elements, types.compute)
+    candidates = jnp.sort(jnp.asarray(test_elements, types.compute).reshape(-1))
+    if candidates.size == 0:
+        found = jnp.zeros(elements.shape, jnp.bool_)
+    else:
+        position = jnp.clip(jnp.searchsorted(candidates, elements), 0, candidates.size - 1)
+        found = candidates[position] == elements
+    return found != invert
 
 
 @lower(aten.sub.Tensor, aten.sub.Scalar, promote=Promote.DEFAULT, promote_args=("self", "other"))

@@ -6,15 +6,21 @@ Integer products are exact; bool products are not implemented, as on CPU.
 """
 from __future__ import annotations
 
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
+from jax._src.lax.linalg import geqrf as _lapack_geqrf  # not re-exported by jax.lax.linalg
 
 from .. import _tensor
-from .._dtypes import to_torch
-from .._registry import lower, runtime
+from .._dtypes import to_jax, to_torch
+from .._registry import Promote, lower, runtime
 from ._helpers import accumulator, type_name
+from .reduction import linalg_vector_norm
 
 aten = torch.ops.aten
 HIGHEST = lax.Precision.HIGHEST
@@ -292,3 +298,514 @@ def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
 def linalg_eigh(a, UPLO="L", compute_v=True):
     values, vectors = jnp.linalg.eigh(a, UPLO=UPLO, symmetrize_input=False)
     return values, (vectors if compute_v else jnp.zeros((0,), a.dtype))
+
+
+@lower(aten.cholesky.default, jit=False)
+def cholesky(a, upper=False):
+    """The deprecated ``torch.cholesky``: always checks, with torch's message for it."""
+    factor, info = _cholesky(a)
+    _raise_if_failed(True, info, "cholesky: The factorization could not be completed because "
+                     "the input is not positive-definite (the leading minor of order {} is not "
+                     "positive-definite).")
+    return _mT(factor) if upper else factor
+
+
+def _cholesky_factor_solve(factor, b, upper):
+    """Solve ``A X = B`` for ``A = L L^H`` (``U^H U`` when ``upper``) given the factor."""
+    lower_factor = _mT(factor) if upper else factor
+    half = lax.linalg.triangular_solve(lower_factor, b, left_side=True, lower=True)
+    return lax.linalg.triangular_solve(lower_factor, half, left_side=True, lower=True,
+                                       transpose_a=True, conjugate_a=True)
+
+
+@lower(aten._cholesky_solve_helper.default)
+def cholesky_solve_helper(b, factor, upper):
+    return _cholesky_factor_solve(factor, b, upper)
+
+
+@lower(aten.cholesky_inverse.default)
+def cholesky_inverse(factor, upper=False):
+    identity = jnp.broadcast_to(jnp.eye(factor.shape[-1], dtype=factor.dtype), factor.shape)
+    return _cholesky_factor_solve(factor, identity, upper)
+
+
+def _permutation_matrix(pivots, rows: int, dtype):
+    """P with ``A = P L U`` from LAPACK's 1-based row swaps: row ``i`` of ``P^T A`` is row
+    ``perm[i]`` of A, so ``P[perm[i], i] = 1``."""
+    perm = lax.linalg.lu_pivots_to_permutation(pivots - 1, rows)
+    return jnp.swapaxes(jax.nn.one_hot(perm, rows, dtype=dtype), -1, -2)
+
+
+def _unpack_factors(lu):
+    """Unit lower ``L`` (m x k) and upper ``U`` (k x n) from packed m x n factors."""
+    rows, cols = lu.shape[-2:]
+    k = min(rows, cols)
+    lower_part = jnp.tril(lu[..., :, :k], -1) + jnp.eye(rows, k, dtype=lu.dtype)
+    return lower_part, jnp.triu(lu[..., :k, :])
+
+
+@lower(aten.lu_unpack.default)
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    empty = jnp.zeros((0,), lu.dtype)
+    lower_part, upper_part = _unpack_factors(lu) if unpack_data else (empty, empty)
+    permutation = _permutation_matrix(pivots, lu.shape[-2], lu.dtype) if unpack_pivots else empty
+    return permutation, lower_part, upper_part
+
+
+@lower(aten.linalg_lu.default)
+def linalg_lu(a, pivot=True):
+    if not pivot:
+        raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
+    lu, pivots, _ = _lu(a)
+    return lu_unpack(lu, pivots)
+
+
+@lower(aten.linalg_matrix_exp.default)
+def linalg_matrix_exp(a):
+    """Scaling and squaring with Pade approximants; half types run in float32."""
+    if not a.shape[-1]:
+        return a
+    return jax.scipy.linalg.expm(a.astype(accumulator(a.dtype))).astype(a.dtype)
+
+
+@lower(aten.trace.default)
+def trace(a):
+    _check_ranks("trace", (a, 2))
+    diagonal = jnp.diagonal(a)
+    integral = jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_
+    result = jnp.int64 if integral else a.dtype
+    return jnp.sum(diagonal.astype(accumulator(result)), dtype=accumulator(result)).astype(result)
+
+
+@lower(aten.linalg_cross.default)
+def linalg_cross(a, b, dim=-1):
+    shape = jnp.broadcast_shapes(a.shape, b.shape)
+    a, b = jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
+    return jnp.cross(a, b, axis=dim)
+
+
+@lower(aten._int_mm.default)
+def int_mm(a, b):
+    _check_ranks("_int_mm", (a, 2), (b, 2))
+    return jnp.matmul(a, b, preferred_element_type=jnp.int32)
+
+
+@lower(aten._compute_linear_combination.default)
+def compute_linear_combination(x, coefficients):
+    """``out[i] = sum_j coefficients[i, j] * x[j]``."""
+    flat = x.reshape(x.shape[0], -1)
+    combined = jnp.einsum("ij,jk->ik", coefficients, flat, precision=HIGHEST)
+    return combined.reshape((coefficients.shape[0],) + x.shape[1:]).astype(x.dtype)
+
+
+@lower(aten.block_diag.default)
+def block_diag(tensors):
+    dtype = functools.reduce(torch.promote_types, (to_torch(t.dtype) for t in tensors))
+    # complex64 with float64 promotes to complex128, which tpu lacks: build it anyway so the
+    # output, not the lowering, reports the unsupported dtype (as every promoting op does)
+    dtype = np.dtype(np.complex128) if dtype == torch.complex128 else to_jax(dtype)
+    blocks = [t.reshape((1,) * (2 - t.ndim) + t.shape) for t in tensors]
+    rows, cols = sum(b.shape[0] for b in blocks), sum(b.shape[1] for b in blocks)
+    result = jnp.zeros((rows, cols), dtype)
+    row = col = 0
+    for b in blocks:
+        result = result.at[row:row + b.shape[0], col:col + b.shape[1]].set(b.astype(result.dtype))
+        row, col = row + b.shape[0], col + b.shape[1]
+    return result
+
+
+@runtime(aten._linalg_check_errors.default)
+def linalg_check_errors(info: torch.Tensor, api_name: str, *, is_matrix: bool) -> None:
+    """Raise as torch CPU would for nonzero LAPACK ``info``: its own check, on a host copy."""
+    aten._linalg_check_errors.default(info.cpu(), api_name, is_matrix=is_matrix)
+
+
+# ----------------------------------------------------------------------------- Householder QR
+@lower(aten.geqrf.default)
+def geqrf(a):
+    """LAPACK's QR: R above the diagonal, Householder vectors (unit first entry implied) below
+    it and their scalars ``tau``, so ``Q = H_1 ... H_k`` with ``H_i = I - tau_i v_i v_i^H``."""
+    packed, tau = _lapack_geqrf(a)
+    return packed, tau
+
+
+@lower(aten.linalg_householder_product.default)
+def linalg_householder_product(a, tau):
+    return lax.linalg.householder_product(a, tau)
+
+
+@lower(aten.ormqr.default)
+def ormqr(a, tau, other, left=True, transpose=False):
+    """``op(Q) C`` (or ``C op(Q)``) for Q from ``geqrf``'s vectors, ``op`` the adjoint when
+    ``transpose``. Q is m x m: the missing reflectors are identities (tau 0)."""
+    rows = a.shape[-2]
+    padding = [(0, 0)] * (a.ndim - 1)
+    full_vectors = jnp.pad(a[..., :rows], padding + [(0, rows - min(rows, a.shape[-1]))])
+    full_tau = jnp.pad(tau, padding[:-1] + [(0, rows - tau.shape[-1])])
+    q = lax.linalg.householder_product(full_vectors, full_tau)
+    q = _mT(q) if transpose else q
+    return _product("...ij,...jk->...ik", q, other) if left else \
+        _product("...ij,...jk->...ik", other, q)
+
+
+# ----------------------------------------------------------------------------- least squares
+_RESIDUAL_DRIVERS = ("gels", "gelsd", "gelss")  # gelsy's output never holds the residuals
+_RANK_DRIVERS = ("gelsy", "gelsd", "gelss")
+_SINGULAR_VALUE_DRIVERS = ("gelsd", "gelss")
+
+
+@jax.jit
+def _svd_least_squares(a, b, rcond):
+    """Minimum-norm least-squares solution from the SVD, the rank it uses and the singular values."""
+    u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+    keep = s > rcond * s[..., :1]
+    inverse_s = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(a.dtype)
+    projected = _product("...ji,...jk->...ik", jnp.conj(u), b) * inverse_s[..., :, None]
+    solution = _product("...ji,...jk->...ik", jnp.conj(vh), projected).astype(a.dtype)
+    return solution, jnp.sum(keep, -1).astype(jnp.int64), s
+
+
+@lower(aten.linalg_lstsq.default, jit=False)
+def linalg_lstsq(a, b, rcond=None, driver=None):
+    driver = driver or "gelsy"
+    rows, cols = a.shape[-2:]
+    vector = b.ndim == a.ndim - 1
+    b = b[..., None] if vector else b
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = jnp.broadcast_to(a, batch + a.shape[-2:])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    if rcond is None:
+        rcond = float(jnp.finfo(a.dtype).eps) * max(rows, cols)
+    solution, rank, singular_values = _svd_least_squares(a, b, rcond)
+    real = singular_values.dtype
+    residuals = jnp.zeros((0,), real)
+    full_rank = driver == "gels" or bool(jnp.all(rank == cols))
+    if rows > cols and driver in _RESIDUAL_DRIVERS and full_rank:
+        residual = _product("...ij,...jk->...ik", a, solution).astype(a.dtype) - b
+        residuals = jnp.sum(jnp.abs(residual) ** 2, -2).astype(real)
+    rank = rank if driver in _RANK_DRIVERS else jnp.zeros((0,), jnp.int64)
+    if driver not in _SINGULAR_VALUE_DRIVERS:
+        singular_values = jnp.zeros((0,), real)
+    return (solution[..., 0] if vector else solution), residuals, rank, singular_values
+
+
+# ----------------------------------------------------------------------------- distances
+@lower(aten._euclidean_dist.default)
+def euclidean_dist(x1, x2):
+    """torch's matrix-product form: ``|a|^2 - 2 a.b + |b|^2`` as one product of padded
+    operands, clamped at 0 (the same rounding as CPU, which is not that of the differences)."""
+    norm1 = jnp.sum(x1 * x1, -1, keepdims=True)
+    norm2 = jnp.sum(x2 * x2, -1, keepdims=True)
+    padded1 = jnp.concatenate([x1 * -2, norm1, jnp.ones_like(norm1)], -1)
+    padded2 = jnp.concatenate([x2, jnp.ones_like(norm2), norm2], -1)
+    squared = _product("...ik,...jk->...ij", padded1, padded2).astype(x1.dtype)
+    return jnp.sqrt(jnp.maximum(squared, 0))
+
+
+def _p_norm(differences, p: float, axis: int = -1):
+    """The p-norm of ``differences`` along ``axis``, with torch's limits for p = 0 and inf."""
+    magnitude = jnp.abs(differences)
+    if p == 0:
+        return jnp.sum(magnitude != 0, axis).astype(differences.dtype)
+    if p == math.inf:
+        return jnp.max(magnitude, axis, initial=0)
+    if p == 1:
+        return jnp.sum(magnitude, axis)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(magnitude * magnitude, axis))
+    return jnp.sum(magnitude ** p, axis) ** (1 / p)
+
+
+def _p_norm_gradient(differences, distance, p: float):
+    """d distance / d differences, zero where torch's kernels define it so (distance 0)."""
+    if p == 0:
+        return jnp.zeros_like(differences)
+    if p == 1:
+        return jnp.sign(differences)
+    if p == math.inf:
+        return jnp.sign(differences) * (jnp.abs(differences) == distance)
+    safe = jnp.where(distance == 0, 1, distance)
+    if p == 2:
+        slope = differences / safe
+    elif p < 2:
+        slope = jnp.sign(differences) * jnp.abs(differences) ** (p - 1) / safe ** (p - 1)
+        if p < 1:
+            slope = jnp.where(differences == 0, 0, slope)
+    else:
+        slope = differences * jnp.abs(differences) ** (p - 2) / safe ** (p - 1)
+    return jnp.where(distance == 0, 0, slope)
+
+
+def _check_distance_p(name: str, p: float) -> None:
+    if p < 0:
+        raise RuntimeError(f"{name} only supports non-negative p values")
+
+
+def _batched_pairs(x1, x2):
+    batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    return jnp.broadcast_to(x1, batch + x1.shape[-2:]), jnp.broadcast_to(x2, batch + x2.shape[-2:])
+
+
+@lower(aten._cdist_forward.default)
+def cdist_forward(x1, x2, p, compute_mode=None):
+    """Row distances; p = 2 uses the matrix-product form where torch does (mode 1 always,
+    the default mode beyond 25 rows), otherwise the differences' norm."""
+    _check_distance_p("cdist", p)
+    x1, x2 = _batched_pairs(x1, x2)
+    mode = compute_mode or 0
+    if p == 2 and (mode == 1 or (mode == 0 and max(x1.shape[-2], x2.shape[-2]) > 25)):
+        return euclidean_dist(x1, x2)
+    return _p_norm(x1[..., :, None, :] - x2[..., None, :, :], p)
+
+
+@lower(aten._cdist_backward.default)
+def cdist_backward(grad, x1, x2, p, distances):
+    x1b, x2b = _batched_pairs(x1, x2)
+    differences = x1b[..., :, None, :] - x2b[..., None, :, :]
+    slope = _p_norm_gradient(differences, distances[..., None], p)
+    gradient = jnp.sum(grad[..., None] * slope, -2)
+    extra = gradient.ndim - x1.ndim
+    summed = jnp.sum(gradient, tuple(range(extra))) if extra else gradient
+    keep = tuple(i for i, n in enumerate(x1.shape[:-2]) if n == 1 and summed.shape[i] != 1)
+    return jnp.sum(summed, keep, keepdims=True).astype(x1.dtype)
+
+
+def _pairs(rows: int):
+    return jnp.triu_indices(rows, 1)
+
+
+@lower(aten._pdist_forward.default)
+def pdist_forward(x, p=2):
+    _check_distance_p("pdist", p)
+    first, second = _pairs(x.shape[0])
+    return _p_norm(x[first] - x[second], p)
+
+
+@lower(aten._pdist_backward.default)
+def pdist_backward(grad, x, p, distances):
+    first, second = _pairs(x.shape[0])
+    contribution = grad[:, None] * _p_norm_gradient(x[first] - x[second], distances[:, None], p)
+    return jnp.zeros_like(x).at[first].add(contribution).at[second].add(-contribution)
+
+
+@lower(aten.renorm.default, static=("p", "maxnorm"))
+def renorm(x, p, dim, maxnorm):
+    """Scale each slice along ``dim`` whose p-norm exceeds ``maxnorm`` to (just under) it;
+    the norm and scale are computed in float32 for half types, as on CPU."""
+    if p <= 0:
+        raise RuntimeError("renorm: non-positive-norm not supported")
+    if maxnorm < 0:
+        raise RuntimeError(f"renorm: expected maxnorm to be >= 0 but got {maxnorm}")
+    dim = dim % x.ndim
+    wide = accumulator(x.dtype)
+    norm = linalg_vector_norm(x.astype(wide), p, tuple(d for d in range(x.ndim) if d != dim),
+                              True, None)
+    maxnorm = jnp.asarray(maxnorm, norm.dtype)
+    factor = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1).astype(x.dtype)
+    return x * factor
+
+
+@lower(aten.dist.default, promote=Promote.DEFAULT, promote_args=("self", "other"), static=("p",))
+def dist(a, b, p=2, *, types):
+    difference = a.astype(types.compute) - b.astype(types.compute)
+    return linalg_vector_norm(difference.astype(types.result), p, None, False, None)
+
+
+# ----------------------------------------------------------------------------- LDL (Bunch-Kaufman)
+# LAPACK's sytf2/hetf2 with uplo 'L', step for step, so the pivots and the packed factors are
+# CPU's: the trailing matrix is kept full (Hermitian) so a symmetric interchange is a plain row
+# and column swap; the processed columns hold L below the diagonal and D on it (2x2 blocks on
+# the subdiagonal too). Complex symmetric pivoting measures |re| + |im| like LAPACK's izamax.
+_BUNCH_KAUFMAN_ALPHA = (1 + math.sqrt(17)) / 8
+
+
+def _pivot_size(x):
+    if jnp.iscomplexobj(x):
+        return jnp.abs(x.real) + jnp.abs(x.imag)
+    return jnp.abs(x)
+
+
+def _diagonal_size(x, hermitian: bool):
+    return jnp.abs(x.real) if hermitian and jnp.iscomplexobj(x) else _pivot_size(x)
+
+
+def _full_from_lower(a, hermitian: bool):
+    conj = jnp.conj if hermitian else (lambda x: x)
+    full = jnp.tril(a) + conj(jnp.swapaxes(jnp.tril(a, -1), -1, -2))
+    return _real_diagonal(full) if hermitian else full
+
+
+def _real_diagonal(a):
+    if not jnp.iscomplexobj(a):
+        return a
+    n = a.shape[-1]
+    return jnp.where(jnp.eye(n, dtype=bool), a.real.astype(a.dtype), a)
+
+
+def _swap(x, i, j, axis):
+    """Swap indices ``i`` and ``j`` along ``axis`` (a symmetric interchange is one per axis)."""
+    order = jnp.arange(x.shape[axis])
+    order = jnp.where(order == i, j, jnp.where(order == j, i, order))
+    return jnp.take(x, order, axis=axis)
+
+
+def _ldl_step(hermitian: bool):
+    conj = jnp.conj if hermitian else (lambda x: x)
+
+    def step(state):
+        a, pivots, k, info = state
+        n = a.shape[-1]
+        index = jnp.arange(n)
+        column = a[:, k]
+        below = index > k
+        column_sizes = jnp.where(below, _pivot_size(column), -1)
+        imax = jnp.argmax(column_sizes)
+        colmax = jnp.maximum(column_sizes[imax], 0)
+        absakk = _diagonal_size(a[k, k], hermitian)
+        singular = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
+        # largest off-diagonal size in row/column imax of the trailing matrix
+        row = a[imax, :]
+        rowmax = jnp.max(jnp.where((index >= k) & (index != imax), _pivot_size(row), 0))
+        keep = (absakk >= _BUNCH_KAUFMAN_ALPHA * colmax) | \
+            (absakk * rowmax >= _BUNCH_KAUFMAN_ALPHA * colmax * colmax)
+        take_imax = _diagonal_size(a[imax, imax], hermitian) >= _BUNCH_KAUFMAN_ALPHA * rowmax
+        two = ~singular & ~keep & ~take_imax
+        kp = jnp.where(singular | keep, k, imax)
+        kk = k + two.astype(k.dtype)
+        # interchange kk and kp in the trailing matrix (rows and columns >= k)
+        trailing = (index >= k)[:, None] & (index >= k)[None, :]
+        swapped = _swap(_swap(a, kk, kp, 0), kk, kp, 1)
+        a = jnp.where(trailing, swapped, a)
+        a = jnp.where(singular, state[0], a)
+        one_update = _rank_one_update(a, k, index, conj, hermitian)
+        two_update = _rank_two_update(a, k, index, conj, hermitian)
+        updated = jnp.where(two, two_update, one_update)
+        a = jnp.where(singular, a, updated)
+        code = jnp.where(two, -(kp + 1), kp + 1).astype(jnp.int32)
+        pivots = pivots.at[k].set(code)
+        pivots = jnp.where(two, pivots.at[k + 1].set(code), pivots)
+        info = jnp.where(singular & (info == 0), k + 1, info).astype(jnp.int32)
+        return a, pivots, k + 1 + two.astype(k.dtype), info
+    return step
+
+
+def _rank_one_update(a, k, index, conj, hermitian):
+    """1x1 pivot: ``A22 -= x x^H / d``, then column k below the diagonal becomes ``x / d``."""
+    pivot = a[k, k].real.astype(a.dtype) if hermitian else a[k, k]
+    inverse = 1 / pivot
+    x = jnp.where(index > k, a[:, k], 0)
+    scaled = -inverse * conj(x)
+    rest = (index > k)[:, None] & (index > k)[None, :]
+    a = jnp.where(rest, a + x[:, None] * scaled[None, :], a)
+    a = _full_from_lower(a, hermitian)  # the lower part is LAPACK's
+    return jnp.where((index > k)[:, None] & (index == k)[None, :], (x * inverse)[:, None], a)
+
+
+def _rank_two_update(a, k, index, conj, hermitian):
+    """2x2 pivot on rows/columns k, k+1, as LAPACK's sytf2/hetf2 write it."""
+    k1 = k + 1
+    rest = index > k1
+    d21 = a[k1, k]
+    if hermitian:
+        magnitude = jnp.abs(d21)
+        d11, d22 = a[k1, k1].real / magnitude, a[k, k].real / magnitude
+        unit = d21 / magnitude
+        scale = (1 / (d11 * d22 - 1)) / magnitude
+        wk = scale * (d11 * a[:, k] - unit * a[:, k1])
+        wkp1 = scale * (d22 * a[:, k1] - jnp.conj(unit) * a[:, k])
+    else:
+        d11, d22 = a[k1, k1] / d21, a[k, k] / d21
+        scale = (1 / (d11 * d22 - 1)) / d21
+        wk = scale * (d11 * a[:, k] - a[:, k1])
+        wkp1 = scale * (d22 * a[:, k1] - a[:, k])
+    wk, wkp1 = jnp.where(rest, wk, 0), jnp.where(rest, wkp1, 0)
+    block = rest[:, None] & rest[None, :]
+    update = a[:, k][:, None] * conj(wk)[None, :] + a[:, k1][:, None] * conj(wkp1)[None, :]
+    a = jnp.where(block, a - update, a)
+    a = _full_from_lower(a, hermitian)  # the lower part is LAPACK's
+    a = jnp.where(rest[:, None] & (index == k)[None, :], wk[:, None], a)
+    return jnp.where(rest[:, None] & (index == k1)[None, :], wkp1[:, None], a)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _ldl_factor(a, hermitian: bool):
+    n = a.shape[-1]
+    batch = a.shape[:-2]
+    if n == 0:
+        return a, jnp.zeros(batch + (0,), jnp.int32), jnp.zeros(batch, jnp.int32)
+
+    def factor(matrix):
+        state = (_full_from_lower(matrix, hermitian), jnp.zeros(n, jnp.int32), jnp.int32(0),
+                 jnp.int32(0))
+        packed, pivots, _, info = lax.while_loop(lambda s: s[2] < n, _ldl_step(hermitian), state)
+        return jnp.tril(packed), pivots, info
+    flat = a.reshape((math.prod(batch), n, n))
+    packed, pivots, info = jax.vmap(factor)(flat)
+    return packed.reshape(a.shape), pivots.reshape(batch + (n,)), info.reshape(batch)
+
+
+@lower(aten.linalg_ldl_factor_ex.default, jit=False)
+def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
+    packed, pivots, info = _ldl_factor(a, hermitian and jnp.iscomplexobj(a))
+    if check_errors:
+        aten._linalg_check_errors.default(torch.from_numpy(jax.device_get(info).copy()),
+                                          "torch.linalg.ldl_factor_ex", is_matrix=a.ndim == 2)
+    return packed, pivots, info
+
+
+def _ldl_solve_one(packed, pivots, b, hermitian: bool):
+    """LAPACK's sytrs/hetrs (uplo 'L'): undo ``P L`` forwards with D, then ``L^T P^T`` backwards."""
+    n = packed.shape[-1]
+    conj = jnp.conj if hermitian else (lambda x: x)
+    index = jnp.arange(n)
+
+    def forward(state):
+        b, k = state
+        two = pivots[k] < 0
+        kk = k + two.astype(k.dtype)
+        b = _swap(b, kk, jnp.abs(pivots[k]) - 1, 0)
+        rest = (index > kk)[:, None]
+        b = b - jnp.where(rest, packed[:, k, None] * b[k] + jnp.where(two, packed[:, kk, None]
+                                                                       * b[kk], 0), 0)
+        # 1x1: b_k /= d; 2x2: solve [[d_kk, conj(e)], [e, d_k1k1]] against rows k, k+1
+        e = packed[kk, k]
+        first = packed[k, k] / conj(e)
+        second = packed[kk, kk] / e
+        denominator = first * second - 1
+        bk, bk1 = b[k] / conj(e), b[kk] / e
+        two_k = (second * bk - bk1) / denominator
+        two_k1 = (first * bk1 - bk) / denominator
+        pivot = packed[k, k].real.astype(b.dtype) if hermitian else packed[k, k]
+        b = b.at[k].set(jnp.where(two, two_k, b[k] / pivot))
+        b = b.at[kk].set(jnp.where(two, two_k1, b[kk]))
+        return b, kk + 1
+
+    def backward(state):
+        b, k = state  # k: the last row of the current block
+        two = (k > 0) & (pivots[k] < 0)
+        first = k - two.astype(k.dtype)
+        rest = (index > k)[:, None]
+        correction_k = jnp.sum(jnp.where(rest, conj(packed[:, k, None]) * b, 0), 0)
+        correction_first = jnp.sum(jnp.where(rest, conj(packed[:, first, None]) * b, 0), 0)
+        b = b.at[k].add(-correction_k)
+        b = jnp.where(two, b.at[first].add(-correction_first), b)
+        b = _swap(b, k, jnp.abs(pivots[k]) - 1, 0)
+        return b, first - 1
+
+    b, _ = lax.while_loop(lambda s: s[1] < n, forward, (b, jnp.int32(0)))
+    b, _ = lax.while_loop(lambda s: s[1] >= 0, backward, (b, jnp.int32(n - 1)))
+    return b
+
+
+@lower(aten.linalg_ldl_solve.default)
+def linalg_ldl_solve(packed, pivots, b, hermitian=False):
+    batch = jnp.broadcast_shapes(packed.shape[:-2], b.shape[:-2])
+    n = packed.shape[-1]
+    if n == 0:
+        return jnp.broadcast_to(b, batch + b.shape[-2:])
+    count = math.prod(batch)
+    packed = jnp.broadcast_to(packed, batch + packed.shape[-2:]).reshape((count, n, n))
+    pivots = jnp.broadcast_to(pivots, batch + pivots.shape[-1:]).reshape((count, n))
+    flat_b = jnp.broadcast_to(b, batch + b.shape[-2:]).reshape((count,) + b.shape[-2:])
+    solve = functools.partial(_ldl_solve_one, hermitian=hermitian and jnp.iscomplexobj(packed))
+    return jax.vmap(solve)(packed, pivots, flat_b).reshape(batch + b.shape[-2:])

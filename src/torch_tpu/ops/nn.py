@@ -1,5 +1,5 @@
-"""nn lowerings: convolution, pooling, normalization, activation backwards, softmax, losses,
-embedding, dropout and fused attention.
+"""nn lowerings: convolution, normalization, activation backwards, softmax, embedding,
+dropout and attention (losses and pooling have their own modules).
 
 Backward ops are ``jax.vjp`` of the forward lowering wherever PyTorch's formula is the exact
 derivative of its forward; they are written out where PyTorch's formula differs at the edges
@@ -7,61 +7,19 @@ derivative of its forward; they are written out where PyTorch's formula differs 
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from jax import lax
 
 from .. import _random, _tensor
 from .._registry import Promote, lower, runtime
 from ._helpers import check_bounds
+from ._nn_helpers import compute_dtype, precision, require, ntuple, vjp, wrap_dim
 
 aten = torch.ops.aten
-_HALF_TYPES = (jnp.float16, jnp.bfloat16)
-_REDUCTIONS = ("none", "mean", "sum")  # at::Reduction enum order
-
-
-def _compute_dtype(dtype) -> np.dtype:
-    """PyTorch's opmath type: half types compute in float32."""
-    return jnp.dtype(jnp.float32) if dtype in _HALF_TYPES else jnp.dtype(dtype)
-
-
-def _precision(dtype):
-    """Full float32 accuracy for matmul-like ops, as PyTorch CPU computes them."""
-    return lax.Precision.HIGHEST if jnp.dtype(dtype) in (jnp.float32, jnp.float64) else None
-
-
-def _vjp(fn, primals, cotangent, mask):
-    """Gradients of ``fn`` at ``primals`` for the entries ``mask`` asks for (None elsewhere)."""
-    _, pullback = jax.vjp(fn, *primals)
-    grads = pullback(cotangent)
-    return tuple(g if wanted else None for g, wanted in zip(grads, mask))
-
-
-def _require(valid: bool) -> None:
-    """Rejects arguments PyTorch rejects, at trace time (shapes are static, so this costs
-    nothing per call). The ValueError makes the dispatcher replay the call on PyTorch's meta
-    kernels, which raise PyTorch's own error."""
-    if not valid:
-        raise ValueError("invalid arguments")
-
-
-def _wrap_dim(dim: int, ndim: int) -> int:
-    bound = max(ndim, 1)
-    if not -bound <= dim < bound:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-bound}, "
-                         f"{bound - 1}], but got {dim})")
-    return dim % bound
-
-
-def _ntuple(value, n: int):
-    """An ``int[n]`` argument as n ints (PyTorch lets a single value stand for all)."""
-    value = tuple(value) if isinstance(value, (tuple, list)) else (value,)
-    return value * n if len(value) == 1 else value
 
 
 # ----------------------------------------------------------------------------- convolution
@@ -83,14 +41,14 @@ def _transposed_weight(weight, groups: int):
 @lower(aten.convolution.default)
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     n = x.ndim - 2
-    stride, padding, dilation = _ntuple(stride, n), _ntuple(padding, n), _ntuple(dilation, n)
-    compute = _compute_dtype(x.dtype)
+    stride, padding, dilation = ntuple(stride, n), ntuple(padding, n), ntuple(dilation, n)
+    compute = compute_dtype(x.dtype)
     options = dict(rhs_dilation=dilation, feature_group_count=groups,
                    dimension_numbers=_conv_dimension_numbers(n),
-                   precision=_precision(compute), preferred_element_type=compute)
+                   precision=precision(compute), preferred_element_type=compute)
     if transposed:
         kernel = weight.shape[2:]
-        output_padding = _ntuple(output_padding, n)
+        output_padding = ntuple(output_padding, n)
         pads = [(d * (k - 1) - p, d * (k - 1) - p + op)
                 for k, p, d, op in zip(kernel, padding, dilation, output_padding)]
         out = lax.conv_general_dilated(x, _transposed_weight(weight, groups), (1,) * n, pads,
@@ -108,210 +66,22 @@ def convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation,
     def forward(x, weight):
         return convolution(x, weight, None, stride, padding, dilation, transposed,
                            output_padding, groups)
-    grad_input, grad_weight = _vjp(forward, (x, weight), grad, output_mask[:2])
+    grad_input, grad_weight = vjp(forward, (x, weight), grad, output_mask[:2])
     grad_bias = None
     if output_mask[2]:
         axes = (0,) + tuple(range(2, grad.ndim))
-        grad_bias = grad.astype(_compute_dtype(grad.dtype)).sum(axes).astype(grad.dtype)
+        grad_bias = grad.astype(compute_dtype(grad.dtype)).sum(axes).astype(grad.dtype)
     return grad_input, grad_weight, grad_bias
 
 
-# ----------------------------------------------------------------------------- pooling
-def _pooled_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
-    """PyTorch's pooling_output_shape: with ceil_mode the last window must start inside the
-    input or its left padding."""
-    out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
-    if ceil_mode and (out - 1) * s >= size + p:
-        out -= 1
-    return out
 
 
-def _pool_geometry(x, kernel_size, stride, padding, dilation, ceil_mode, n):
-    kernel = _ntuple(kernel_size, n)
-    stride = _ntuple(stride, n) if stride else kernel
-    padding, dilation = _ntuple(padding, n), _ntuple(dilation, n)
-    out = tuple(_pooled_size(size, k, s, p, d, ceil_mode) for size, k, s, p, d in
-                zip(x.shape[-n:], kernel, stride, padding, dilation))
-    _require(all(o > 0 for o in out) and all(
-        2 * p <= (k - 1) * d + 1 for k, p, d in zip(kernel, padding, dilation)))
-    return kernel, stride, padding, dilation, out
-
-
-def _pad_spatial(x, n, low, high, value):
-    pads = [(0, 0)] * (x.ndim - n) + list(zip(low, high))
-    return jnp.pad(x, pads, constant_values=value)
-
-
-def _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, n):
-    """Max over each window, and the argmax as a flat index into the input's spatial plane
-    (PyTorch's convention). Windows are gathered as one strided slice per kernel offset."""
-    kernel, stride, padding, dilation, out = _pool_geometry(
-        x, kernel_size, stride, padding, dilation, ceil_mode, n)
-    spatial = x.shape[-n:]
-    lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-    high = [max(0, (o - 1) * s + d * (k - 1) + 1 - p - size)
-            for o, s, d, k, p, size in zip(out, stride, dilation, kernel, padding, spatial)]
-    padded = _pad_spatial(x, n, padding, high, lowest)
-    offsets = list(itertools.product(*(range(k) for k in kernel)))
-    windows = jnp.stack([
-        padded[(...,) + tuple(slice(o * d, o * d + (size - 1) * s + 1, s)
-                              for o, d, size, s in zip(offset, dilation, out, stride))]
-        for offset in offsets], axis=-n - 1)
-    best = jnp.argmax(windows, axis=-n - 1)
-    values = jnp.max(windows, axis=-n - 1)
-    kernel_offsets = jnp.asarray(offsets, jnp.int64)[best]  # (..., *out, n)
-    flat = jnp.zeros(best.shape, jnp.int64)
-    for axis in range(n):
-        grid = lax.broadcasted_iota(jnp.int64, out, axis)
-        position = grid * stride[axis] - padding[axis] + kernel_offsets[..., axis] * dilation[axis]
-        flat = flat * spatial[axis] + position
-    return values, flat
-
-
-def _scatter_to_plane(grad, x, indices, n):
-    """Adds each output gradient at its flat index in the input plane (max-pool backward)."""
-    plane = math.prod(x.shape[-n:])
-    g = grad.reshape(-1, math.prod(grad.shape[-n:]))
-    idx = indices.reshape(g.shape)
-    rows = jnp.arange(g.shape[0])[:, None]
-    return jnp.zeros((g.shape[0], plane), grad.dtype).at[rows, idx].add(g).reshape(x.shape)
-
-
-def _max_pool_entries(forward, backward, n):
-    @lower(forward)
-    def max_pool(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-        return _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, n)
-
-    @lower(backward)
-    def max_pool_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
-        return _scatter_to_plane(grad, x, indices, n)
-
-
-_max_pool_entries(aten.max_pool2d_with_indices.default,
-                  aten.max_pool2d_with_indices_backward.default, 2)
-_max_pool_entries(aten.max_pool3d_with_indices.default,
-                  aten.max_pool3d_with_indices_backward.default, 3)
-
-
-def _window_counts(k, s, out, covered):
-    """Per output position, how many of the positions ``covered`` (on the padded axis) its
-    window holds: the avg-pool divisor along one axis."""
-    return np.array([covered[o * s: o * s + k].sum() for o in range(out)], np.float64)
-
-
-def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n):
-    kernel, stride, padding, _, out = _pool_geometry(x, kernel_size, stride, padding, 1,
-                                                     ceil_mode, n)
-    spatial = x.shape[-n:]
-    compute = _compute_dtype(x.dtype)
-    high = [max(0, (o - 1) * s + k - p - size)
-            for o, s, k, p, size in zip(out, stride, kernel, padding, spatial)]
-    padded = _pad_spatial(x.astype(compute), n, padding, high, 0)
-    lead = (1,) * (x.ndim - n)
-    sums = lax.reduce_window(padded, np.zeros((), compute), lax.add, lead + kernel,
-                             lead + stride, "VALID")
-    sums = sums[(...,) + tuple(slice(0, o) for o in out)]
-    if divisor_override:
-        return (sums / divisor_override).astype(x.dtype)
-    divisor = np.ones((), np.float64)
-    for size, k, s, p, o, h in zip(spatial, kernel, stride, padding, out, high):
-        # PyTorch counts padding but never the extra ceil_mode overhang beyond it
-        covered = np.zeros(p + size + h)
-        if count_include_pad:
-            covered[: p + size + min(p, h)] = 1
-        else:
-            covered[p: p + size] = 1
-        divisor = np.multiply.outer(divisor, _window_counts(k, s, o, covered))
-    return (sums / divisor.astype(compute)).astype(x.dtype)
-
-
-def _avg_pool_entries(forward, backward, n):
-    @lower(forward)
-    def avg_pool(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-                 divisor_override=None):
-        return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                         divisor_override, n)
-
-    @lower(backward)
-    def avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                          divisor_override):
-        return _vjp(lambda x: avg_pool(x, kernel_size, stride, padding, ceil_mode,
-                                       count_include_pad, divisor_override), (x,), grad, (True,))[0]
-
-
-_avg_pool_entries(aten.avg_pool2d.default, aten.avg_pool2d_backward.default, 2)
-_avg_pool_entries(aten.avg_pool3d.default, aten.avg_pool3d_backward.default, 3)
-
-
-def _adaptive_bounds(size: int, out: int):
-    starts = [(i * size) // out for i in range(out)]
-    ends = [-(-((i + 1) * size) // out) for i in range(out)]
-    return starts, ends
-
-
-def _adaptive_avg_pool(x, output_size, n):
-    """Averages as one small (out, in) matrix per spatial axis, applied in turn."""
-    compute = _compute_dtype(x.dtype)
-    y = x.astype(compute)
-    for axis, out in zip(range(x.ndim - n, x.ndim), _ntuple(output_size, n)):
-        size = x.shape[axis]
-        averaging = np.zeros((out, size))
-        for row, (start, end) in enumerate(zip(*_adaptive_bounds(size, out))):
-            averaging[row, start:end] = 1 / (end - start)
-        y = jnp.moveaxis(jnp.tensordot(y, jnp.asarray(averaging.T, compute), ((axis,), (0,)),
-                                       precision=_precision(compute)), -1, axis)
-    return y.astype(x.dtype)
-
-
-def _adaptive_avg_pool_entries(forward, backward, n):
-    lower(forward)(lambda x, output_size: _adaptive_avg_pool(x, output_size, n))
-
-    @lower(backward)
-    def adaptive_avg_pool_backward(grad, x):
-        return _vjp(lambda x: _adaptive_avg_pool(x, grad.shape[-n:], n), (x,), grad, (True,))[0]
-
-
-_adaptive_avg_pool_entries(aten._adaptive_avg_pool2d.default,
-                           aten._adaptive_avg_pool2d_backward.default, 2)
-_adaptive_avg_pool_entries(aten._adaptive_avg_pool3d.default,
-                           aten._adaptive_avg_pool3d_backward.default, 3)
-
-
-def _adaptive_max_pool(x, output_size, n):
-    """Each axis gathers its (uneven) windows padded to the widest by repeating their last
-    element, which never changes the max nor PyTorch's first-max argmax."""
-    output_size = _ntuple(output_size, n)
-    windows, gathers = x, []
-    for axis, out in zip(range(x.ndim - n, x.ndim), output_size):
-        starts, ends = _adaptive_bounds(x.shape[axis], out)
-        width = max(e - s for s, e in zip(starts, ends))
-        idx = np.array([[min(s + j, e - 1) for j in range(width)] for s, e in zip(starts, ends)])
-        gathers.append(idx)
-        # axis -> (out, width), with the width axes collected at the end
-        gathered = jnp.take(windows, jnp.asarray(idx.reshape(-1)), axis=axis)
-        gathered = gathered.reshape(windows.shape[:axis] + idx.shape + windows.shape[axis + 1:])
-        windows = jnp.moveaxis(gathered, axis + 1, -1)
-    windows = windows.reshape(windows.shape[:x.ndim] + (-1,))
-    best = jnp.argmax(windows, axis=-1)
-    widths = tuple(g.shape[1] for g in gathers)
-    offsets = jnp.unravel_index(best, widths)
-    flat = jnp.zeros(best.shape, jnp.int64)
-    for axis, (idx, offset) in enumerate(zip(gathers, offsets)):
-        rows = lax.broadcasted_iota(jnp.int64, output_size, axis)
-        flat = flat * x.shape[x.ndim - n + axis] + jnp.asarray(idx, jnp.int64)[rows, offset]
-    return jnp.max(windows, axis=-1), flat
-
-
-def _adaptive_max_pool_entries(forward, backward, n):
-    lower(forward)(lambda x, output_size: _adaptive_max_pool(x, output_size, n))
-    lower(backward)(lambda grad, x, indices: _scatter_to_plane(grad, x, indices, n))
-
-
-_adaptive_max_pool_entries(aten.adaptive_max_pool2d.default,
-                           aten.adaptive_max_pool2d_backward.default, 2)
-_adaptive_max_pool_entries(aten.adaptive_max_pool3d.default,
-                           aten.adaptive_max_pool3d_backward.default, 3)
-
+@lower(aten.conv_tbc.default)
+def conv_tbc(x, weight, bias, pad=0):
+    """A 1-d convolution in (time, batch, channel) layout with a (kernel, in, out) weight."""
+    out = convolution(jnp.transpose(x, (1, 2, 0)), jnp.transpose(weight, (2, 1, 0)), bias,
+                      (1,), (pad,), (1,), False, (0,), 1)
+    return jnp.transpose(out, (2, 0, 1))
 
 # ----------------------------------------------------------------------------- normalization
 def _channel_shape(x):
@@ -321,7 +91,7 @@ def _channel_shape(x):
 def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     """(out, save_mean, save_invstd, new_running_mean, new_running_var). Statistics keep the
     parameters' dtype; outside training PyTorch saves empty statistics."""
-    compute = _compute_dtype(x.dtype)
+    compute = compute_dtype(x.dtype)
     params = next((p for p in (running_mean, weight) if p is not None), x)
     axes = (0,) + tuple(range(2, x.ndim))
     xc = x.astype(compute)
@@ -419,7 +189,7 @@ def _masked(values, dtypes, mask):
 @lower(aten.native_batch_norm_backward.default)
 def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean,
                                save_invstd, train, eps, output_mask):
-    compute = _compute_dtype(x.dtype)
+    compute = compute_dtype(x.dtype)
     shape, axes = _channel_shape(x), (0,) + tuple(range(2, x.ndim))
     if train:
         mean, invstd = save_mean.astype(compute), save_invstd.astype(compute)
@@ -443,6 +213,30 @@ def batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, s
                                       save_invstd, update, eps, output_mask)
 
 
+def _update_stats(x, running_mean, running_var, momentum):
+    """(batch mean, biased batch variance, new running mean, new running variance)."""
+    _, mean, _, new_mean, new_var = _batch_norm(x, None, None, running_mean, running_var, True,
+                                                momentum, 0.0)
+    axes = (0,) + tuple(range(2, x.ndim))
+    variance = x.astype(compute_dtype(x.dtype)).var(axes).astype(mean.dtype)
+    return mean, variance, new_mean, new_var
+
+
+_update_stats_jit = jax.jit(_update_stats)
+
+
+@runtime(aten.batch_norm_update_stats.default)
+def batch_norm_update_stats(x, running_mean, running_var, momentum):
+    """A runtime entry because PyTorch updates the running statistics in place although the
+    schema does not mark them written."""
+    stats = [None if t is None else _tensor.read(t) for t in (running_mean, running_var)]
+    mean, variance, new_mean, new_var = _update_stats_jit(_tensor.read(x), *stats, momentum)
+    if running_mean is not None:
+        _tensor.write(running_mean, new_mean)
+        _tensor.write(running_var, new_var)
+    return _tensor.wrap(mean), _tensor.wrap(variance)
+
+
 def _normalize(x, axes, eps):
     """(normalized, mean, rstd) over ``axes`` (kept)."""
     mean = x.mean(axes, keepdims=True)
@@ -460,16 +254,16 @@ def _affine(x, weight, bias, shape):
 
 @lower(aten.native_layer_norm.default)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
-    _require(tuple(x.shape[x.ndim - len(normalized_shape):]) == tuple(normalized_shape))
+    require(tuple(x.shape[x.ndim - len(normalized_shape):]) == tuple(normalized_shape))
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    out, mean, rstd = _normalize(x.astype(_compute_dtype(x.dtype)), axes, eps)
+    out, mean, rstd = _normalize(x.astype(compute_dtype(x.dtype)), axes, eps)
     out = _affine(out, weight, bias, normalized_shape)
     return out.astype(x.dtype), mean.astype(x.dtype), rstd.astype(x.dtype)
 
 
 @lower(aten.native_layer_norm_backward.default)
 def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
-    compute = _compute_dtype(x.dtype)
+    compute = compute_dtype(x.dtype)
     batch_axes = tuple(range(x.ndim - len(normalized_shape)))
     axes = tuple(range(len(batch_axes), x.ndim))
     rstd = rstd.astype(compute)
@@ -488,8 +282,8 @@ def _grouped(x, n, group):
 
 @lower(aten.native_group_norm.default)
 def native_group_norm(x, weight, bias, n, channels, hxw, group, eps):
-    _require(channels % group == 0)
-    compute = _compute_dtype(x.dtype)
+    require(channels % group == 0)
+    compute = compute_dtype(x.dtype)
     out, mean, rstd = _normalize(_grouped(x.astype(compute), n, group), (2,), eps)
     out = _affine(out.reshape(x.shape), weight, bias, (channels,) + (1,) * (x.ndim - 2))
     return out.astype(x.dtype), mean[..., 0].astype(x.dtype), rstd[..., 0].astype(x.dtype)
@@ -497,7 +291,7 @@ def native_group_norm(x, weight, bias, n, channels, hxw, group, eps):
 
 @lower(aten.native_group_norm_backward.default)
 def native_group_norm_backward(grad, x, mean, rstd, weight, n, channels, hxw, group, output_mask):
-    compute = _compute_dtype(x.dtype)
+    compute = compute_dtype(x.dtype)
     channel_shape = (channels,) + (1,) * (x.ndim - 2)
     rstd = rstd.astype(compute)[..., None]
     normalized = (_grouped(x.astype(compute), n, group) - mean.astype(compute)[..., None]) * rstd
@@ -510,6 +304,28 @@ def native_group_norm_backward(grad, x, mean, rstd, weight, n, channels, hxw, gr
                     (g * normalized.reshape(x.shape)).sum(per_channel), g.sum(per_channel)),
                    (x.dtype, param_dtype, param_dtype), output_mask)
 
+
+
+def _weight_norm(v, g, dim):
+    """(v * g / ||v||, ||v||): the norm over every axis but ``dim`` (all axes for -1), kept
+    as size-1 axes and in the opmath dtype, as PyTorch's kernel keeps it."""
+    compute = compute_dtype(v.dtype)
+    axes = tuple(a for a in range(v.ndim) if dim == -1 or a != dim % v.ndim)
+    vc = v.astype(compute)
+    norms = jnp.sqrt(jnp.square(vc).sum(axes, keepdims=True))
+    return (vc * (g.astype(compute) / norms)).astype(v.dtype), norms
+
+
+lower(aten._weight_norm_interface.default)(lambda v, g, dim=0: _weight_norm(v, g, dim))
+
+
+@lower(aten._weight_norm_interface_backward.default)
+def weight_norm_interface_backward(grad_w, v, g, norms, dim):
+    compute = compute_dtype(v.dtype)
+    grad_v, grad_g = vjp(lambda v, g: _weight_norm(v, g, dim)[0],
+                         (v.astype(compute), g.astype(compute)), grad_w.astype(compute),
+                         (True, True))
+    return grad_v.astype(v.dtype), grad_g.astype(g.dtype)
 
 # ----------------------------------------------------------------------------- activations
 @lower(aten.threshold.default, promote=Promote.DEFAULT, promote_args=("self",))
@@ -590,13 +406,13 @@ _activation_backward(aten.log_sigmoid_backward.default,
                      lambda g, x, buffer: g * jax.nn.sigmoid(-x))
 lower(aten.glu.default)(lambda x, dim=-1: _glu(x, dim))
 lower(aten.glu_backward.default)(
-    lambda grad, x, dim: _vjp(lambda x: _glu(x, dim), (x,), grad, (True,))[0])
+    lambda grad, x, dim: vjp(lambda x: _glu(x, dim), (x,), grad, (True,))[0])
 
 
 @lower(aten.log_sigmoid_forward.default)
 def log_sigmoid_forward(x):
     """(output, buffer); PyTorch's CPU kernel leaves the buffer empty."""
-    compute = _compute_dtype(x.dtype)
+    compute = compute_dtype(x.dtype)
     return jax.nn.log_sigmoid(x.astype(compute)).astype(x.dtype), jnp.zeros((0,), x.dtype)
 
 
@@ -611,7 +427,7 @@ def elu_backward(grad, alpha, scale, input_scale, is_result, x, *, types):
 # ----------------------------------------------------------------------------- softmax
 def _along(fn, x, dim):
     """``fn(x, axis)`` that also accepts 0-d tensors (PyTorch treats them as one element)."""
-    dim = _wrap_dim(dim, x.ndim)
+    dim = wrap_dim(dim, x.ndim)
     if x.ndim == 0:
         return fn(x.reshape(1), 0).reshape(())
     return fn(x, dim)
@@ -621,7 +437,7 @@ def _softmax_entry(op, fn):
     @lower(op)
     def softmax(x, dim, half_to_float):
         result = jnp.float32 if half_to_float else x.dtype
-        return _along(fn, x.astype(_compute_dtype(x.dtype)), dim).astype(result)
+        return _along(fn, x.astype(compute_dtype(x.dtype)), dim).astype(result)
 
 
 _softmax_entry(aten._softmax.default, lambda x, axis: jax.nn.softmax(x, axis=axis))
@@ -632,7 +448,7 @@ _softmax_entry(aten._log_softmax.default, lambda x, axis: jax.nn.log_softmax(x, 
 def safe_softmax(x, dim, dtype=None):
     """softmax whose fully masked rows (all -inf) are zeros instead of NaN."""
     x = x.astype(dtype or x.dtype)
-    compute = _compute_dtype(x.dtype)
+    compute = compute_dtype(x.dtype)
 
     def fn(x, axis):
         masked = jnp.all(x == -jnp.inf, axis=axis, keepdims=True)
@@ -643,7 +459,7 @@ def safe_softmax(x, dim, dtype=None):
 def _softmax_backward_entry(op, fn):
     @lower(op)
     def backward(grad, output, dim, input_dtype):
-        compute = _compute_dtype(grad.dtype)
+        compute = compute_dtype(grad.dtype)
         return _along(lambda out, axis: fn(grad.astype(compute).reshape(out.shape), out, axis),
                       output.astype(compute), dim).astype(input_dtype)
 
@@ -654,128 +470,35 @@ _softmax_backward_entry(aten._log_softmax_backward_data.default,
                         lambda g, y, axis: g - jnp.exp(y) * g.sum(axis, keepdims=True))
 
 
-# ----------------------------------------------------------------------------- losses
-def _reduce(loss, reduction: int):
-    name = _REDUCTIONS[reduction]
-    return loss if name == "none" else loss.mean() if name == "mean" else loss.sum()
+
+def _softmax_mask(mask, shape, mask_type):
+    """The boolean mask (True: left out) broadcast to the input: mask_type 1 is a (B, T) key
+    padding mask of a (B, heads, T, T) input, 0 a (T, T) attention mask, 2 the input's shape."""
+    if len(shape) == 4 and mask_type == 1 and mask.shape == (shape[0], shape[3]):
+        mask = mask[:, None, None, :]
+    elif not (len(shape) == 4 and mask_type == 0 and mask.shape == shape[2:]):
+        require(mask.shape == shape)
+    return jnp.broadcast_to(mask, shape)
 
 
-def _nll_weights(x, target, weight, ignore_index):
-    """Per-target class weights (zero where ignored), targets safe to gather with, and which
-    targets count."""
-    valid = target != ignore_index
-    safe = jnp.where(valid, target, 0)
-    weights = jnp.ones(safe.shape, x.dtype) if weight is None else weight.astype(x.dtype)[safe]
-    return jnp.where(valid, weights, 0), safe, valid
+@lower(aten._masked_softmax.default)
+def masked_softmax(x, mask, dim=None, mask_type=None):
+    """Rows with every entry masked are NaN, as PyTorch's kernel leaves them."""
+    compute = compute_dtype(x.dtype)
+    masked = _softmax_mask(mask, x.shape, mask_type)
+    axis = x.ndim - 1 if dim is None else dim
+    scores = jnp.where(masked, -jnp.inf, x.astype(compute))
+    return _along(lambda s, axis: jax.nn.softmax(s, axis=axis), scores, axis).astype(x.dtype)
 
 
-def _nll_loss(x, target, weight, reduction, ignore_index):
-    class_axis = 0 if x.ndim == 1 else 1
-    weights, safe, _ = _nll_weights(x, target, weight, ignore_index)
-    picked = jnp.take_along_axis(x, jnp.expand_dims(safe, class_axis), class_axis)
-    losses = -jnp.squeeze(picked, class_axis) * weights
-    if _REDUCTIONS[reduction] == "none":
-        return losses, jnp.zeros((), x.dtype)
-    total_weight = weights.sum()
-    total = losses.sum()
-    return (total / total_weight if _REDUCTIONS[reduction] == "mean" else total), total_weight
-
-
-def _nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
-    class_axis = 0 if x.ndim == 1 else 1
-    weights, safe, valid = _nll_weights(x, target, weight, ignore_index)
-    if _REDUCTIONS[reduction] == "mean":
-        grad = grad / total_weight
-    # ignored targets get no gradient even when total_weight is 0 (PyTorch never writes them)
-    values = jnp.where(valid, -grad * weights, 0)
-    picked = jax.nn.one_hot(safe, x.shape[class_axis], dtype=x.dtype, axis=class_axis)
-    return picked * jnp.expand_dims(values, class_axis)
-
-
-def _check_targets(x, target, weight, reduction, ignore_index, *_):
-    classes = x.shape[0 if x.ndim == 1 else 1]
-    check_bounds([(jnp.where(target == ignore_index, 0, target), classes, False)],
-                 lambda _, value, size: IndexError(f"Target {value} is out of bounds."))
-
-
-lower(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default,
-      check=_check_targets)(_nll_loss)
-lower(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)(_nll_loss_backward)
-
-
-def _loss_entries(forward, backward, loss):
-    """A pointwise loss ``loss(x, target, *args)`` reduced by ``reduction``; the backward is its
-    vjp with respect to ``self``."""
-    @lower(forward)
-    def loss_forward(x, target, reduction=1, *args):
-        compute = _compute_dtype(x.dtype)
-        return _reduce(loss(x.astype(compute), target.astype(compute), *args),
-                       reduction).astype(x.dtype)
-
-    if backward is not None:
-        @lower(backward)
-        def loss_backward(grad, x, target, reduction, *args):
-            return _vjp(lambda x: loss_forward(x, target, reduction, *args), (x,), grad,
-                        (True,))[0]
-
-
-def _smooth_l1(x, target, beta):
-    diff = jnp.abs(x - target)
-    if beta == 0:
-        return diff
-    return jnp.where(diff < beta, 0.5 * diff * diff / beta, diff - 0.5 * beta)
-
-
-def _huber(x, target, delta):
-    diff = x - target
-    return jnp.where(jnp.abs(diff) < delta, 0.5 * diff * diff,
-                     delta * (jnp.abs(diff) - 0.5 * delta))
-
-
-_loss_entries(aten.mse_loss.default, aten.mse_loss_backward.default,
-              lambda x, target: jnp.square(x - target))
-_loss_entries(aten.smooth_l1_loss.default, aten.smooth_l1_loss_backward.default, _smooth_l1)
-_loss_entries(aten.huber_loss.default, aten.huber_loss_backward.default, _huber)
-
-_LOG_FLOOR, _BCE_EPSILON = -100.0, 1e-12  # PyTorch's clamps for log(0) and the grad's division
-
-
-@lower(aten.binary_cross_entropy.default)
-def binary_cross_entropy(x, target, weight=None, reduction=1):
-    compute = _compute_dtype(x.dtype)
-    xc, t = x.astype(compute), target.astype(compute)
-    loss = -(t * jnp.maximum(jnp.log(xc), _LOG_FLOOR)
-             + (1 - t) * jnp.maximum(jnp.log1p(-xc), _LOG_FLOOR))
-    if weight is not None:
-        loss = loss * weight.astype(compute)
-    return _reduce(loss, reduction).astype(x.dtype)
-
-
-@lower(aten.binary_cross_entropy_backward.default)
-def binary_cross_entropy_backward(grad, x, target, weight=None, reduction=1):
-    compute = _compute_dtype(x.dtype)
-    xc, t = x.astype(compute), target.astype(compute)
-    result = grad.astype(compute) * (xc - t) / jnp.maximum((1 - xc) * xc, _BCE_EPSILON)
-    if weight is not None:
-        result = result * weight.astype(compute)
-    if _REDUCTIONS[reduction] == "mean":
-        result = result / x.size
-    return jnp.broadcast_to(result, x.shape).astype(x.dtype)
-
-
-@lower(aten.binary_cross_entropy_with_logits.default)
-def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, reduction=1):
-    compute = _compute_dtype(x.dtype)
-    xc, t = x.astype(compute), target.astype(compute)
-    log_sigmoid = jax.nn.log_sigmoid(xc)
-    if pos_weight is None:
-        loss = (1 - t) * xc - log_sigmoid
-    else:
-        loss = (1 - t) * xc - ((pos_weight.astype(compute) - 1) * t + 1) * log_sigmoid
-    if weight is not None:
-        loss = loss * weight.astype(compute)
-    return _reduce(loss, reduction).astype(x.dtype)
-
+@lower(aten._masked_softmax_backward.default)
+def masked_softmax_backward(grad, output, mask, dim=None):
+    compute = compute_dtype(output.dtype)
+    masked = _softmax_mask(mask, output.shape, None)
+    g = jnp.where(masked, 0, grad.astype(compute))
+    y = jnp.where(masked, 0, output.astype(compute))
+    axis = wrap_dim(output.ndim - 1 if dim is None else dim, output.ndim)
+    return (y * (g - (g * y).sum(axis, keepdims=True))).astype(output.dtype)
 
 # ----------------------------------------------------------------------------- embedding
 def _check_embedding_indices(weight, indices, *_):
@@ -792,7 +515,7 @@ def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=
 def embedding_renorm(weight, indices, max_norm, norm_type):
     """Rescales the looked-up rows whose norm exceeds ``max_norm`` (``embedding_renorm_`` is
     derived from this)."""
-    rows = weight[indices.reshape(-1)].astype(_compute_dtype(weight.dtype))
+    rows = weight[indices.reshape(-1)].astype(compute_dtype(weight.dtype))
     norms = jnp.linalg.norm(rows, ord=norm_type, axis=1, keepdims=True)
     scale = jnp.where(norms > max_norm, max_norm / (norms + 1e-7), 1)
     return weight.at[indices.reshape(-1)].set((rows * scale).astype(weight.dtype))
@@ -801,7 +524,7 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
 @lower(aten.embedding_dense_backward.default)
 def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     """Row sums of the output gradient per index; the padding row gets none."""
-    compute = _compute_dtype(grad.dtype)
+    compute = compute_dtype(grad.dtype)
     flat = indices.reshape(-1)
     rows = grad.reshape(flat.size, -1).astype(compute)
     rows = jnp.where((flat != padding_idx)[:, None], rows, 0)
@@ -810,6 +533,120 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
         rows = rows / counts[flat][:, None]
     return jnp.zeros((num_weights, rows.shape[1]), compute).at[flat].add(rows).astype(grad.dtype)
 
+
+
+_BAG_SUM, _BAG_MEAN, _BAG_MAX = 0, 1, 2  # EmbeddingBag's mode enum
+
+
+def _offset2bag(indices, offsets, bags: int):
+    """The bag each index falls in: bag b holds positions offsets[b] <= i < offsets[b + 1]."""
+    positions = jnp.arange(indices.shape[0])
+    return jnp.searchsorted(offsets[:bags], positions, side="right").astype(jnp.int64) - 1
+
+
+def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_BAG_SUM,
+                   sparse=False, per_sample_weights=None, include_last_offset=False,
+                   padding_idx=-1):
+    """(output, offset2bag, bag_size, max_indices) with PyTorch CPU's bookkeeping: bag sizes
+    count the non-padding indices (zeros for sum), max_indices are the chosen rows' indices
+    (max), a copy of the bag sizes (mean) or zeros (sum), and the sum's fast path (padding-free,
+    non-double) leaves offset2bag empty."""
+    require(indices.ndim == 1 and offsets.ndim == 1)
+    compute = compute_dtype(weight.dtype)
+    bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    offset2bag = _offset2bag(indices, offsets, bags)
+    kept = (indices != padding_idx) & (offset2bag >= 0) & (offset2bag < bags)
+    slot = jnp.where(kept, offset2bag, bags)  # dropped rows go to an extra, discarded bag
+    rows = weight[indices].astype(compute)
+    sizes = jnp.zeros((bags + 1,), jnp.int64).at[slot].add(1)[:bags]
+    if mode == _BAG_MAX:
+        lowest = jnp.full((bags + 1, weight.shape[1]), -jnp.inf, compute)
+        best = lowest.at[slot].max(rows)[:bags]
+        output = jnp.where(sizes[:, None] > 0, best, 0)
+        # the first row reaching each maximum, as CPU's strict ``>`` scan keeps
+        is_best = kept[:, None] & (rows == best[jnp.minimum(slot, bags - 1)])
+        first = jnp.full((bags + 1, weight.shape[1]), indices.shape[0], jnp.int64).at[slot].min(
+            jnp.where(is_best, jnp.arange(indices.shape[0])[:, None], indices.shape[0]))[:bags]
+        max_indices = jnp.where(sizes[:, None] > 0,
+                                indices[jnp.minimum(first, indices.shape[0] - 1)], 0)
+    else:
+        if per_sample_weights is not None:
+            rows = rows * per_sample_weights.astype(compute)[:, None]
+        totals = jnp.zeros((bags + 1, weight.shape[1]), compute).at[slot].add(rows)[:bags]
+        if mode == _BAG_MEAN:
+            output = totals / jnp.maximum(sizes, 1)[:, None].astype(compute)
+            max_indices = sizes
+        else:
+            output, sizes = totals, jnp.zeros_like(sizes)
+            max_indices = sizes
+    if mode == _BAG_SUM and padding_idx < 0 and weight.dtype != jnp.float64:
+        offset2bag = jnp.zeros((0,), jnp.int64)
+    return output.astype(weight.dtype), offset2bag, sizes, max_indices.astype(jnp.int64)
+
+
+lower(aten._embedding_bag.default, aten._embedding_bag_forward_only.default,
+      check=lambda weight, indices, *_: _check_embedding_indices(weight, indices))(_embedding_bag)
+
+
+def _bag_frequency_divisor(indices, num_weights: int, compute):
+    """How often each index occurs, scale_grad_by_freq's divisor (as in ``embedding`` and on
+    CUDA). PyTorch CPU's embedding_bag kernel divides the k-th distinct index's gradient by the
+    count of ``sorted_indices[k]`` instead, wrong for repeated indices; tpu does not copy that."""
+    return jnp.zeros((num_weights,), compute).at[indices].add(1)[indices]
+
+
+@lower(aten._embedding_bag_dense_backward.default)
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
+                                 num_weights, scale_grad_by_freq, mode, per_sample_weights=None,
+                                 padding_idx=-1):
+    """Each bag's gradient back to the rows it used: all of them (sum, mean: divided by the
+    bag size, scaled by the sample weights) or the chosen one per column (max)."""
+    compute = compute_dtype(grad.dtype)
+    g = grad.astype(compute)
+    columns = grad.shape[1]
+    if mode == _BAG_MAX:
+        chosen = jnp.where(bag_size[:, None] > 0, maximum_indices, num_weights)
+        column = jnp.broadcast_to(jnp.arange(columns), chosen.shape)
+        result = jnp.zeros((num_weights + 1, columns), compute).at[chosen, column].add(g)
+        return result[:num_weights].astype(grad.dtype)
+    rows = g[offset2bag]
+    if mode == _BAG_MEAN:
+        rows = rows / jnp.maximum(bag_size[offset2bag], 1)[:, None].astype(compute)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.astype(compute)[:, None]
+    if scale_grad_by_freq:
+        rows = rows / _bag_frequency_divisor(indices, num_weights, compute)[:, None]
+    target = jnp.where(indices == padding_idx, num_weights, indices)
+    result = jnp.zeros((num_weights + 1, columns), compute).at[target].add(rows)
+    return result[:num_weights].astype(grad.dtype)
+
+
+def _filled_offset2bag(indices, offsets, offset2bag):
+    """The sum's fast path hands backward an empty offset2bag: rebuild it from the offsets."""
+    if offset2bag.shape[0] == indices.shape[0]:
+        return offset2bag
+    return jnp.maximum(_offset2bag(indices, offsets, offsets.shape[0]), 0)
+
+
+@lower(aten._embedding_bag_backward.default)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+                           num_weights, scale_grad_by_freq, mode, sparse,
+                           per_sample_weights=None, padding_idx=-1):
+    require(not sparse)
+    return embedding_bag_dense_backward(
+        grad, indices, _filled_offset2bag(indices, offsets, offset2bag), bag_size,
+        maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+@lower(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode,
+                                              padding_idx=-1):
+    """d(sum of weighted rows)/d(sample weight): each row dotted with its bag's gradient."""
+    require(mode == _BAG_SUM)
+    compute = compute_dtype(grad.dtype)
+    bag = _filled_offset2bag(indices, offsets, offset2bag)
+    products = (grad.astype(compute)[bag] * weight.astype(compute)[indices]).sum(1)
+    return jnp.where(indices == padding_idx, 0, products).astype(grad.dtype)
 
 # ----------------------------------------------------------------------------- dropout
 def _dropout(x, p, key):
@@ -859,13 +696,13 @@ def _unpack_key(seed):
 def _attention(q, k, v, bias, seed, dropout_p, is_causal, scale):
     """(output, logsumexp). Grouped-query attention (fewer key/value heads) repeats the
     key/value heads; fully masked rows give zeros, as PyTorch's math path does."""
-    compute = _compute_dtype(q.dtype)
-    precision = _precision(compute)
+    compute = compute_dtype(q.dtype)
+    highest = precision(compute)
     q, k, v = (t.astype(compute) for t in (q, k, v))
     if q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
         k, v = (jnp.repeat(t, q.shape[-3] // t.shape[-3], axis=-3) for t in (k, v))
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = jnp.einsum("...ld,...sd->...ls", q, k, precision=precision) * scale
+    scores = jnp.einsum("...ld,...sd->...ls", q, k, precision=highest) * scale
     if is_causal:
         scores = jnp.where(jnp.tril(jnp.ones(scores.shape[-2:], jnp.bool_)), scores, -jnp.inf)
     if bias is not None:
@@ -878,7 +715,7 @@ def _attention(q, k, v, bias, seed, dropout_p, is_causal, scale):
     weights = exps / jnp.where(sums == 0, 1, sums)
     if dropout_p > 0:
         weights = _dropout(weights, dropout_p, _unpack_key(seed))[0]
-    out = jnp.einsum("...ls,...sd->...ld", weights, v, precision=precision)
+    out = jnp.einsum("...ls,...sd->...ld", weights, v, precision=highest)
     logsumexp = (jnp.log(sums) + row_max)[..., 0]
     return out.astype(q.dtype), logsumexp.astype(jnp.float32)
 
@@ -908,5 +745,84 @@ def scaled_dot_product_fused_attention_backward(
     def forward(q, k, v, *bias):
         return _attention(q, k, v, bias[0] if bias else None, philox_seed, dropout_p, is_causal,
                           scale)[0]
-    grads = _vjp(forward, primals, grad, grad_input_mask)
+    grads = vjp(forward, primals, grad, grad_input_mask)
     return grads + (None,) * (4 - len(grads))
+
+
+# ----------------------------------------------------------------------------- transformer fast path
+# nn.MultiheadAttention and nn.TransformerEncoderLayer take these fused kernels in inference
+# (eval mode, no grad, batch_first). Same math as PyTorch's: q, k, v projections from the packed
+# weight, q scaled by 1/sqrt(head_dim), masked softmax (a float mask is masked where nonzero),
+# heads merged and projected.
+def _linear(x, weight, bias, highest):
+    return jnp.einsum("...i,oi->...o", x, weight, precision=highest) + bias
+
+
+def _heads(x, num_heads: int):
+    """(B, T, E) -> (B, heads, T, E / heads)."""
+    batch, length, embed = x.shape
+    return x.reshape(batch, length, num_heads, embed // num_heads).transpose(0, 2, 1, 3)
+
+
+def _multi_head_attention(query, key, value, num_heads, qkv_weight, qkv_bias, proj_weight,
+                          proj_bias, mask, mask_type):
+    """(output (B, T, E), attention weights (B, heads, T, S)), in the compute dtype."""
+    require(query.ndim == 3 and query.shape == key.shape == value.shape)
+    compute = compute_dtype(query.dtype)
+    highest = precision(compute)
+    weights = (w.astype(compute) for w in jnp.split(qkv_weight, 3))
+    biases = (b.astype(compute) for b in jnp.split(qkv_bias, 3))
+    q, k, v = (_heads(_linear(x.astype(compute), w, b, highest), num_heads)
+               for x, w, b in zip((query, key, value), weights, biases))
+    scores = jnp.einsum("bhtd,bhsd->bhts", q / math.sqrt(q.shape[-1]), k, precision=highest)
+    if mask is not None:
+        masked = _softmax_mask(mask.astype(jnp.bool_), scores.shape, mask_type)
+        scores = jnp.where(masked, -jnp.inf, scores)
+    attention = jax.nn.softmax(scores, axis=-1)
+    context = jnp.einsum("bhts,bhsd->bhtd", attention, v, precision=highest)
+    merged = context.transpose(0, 2, 1, 3).reshape(query.shape)
+    return _linear(merged, proj_weight.astype(compute), proj_bias.astype(compute), highest), attention
+
+
+@lower(aten._native_multi_head_attention.default)
+def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias,
+                                proj_weight, proj_bias, mask=None, need_weights=True,
+                                average_attn_weights=True, mask_type=None):
+    out, attention = _multi_head_attention(query, key, value, num_head, qkv_weight, qkv_bias,
+                                           proj_weight, proj_bias, mask, mask_type)
+    if not need_weights:
+        return out.astype(query.dtype), None
+    if average_attn_weights:
+        attention = attention.sum(1) / num_head
+    return out.astype(query.dtype), attention.astype(query.dtype)
+
+
+@lower(aten._transformer_encoder_layer_fwd.default)
+def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
+                                  proj_bias, use_gelu, norm_first, eps, norm_weight_1,
+                                  norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1,
+                                  ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None,
+                                  mask_type=None):
+    compute = compute_dtype(src.dtype)
+    highest = precision(compute)
+
+    def norm(x, weight, bias):
+        return native_layer_norm(x, (embed_dim,), weight, bias, eps)[0].astype(compute)
+
+    def attend(x):
+        return _multi_head_attention(x, x, x, num_heads, qkv_weight, qkv_bias, proj_weight,
+                                     proj_bias, mask, mask_type)[0]
+
+    def feed_forward(x):
+        hidden = _linear(x, ffn_weight_1.astype(compute), ffn_bias_1.astype(compute), highest)
+        hidden = jax.nn.gelu(hidden, approximate=False) if use_gelu else jax.nn.relu(hidden)
+        return _linear(hidden, ffn_weight_2.astype(compute), ffn_bias_2.astype(compute), highest)
+
+    x = src.astype(compute)
+    if norm_first:
+        x = x + attend(norm(x, norm_weight_1, norm_bias_1))
+        x = x + feed_forward(norm(x, norm_weight_2, norm_bias_2))
+    else:
+        x = norm(x + attend(x), norm_weight_1, norm_bias_1)
+        x = norm(x + feed_forward(x), norm_weight_2, norm_bias_2)
+    return x.astype(src.dtype)

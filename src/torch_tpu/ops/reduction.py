@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from .._dtypes import to_torch
-from .._registry import lower
+from .._registry import lower, runtime
 from ._helpers import accumulator, type_name
 
 aten = __import__("torch").ops.aten
@@ -520,3 +520,12 @@ def mode(x, dim=-1, keepdim=False):
     last_index = jnp.max(jnp.where(x == value, lax.broadcasted_iota(INDEX, x.shape, axis), -1),
                          axis=axis, keepdims=True)
     return tuple(a if keepdim else jnp.squeeze(a, axis) for a in (value, last_index))
+
+
+@runtime(aten.equal.default)
+def equal(self, other) -> bool:
+    """Same size and equal values (after type promotion, as on CPU); reading the answer back
+    is a host sync, as on CUDA."""
+    if self.shape != other.shape:
+        return False
+    return bool(aten.all.default(aten.eq.Tensor(self, other)).item())

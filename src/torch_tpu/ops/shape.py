@@ -1,17 +1,26 @@
-"""Shape lowerings: concatenation, flips and rolls, padding, triangles, copies of views.
+"""Shape lowerings: concatenation and stacking, flips and rolls, padding, triangles, copies of
+views, view gradients and scatters, image layouts (pixel/channel shuffles, im2col/col2im) and
+the unchecked indexing ops decompositions emit.
 
-Ops PyTorch already builds from views and copies (``stack``, ``tile``,
-``diag_embed``, ``clone``, ``expand``...) reach the tpu through its composite kernels and are
-not lowered here; only what PyTorch implements per backend is.
+Views stay PyTorch's own Meta kernels (ops/core.py); ops PyTorch builds from views and copies
+(``tile``, ``clone``, ``expand``...) reach the tpu through its composite kernels. Composite ops
+whose decomposition is a chain of copies (``stack``, ``diag_embed``, the ``*_backward`` of
+views) are lowered here as one XLA computation.
 """
 from __future__ import annotations
 
+import itertools
+import math
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
 from .._registry import lower
+from . import indexing
 from ._helpers import result_dtype
 
 aten = torch.ops.aten
@@ -128,3 +137,194 @@ def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
 def select_scatter(x, src, dim, index):
     key = (slice(None),) * (dim % x.ndim) + (index,)
     return x.at[key].set(src.astype(x.dtype))
+
+
+def _zeros_scattered(scatter: Callable, grad_output, input_sizes, *where) -> jax.Array:
+    """The gradient of a view: ``grad_output`` written into zeros of the viewed tensor's shape."""
+    return scatter(jnp.zeros(input_sizes, grad_output.dtype), grad_output, *where)
+
+
+@lower(aten.slice_backward.default)
+def slice_backward(grad_output, input_sizes, dim, start, end, step):
+    return _zeros_scattered(slice_scatter, grad_output, input_sizes, dim, start, end, step)
+
+
+@lower(aten.select_backward.default)
+def select_backward(grad_output, input_sizes, dim, index):
+    return _zeros_scattered(select_scatter, grad_output, input_sizes, dim, index)
+
+
+@lower(aten.diagonal_scatter.default)
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    """``src`` written on the diagonal ``x.diagonal(offset, dim1, dim2)`` (last dim of ``src``)."""
+    dim1, dim2 = dim1 % x.ndim, dim2 % x.ndim
+    steps = jnp.arange(src.shape[-1])
+    moved = jnp.moveaxis(x, (dim1, dim2), (-2, -1))
+    moved = moved.at[..., steps + max(-offset, 0), steps + max(offset, 0)].set(src.astype(x.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (dim1, dim2))
+
+
+@lower(aten.diagonal_backward.default)
+def diagonal_backward(grad_output, input_sizes, offset, dim1, dim2):
+    return _zeros_scattered(diagonal_scatter, grad_output, input_sizes, offset, dim1, dim2)
+
+
+@lower(aten.diag_embed.default)
+def diag_embed(x, offset=0, dim1=-2, dim2=-1):
+    """A tensor with one more dim whose (dim1, dim2) diagonals hold ``x``'s last dim."""
+    ndim = x.ndim + 1
+    dim1, dim2 = dim1 % ndim, dim2 % ndim
+    side = x.shape[-1] + abs(offset)
+    others = iter(x.shape[:-1])
+    shape = [side if d in (dim1, dim2) else next(others) for d in range(ndim)]
+    return diagonal_scatter(jnp.zeros(shape, x.dtype), x, offset, dim1, dim2)
+
+
+@lower(aten.as_strided_scatter.default)
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    """``src`` written where ``as_strided(size, stride, storage_offset)`` of a contiguous copy
+    of ``x`` points."""
+    position = np.full(size, storage_offset or 0, np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        position = position + (np.arange(n) * s).reshape((n,) + (1,) * (len(size) - d - 1))
+    return x.reshape(-1).at[position].set(src.astype(x.dtype)).reshape(x.shape)
+
+
+@lower(aten.masked_scatter_backward.default)
+def masked_scatter_backward(grad_output, mask, sizes):
+    """``grad_output[mask]`` packed at the front of a zero tensor of ``sizes``."""
+    mask = jnp.broadcast_to(mask, grad_output.shape).reshape(-1)
+    total = math.prod(sizes)
+    target = jnp.where(mask, jnp.cumsum(mask) - 1, total)  # total: dropped
+    packed = jnp.zeros(total, grad_output.dtype).at[target].set(grad_output.reshape(-1), mode="drop")
+    return packed.reshape(sizes)
+
+
+# ----------------------------------------------------------------------------- stacking
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise RuntimeError(message)
+
+
+@lower(aten.stack.default)
+def stack(tensors, dim=0):
+    _require(len(tensors) > 0, "stack expects a non-empty TensorList")
+    for entry, x in enumerate(tensors):
+        _require(x.shape == tensors[0].shape,
+                 f"stack expects each tensor to be equal size, but got {list(tensors[0].shape)} "
+                 f"at entry 0 and {list(x.shape)} at entry {entry}")
+    dtype = result_dtype(*(x.dtype for x in tensors))
+    return jnp.stack([x.astype(dtype) for x in tensors], axis=dim)
+
+
+@lower(aten._chunk_cat.default)
+def chunk_cat(tensors, dim, num_chunks):
+    """Each tensor split into ``num_chunks`` chunks along ``dim`` (zero-padded to equal sizes),
+    flattened from ``dim`` on, and the chunks concatenated: (*leading, num_chunks, total)."""
+    _require(all(x.dtype == tensors[0].dtype for x in tensors),
+             "_chunk_cat expects all input tensors with the same dtype")
+    _require(all(x.size for x in tensors), "_chunk_cat expects non-empty tensor")
+    dim = dim % tensors[0].ndim
+
+    def chunks(x):
+        size = x.shape[dim]
+        padding = [(0, 0)] * x.ndim
+        padding[dim] = (0, -size % num_chunks)
+        chunk = (size + padding[dim][1]) // num_chunks * math.prod(x.shape[dim + 1:])
+        return jnp.pad(x, padding).reshape(*x.shape[:dim], num_chunks, chunk)
+    return jnp.concatenate([chunks(x) for x in tensors], axis=dim + 1)
+
+
+# ----------------------------------------------------------------------------- image layouts
+@lower(aten.pixel_shuffle.default)
+def pixel_shuffle(x, upscale_factor):
+    """(*, C*r*r, H, W) -> (*, C, H*r, W*r)."""
+    r, lead = upscale_factor, x.shape[:-3]
+    channels, height, width = x.shape[-3:]
+    n = len(lead)
+    blocks = x.reshape(*lead, channels // (r * r), r, r, height, width)
+    return blocks.transpose(*range(n), n, n + 3, n + 1, n + 4, n + 2).reshape(
+        *lead, channels // (r * r), height * r, width * r)
+
+
+@lower(aten.pixel_unshuffle.default)
+def pixel_unshuffle(x, downscale_factor):
+    """(*, C, H*r, W*r) -> (*, C*r*r, H, W)."""
+    r, lead = downscale_factor, x.shape[:-3]
+    channels, height, width = x.shape[-3:]
+    n = len(lead)
+    blocks = x.reshape(*lead, channels, height // r, r, width // r, r)
+    return blocks.transpose(*range(n), n, n + 2, n + 4, n + 1, n + 3).reshape(
+        *lead, channels * r * r, height // r, width // r)
+
+
+@lower(aten.channel_shuffle.default)
+def channel_shuffle(x, groups):
+    """(N, g*k, *) -> (N, k*g, *): channel ``i*k + j`` moves to ``j*g + i``."""
+    batch, channels, *rest = x.shape
+    return jnp.swapaxes(x.reshape(batch, groups, channels // groups, *rest), 1, 2).reshape(x.shape)
+
+
+def _patch_grid(size, kernel, dilation, padding, stride) -> int:
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _patch_slices(blocks, kernel_size, dilation, stride):
+    """For each kernel tap (row-major), the strided window of the padded image it reads."""
+    for taps in itertools.product(*(range(k) for k in kernel_size)):
+        yield (Ellipsis,) + tuple(slice(t * d, t * d + s * (n - 1) + 1, s)
+                                  for t, d, s, n in zip(taps, dilation, stride, blocks))
+
+
+@lower(aten.im2col.default)
+def im2col(x, kernel_size, dilation, padding, stride):
+    """(N, C, H, W) -> (N, C*kh*kw, L): every sliding block's values as a column."""
+    blocks = [_patch_grid(n, *args) for n, args in
+              zip(x.shape[-2:], zip(kernel_size, dilation, padding, stride))]
+    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(p, p) for p in padding])
+    columns = jnp.stack([padded[key] for key in _patch_slices(blocks, kernel_size, dilation, stride)],
+                        axis=-3)
+    return columns.reshape(*x.shape[:-3], x.shape[-3] * math.prod(kernel_size), math.prod(blocks))
+
+
+@lower(aten.col2im.default)
+def col2im(x, output_size, kernel_size, dilation, padding, stride):
+    """The adjoint of im2col: each column's values added back where its block was read, tap by
+    tap in CPU's order and dtype (so overlapping sums round as CPU's do)."""
+    blocks = [_patch_grid(n, *args) for n, args in
+              zip(output_size, zip(kernel_size, dilation, padding, stride))]
+    lead = x.shape[:-2]
+    taps = math.prod(kernel_size)
+    columns = x.reshape(*lead, x.shape[-2] // taps, taps, *blocks)
+    image = jnp.zeros((*lead, columns.shape[-4], *(n + 2 * p for n, p in zip(output_size, padding))),
+                      x.dtype)
+    for tap, key in enumerate(_patch_slices(blocks, kernel_size, dilation, stride)):
+        image = image.at[key].add(columns[..., tap, :, :])
+    height, width = output_size
+    return image[..., padding[0]:padding[0] + height, padding[1]:padding[1] + width]
+
+
+# ----------------------------------------------------------------------------- unchecked indexing
+# What decompositions (upsampling, padding...) emit instead of index/index_put; tpu checks their
+# indices all the same.
+lower(aten._unsafe_index.Tensor, jit=False)(indexing.index)
+lower(aten._unsafe_index_put.default, jit=False)(indexing.index_put)
+
+
+def _clamped_key(x, indices) -> tuple:
+    """The indices clamped into range: masked-off positions may hold any index."""
+    return tuple(slice(None) if index is None else jnp.clip(index, -size, size - 1)
+                 for index, size in zip(indices, x.shape))
+
+
+@lower(aten._unsafe_masked_index.default)
+def unsafe_masked_index(x, mask, indices, fill):
+    """``where(mask, x[indices], fill)``, never reading ``x`` where ``mask`` is off."""
+    return jnp.where(mask, x[_clamped_key(x, indices)], jnp.asarray(fill, x.dtype))
+
+
+@lower(aten._unsafe_masked_index_put_accumulate.default)
+def unsafe_masked_index_put_accumulate(x, mask, indices, values):
+    """``x[indices] += values`` where ``mask`` is on."""
+    masked = jnp.where(mask, values, jnp.zeros((), values.dtype))
+    return indexing._at_reduce(x, _clamped_key(x, indices), masked, "sum")  # bool: "or"

@@ -93,6 +93,24 @@ def _gpt_step_cases() -> dict:
     return cases
 
 
+def _optimizer_step_cases() -> dict:
+    """One AdamW step over the GPT's 28 parameter tensors: tpu's three implementations (a
+    per-tensor loop, one ``_foreach_*`` call per phase, one ``_fused_adamw_``) and CPU's fused."""
+    config = GPTConfig(vocab_size=96, block_size=64, n_layer=2, n_head=4, n_embd=128)
+    cases = {}
+    for label, device, options in (("tpu", "tpu", {"fused": True}),
+                                   ("tpu foreach", "tpu", {"foreach": True}),
+                                   ("tpu loop", "tpu", {"foreach": False}),
+                                   ("torch cpu fused", "cpu", {"fused": True})):
+        torch.manual_seed(0)
+        params = list(GPT(config).to(device).parameters())
+        for p in params:
+            p.grad = torch.randn_like(p)
+        optimizer = torch.optim.AdamW(params, lr=1e-3, **options)
+        cases[label] = (optimizer.step, torch.tpu.synchronize if device == "tpu" else _no_sync)
+    return cases
+
+
 def _format(name: str, result: dict, reference: Optional[str]) -> str:
     cells = [f"{label} {seconds * 1e6:9.1f} µs" for label, seconds in result.items()]
     line = f"{name:18s} " + " | ".join(cells)
@@ -115,6 +133,7 @@ def main() -> None:
         ("matmul 512x512", _op_cases(torch.matmul, jnp.matmul, (512, 512), (512, 512)), 20),
         ("matmul 2048x2048", _op_cases(torch.matmul, jnp.matmul, (2048, 2048), (2048, 2048)), 2),
         ("GPT train step", _gpt_step_cases(), 3),
+        ("AdamW step, GPT", _optimizer_step_cases(), 5),
     ]
     for name, contenders, calls in cases:
         result = _compare(contenders, calls if not args.quick else max(1, calls // 4), rounds)

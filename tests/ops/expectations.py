@@ -150,9 +150,4 @@ XFAILS: dict[str, XFail] = {
         "the samples read storage outside the viewed tensor; .to() copies only the view's "
         "elements (as it does for CUDA), so that storage is not there",
         phases=("forward", "backward")),
-    "float_power": XFail("float_power of complex64 returns complex128, a dtype tpu does not have",
-                         dtypes=(torch.complex64,)),
 }
-
-#: OpInfos that fail even through the CPU fallback, with the reason (tests/ops/test_fallback.py).
-FALLBACK_XFAILS: dict[str, str] = {}

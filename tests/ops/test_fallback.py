@@ -14,7 +14,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch_tpu import _dispatch, config
 from torch_tpu._registry import LOWERINGS, qualified_name
 
-from .expectations import FALLBACK_XFAILS
 from .test_opinfo import (OPS, _call, _compare, _grads, _name, _random, _resolve_ties, _run_or_skip,
                           _to_tpu,
                           DTYPES, SIGN_FREE_OPS, TIE_BREAK_OPS)
@@ -77,8 +76,6 @@ def test_op_runs_through_cpu_fallback(op, monkeypatch):
         pytest.skip("no sample runs on CPU")
     if _lowered_on_cpu(op, sample, name):
         pytest.skip("runs natively: validated by test_opinfo.py")
-    if name in FALLBACK_XFAILS:
-        pytest.xfail(FALLBACK_XFAILS[name])
     monkeypatch.setattr(config, "cpu_fallback", True)
     counts = _dispatch.cpu_fallback_counts
     before = counts.copy()

@@ -254,7 +254,9 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         try:
             return lowered(*values, **extra)
         except (IndexError, UnsupportedDtypeError):
-            raise  # lowerings raise PyTorch's own IndexErrors (bounds, mask shapes)
+            # already the right error: PyTorch's IndexErrors (bounds, mask shapes), or a result
+            # dtype tpu does not have, which must keep its clear TypeError
+            raise
         except (TypeError, ValueError) as e:
             raise _translate(op, e, args, kwargs) from e
 

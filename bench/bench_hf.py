@@ -1,9 +1,12 @@
 """A Hugging Face Llama on tpu next to PyTorch CPU: greedy generation and a training step.
 
 Both devices run the same small random Llama (its config is printed with the results). Each case
-is first timed once "cold" (the first call of that shape in the process: on tpu that includes
-compiling every op it meets), then "warm" as the median of interleaved rounds, with the timing
-helpers of ``bench_ops.py``. Ratios are tpu time / CPU time (below 1: tpu is faster). Usage::
+is first timed once "cold" (its first call: on tpu that includes compiling every op shape not
+yet met in the process, so a case reuses what the cases above it compiled), then "warm" as the
+median of interleaved rounds, with the timing helpers of ``bench_ops.py``. Ratios are tpu time /
+CPU time (below 1: tpu is faster). PyTorch CPU is very sensitive to other load on the machine
+(its thread pool waits for descheduled threads), so check the load average printed first.
+Usage::
 
     python bench/bench_hf.py               # default sizes
     python bench/bench_hf.py --quick       # fewer rounds, batch 1 only (smoke run)
@@ -22,7 +25,7 @@ import jax
 import torch
 
 import torch_tpu  # noqa: F401  (registers the tpu device)
-from bench_ops import _compare, _no_sync
+from bench_ops import compare, no_sync
 from torch_tpu.testing import hf_zoo
 
 #: Larger than the test zoo's default Llama (hidden 32, vocab 128) so the work per op is not
@@ -34,7 +37,7 @@ PROMPT_LENGTH, NEW_TOKENS = 16, 32
 TRAIN_BATCH, TRAIN_LENGTH = 8, 64
 
 Contenders = dict[str, tuple[Callable[[], object], Callable[[], None]]]
-DEVICES = {"tpu": ("tpu", torch.tpu.synchronize), "cpu": ("cpu", _no_sync)}
+DEVICES = {"tpu": ("tpu", torch.tpu.synchronize), "cpu": ("cpu", no_sync)}
 
 
 @dataclasses.dataclass
@@ -58,12 +61,20 @@ def _measure(name: str, tokens: int, contenders: Contenders, rounds: int) -> Res
         fn()
         sync()
         cold[label] = time.perf_counter() - start
-    warm = _compare(contenders, calls=1, rounds=rounds)
+    warm = compare(contenders, calls=1, rounds=rounds)
     return Result(name, tokens, cold, warm)
 
 
-def _generation_cases(model: torch.nn.Module, batch: int) -> Contenders:
-    """Greedy decoding of exactly NEW_TOKENS tokens after a PROMPT_LENGTH-token prompt."""
+def _generation_cases(model: torch.nn.Module, batch: int, static_cache: bool = False
+                      ) -> Contenders:
+    """Greedy decoding of exactly NEW_TOKENS tokens after a PROMPT_LENGTH-token prompt.
+
+    The default dynamic KV cache grows by one position per token, so every decoding step has new
+    shapes (on tpu: new compilations on the cold run). A static cache keeps them fixed.
+    ``disable_compile``: with a static cache on tpu, transformers would otherwise wrap the
+    forward in ``torch.compile(backend="tpu")``, a TorchDynamo backend torch_tpu does not
+    register (yet); both devices run eagerly here."""
+    options = dict(cache_implementation="static", disable_compile=True) if static_cache else {}
     generator = torch.Generator().manual_seed(batch)
     prompt = torch.randint(3, LLAMA["vocab_size"], (batch, PROMPT_LENGTH), generator=generator)
     cases = {}
@@ -74,7 +85,7 @@ def _generation_cases(model: torch.nn.Module, batch: int) -> Contenders:
         def generate(replica=replica, ids=ids):
             return replica.generate(ids, attention_mask=torch.ones_like(ids),
                                     max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                    do_sample=False, num_beams=1)
+                                    do_sample=False, num_beams=1, **options)
 
         cases[label] = (generate, sync)
     return cases
@@ -106,12 +117,12 @@ def _throughput(result: Result, timing: dict[str, float], label: str) -> str:
 
 
 def text_table(results: list[Result]) -> str:
-    header = (f"{'case':28s} {'tpu cold':>10s} {'cpu cold':>10s} {'cold ratio':>10s}  "
+    header = (f"{'case':42s} {'tpu cold':>10s} {'cpu cold':>10s} {'cold ratio':>10s}  "
               f"{'tpu warm':>10s} {'cpu warm':>10s} {'warm ratio':>10s}  "
               f"{'tpu tok/s':>10s} {'cpu tok/s':>10s}")
     lines = [header, "-" * len(header)]
     for r in results:
-        lines.append(f"{r.name:28s} {r.cold['tpu']:9.3f}s {r.cold['cpu']:9.3f}s "
+        lines.append(f"{r.name:42s} {r.cold['tpu']:9.3f}s {r.cold['cpu']:9.3f}s "
                      f"{r.ratio(r.cold):9.2f}x  {r.warm['tpu']:9.3f}s {r.warm['cpu']:9.3f}s "
                      f"{r.ratio(r.warm):9.2f}x  {_throughput(r, r.warm, 'tpu'):>10s} "
                      f"{_throughput(r, r.warm, 'cpu'):>10s}")
@@ -146,12 +157,15 @@ def main(argv: Optional[list[str]] = None) -> None:
           ", ".join(f"{k}={v}" for k, v in LLAMA.items()))
     print(f"generation: greedy, {NEW_TOKENS} new tokens after a {PROMPT_LENGTH}-token prompt; "
           f"training: batch {TRAIN_BATCH} x {TRAIN_LENGTH} tokens, AdamW; warm = median of "
-          f"{rounds} rounds; ratio = tpu time / CPU time\n", flush=True)
+          f"{rounds} rounds; cold = first call (cases run top to bottom, sharing compiled "
+          f"kernels); ratio = tpu time / CPU time\n", flush=True)
 
     results = []
     for batch in batches:
         results.append(_measure(f"generate {NEW_TOKENS} tok, batch {batch}", batch * NEW_TOKENS,
                                 _generation_cases(model, batch), rounds))
+    results.append(_measure(f"generate {NEW_TOKENS} tok, batch 1, static cache", NEW_TOKENS,
+                            _generation_cases(model, 1, static_cache=True), rounds))
     results.append(_measure("train step (fwd+bwd+AdamW)", TRAIN_BATCH * TRAIN_LENGTH,
                             _train_step_cases(model), rounds))
     print(markdown_table(results) if args.markdown else text_table(results))

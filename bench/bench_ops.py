@@ -31,7 +31,7 @@ def _time_per_call(fn: Callable[[], object], sync: Callable[[], None], calls: in
     return (time.perf_counter() - start) / calls
 
 
-def _compare(contenders: dict[str, tuple[Callable, Callable]], calls: int, rounds: int) -> dict:
+def compare(contenders: dict[str, tuple[Callable, Callable]], calls: int, rounds: int) -> dict:
     """Median seconds per call of each contender, measured in interleaved rounds."""
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(rounds):
@@ -40,7 +40,7 @@ def _compare(contenders: dict[str, tuple[Callable, Callable]], calls: int, round
     return {name: statistics.median(times) for name, times in samples.items()}
 
 
-def _no_sync() -> None:
+def no_sync() -> None:
     pass
 
 
@@ -66,7 +66,7 @@ def _op_cases(torch_op: Callable, jax_op: Callable, *shapes) -> dict:
 
     return {
         "tpu": (run_tpu, torch.tpu.synchronize),
-        "torch cpu": (lambda: torch_op(*cpu_args), _no_sync),
+        "torch cpu": (lambda: torch_op(*cpu_args), no_sync),
         "jnp eager": (run_jnp, sync_jax),
         "jax.jit": (run_jit, sync_jax),
     }
@@ -89,7 +89,7 @@ def _gpt_step_cases() -> dict:
             optimizer.step()
             return loss
 
-        cases[label] = (step, torch.tpu.synchronize if device == "tpu" else _no_sync)
+        cases[label] = (step, torch.tpu.synchronize if device == "tpu" else no_sync)
     return cases
 
 
@@ -107,7 +107,7 @@ def _optimizer_step_cases() -> dict:
         for p in params:
             p.grad = torch.randn_like(p)
         optimizer = torch.optim.AdamW(params, lr=1e-3, **options)
-        cases[label] = (optimizer.step, torch.tpu.synchronize if device == "tpu" else _no_sync)
+        cases[label] = (optimizer.step, torch.tpu.synchronize if device == "tpu" else no_sync)
     return cases
 
 
@@ -136,7 +136,7 @@ def main() -> None:
         ("AdamW step, GPT", _optimizer_step_cases(), 5),
     ]
     for name, contenders, calls in cases:
-        result = _compare(contenders, calls if not args.quick else max(1, calls // 4), rounds)
+        result = compare(contenders, calls if not args.quick else max(1, calls // 4), rounds)
         print(_format(name, result, reference="tpu"))
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.resources
 
-import torch
 import transformers
 
 import torch_tpu  # noqa: F401  (registers the tpu device)
@@ -24,6 +23,7 @@ def minilm_dir() -> str:
 
 
 def minilm_tokenizer() -> transformers.PreTrainedTokenizerBase:
+    """MiniLM's uncased WordPiece tokenizer (BERT's 30,522-token vocabulary)."""
     return transformers.AutoTokenizer.from_pretrained(minilm_dir())
 
 

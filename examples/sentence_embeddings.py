@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import torch
 import transformers
 
-from _common import minilm_dir, report
+from _common import minilm_dir, minilm_tokenizer, report
 
 SENTENCES = [
     "Once upon a time, there was a little turtle named Moss.",
@@ -64,7 +64,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="only the plain transformers part")
     args = parser.parse_args(argv)
     path = minilm_dir()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    tokenizer = minilm_tokenizer()
     batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
     tpu_model = transformers.AutoModel.from_pretrained(path).to("tpu").eval()
     cpu_model = transformers.AutoModel.from_pretrained(path).eval()

@@ -14,11 +14,12 @@ import torch_tpu  # noqa: F401  (registers the tpu device)
 @pytest.fixture
 def run_python(tmp_path):
     """``run_python(code, **env)``: run ``code`` in a new Python process with ``env`` added to
-    the environment (cwd ``tmp_path``); returns its stdout, failing the test if it fails."""
-    def run(code: str, **env: str) -> str:
+    the environment (cwd ``tmp_path``); returns its stdout (and its stderr too, as a pair, with
+    ``capture_stderr=True``), failing the test if it fails."""
+    def run(code: str, *, capture_stderr: bool = False, **env: str):
         done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path,
                               env={**os.environ, **env}, capture_output=True, text=True,
                               timeout=300)
         assert done.returncode == 0, f"subprocess failed:\n{done.stdout}\n{done.stderr}"
-        return done.stdout
+        return (done.stdout, done.stderr) if capture_stderr else done.stdout
     return run

@@ -16,16 +16,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import torch_tpu  # noqa: F401
+import torch_tpu
 from torch_tpu.demo import Batch, CharCorpus, batches as text_batches
 from torch_tpu.models import GPT, MLP, GPTConfig, SmallCNN
 
 #: Per-step losses must agree this closely (relative).
+@pytest.fixture(autouse=True, params=["strict", "fused"])
+def eager_mode(request):
+    """Every test here runs in strict and in fused eager (ops deferred into graphs)."""
+    with torch_tpu.eager_mode(request.param):
+        yield
+
+
 LOSS_RTOL = 1e-4
 #: Weights after training. Adam divides by the gradient's running RMS, so an element whose gradient
 #: is pure rounding noise (a key bias, say: softmax ignores it) moves by up to ``lr`` per step in a
 #: direction set by that noise; the absolute tolerance is a small fraction of one such step.
 STATE_TOLERANCE = dict(rtol=1e-4, atol=1e-4)
+#: Fused eager lets XLA fuse across ops, which rounds differently from CPU's op-by-op kernels
+#: (each step's gradients are as close to CPU as strict eager's, ~1e-6 relative). Over 20 steps
+#: that noise can push a ReLU or max-pool input across its threshold, which changes one step's
+#: gradient for the weights behind it: seen once in the CNN, 3.4e-4 on one weight element and
+#: 1.3e-4 relative on the eval loss.
+STATE_TOLERANCE_FUSED = dict(rtol=1e-4, atol=5e-4)
+EVAL_RTOL_FUSED = 5e-4
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -123,9 +137,11 @@ def assert_same_training(case_name: str, steps: int, make_optimizer: Callable, *
     assert cpu.losses[-3:].mean() < cpu.losses[:3].mean(), "the reference run did not learn"
     torch.testing.assert_close(tpu.losses, cpu.losses, rtol=LOSS_RTOL, atol=0)
     assert tpu.state.keys() == cpu.state.keys()
+    tolerance = STATE_TOLERANCE_FUSED if torch_tpu.get_eager_mode() == "fused" else STATE_TOLERANCE
     for name, value in cpu.state.items():
-        torch.testing.assert_close(tpu.state[name], value, **STATE_TOLERANCE, msg=lambda m: f"{name}: {m}")
-    torch.testing.assert_close(tpu.eval_output, cpu.eval_output, rtol=LOSS_RTOL, atol=0)
+        torch.testing.assert_close(tpu.state[name], value, **tolerance, msg=lambda m: f"{name}: {m}")
+    eval_rtol = EVAL_RTOL_FUSED if torch_tpu.get_eager_mode() == "fused" else LOSS_RTOL
+    torch.testing.assert_close(tpu.eval_output, cpu.eval_output, rtol=eval_rtol, atol=0)
     if cpu.grad_norms:
         torch.testing.assert_close(torch.stack(tpu.grad_norms), torch.stack(cpu.grad_norms),
                                    rtol=LOSS_RTOL, atol=0)

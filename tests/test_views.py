@@ -12,8 +12,16 @@ import re
 import jax
 import pytest
 import torch
+import torch_tpu
 
 from torch_tpu import _buffer
+
+@pytest.fixture(autouse=True, params=["strict", "fused"])
+def eager_mode(request):
+    """Every test here runs in strict and in fused eager (ops deferred into graphs)."""
+    with torch_tpu.eager_mode(request.param):
+        yield
+
 
 TPU = torch.device("tpu")
 
@@ -322,6 +330,7 @@ def test_empty_does_not_allocate_until_used():
     small = torch.empty(1 << 20, device=TPU)
     assert isinstance(_buffer.get(small.untyped_storage()), _buffer.Uninitialized)
     small[:3] = torch.tensor([1.0, 2.0, 3.0])  # the first write materializes the whole buffer
+    torch_tpu.sync()  # (in fused eager the write is still pending)
     value = _buffer.get(small.untyped_storage())
     assert isinstance(value, jax.Array) and value.nbytes == 4 << 20
     assert small[:4].tolist()[:3] == [1.0, 2.0, 3.0]

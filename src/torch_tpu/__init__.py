@@ -23,7 +23,8 @@ from . import _runtime  # noqa: F401  (configures JAX before anything else touch
 from . import device as _device_module
 
 __version__ = "0.1.0"
-__all__ = ["sync", "cpu_fallback_counts", "to_jax", "from_jax", "lowered_ops"]
+__all__ = ["sync", "cpu_fallback_counts", "to_jax", "from_jax", "lowered_ops", "EagerMode",
+           "eager_mode", "get_eager_mode", "set_eager_mode"]
 
 _lock = threading.Lock()
 _initialized = False
@@ -65,10 +66,15 @@ def _register_device() -> None:
         _transfer.install()
         _accelerate.install()
         _autocast.install()
+        from . import execution
+
+        execution.install()
         _initialized = True
 
 
 _register_device()
+
+from .execution import EagerMode, eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
 
 
 def sync() -> None:
@@ -89,11 +95,12 @@ def lowered_ops() -> list[str]:
 
 
 def to_jax(tensor: torch.Tensor):
-    """The ``jax.Array`` value of a tpu tensor (no copy)."""
+    """The ``jax.Array`` value of a tpu tensor (no copy; in fused eager, runs pending work)."""
+    from ._graph import materialize
     from ._tensor import is_tpu, read
     if not is_tpu(tensor):
         raise ValueError(f"to_jax expects a tpu tensor, got a tensor on {tensor.device}")
-    return read(tensor)
+    return materialize(read(tensor))
 
 
 def from_jax(array) -> torch.Tensor:

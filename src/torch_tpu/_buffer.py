@@ -5,9 +5,10 @@ Python attribute of its ``UntypedStorage`` object (PyTorch keeps that object ali
 as the StorageImpl, so the JAX buffer is freed with the last tensor that uses it).
 
 The value is a ``jax.Array`` holding the storage's elements (natural shape of whoever wrote it last,
-any dtype: readers reinterpret bytes as needed), or :class:`Uninitialized` for ``torch.empty``,
-which must not allocate and zero-fill a buffer that is about to be overwritten. Nothing outside
-this module and ``_tensor`` should assume which; fused eager and sharding will add kinds.
+any dtype: readers reinterpret bytes as needed), :class:`Uninitialized` for ``torch.empty``,
+which must not allocate and zero-fill a buffer that is about to be overwritten, or in fused eager
+a :class:`~torch_tpu._graph.Deferred` value that its graph has not computed yet. Nothing outside
+this module and ``_tensor`` should assume which.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from typing import Union
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ._graph import Deferred
 
 _ATTR = "_tpu_value"
 
@@ -37,16 +40,21 @@ class Uninitialized:
         return jnp.zeros((self.size,), self.dtype)
 
 
-Value = Union[jax.Array, Uninitialized]
+Value = Union[jax.Array, Uninitialized, Deferred]
 
 
 def get(storage) -> Value:
-    return getattr(storage, _ATTR)
-
-
-def get_array(storage) -> jax.Array:
-    """The storage value as an array (an uninitialized storage becomes zeros, like fresh HBM)."""
     value = getattr(storage, _ATTR)
+    if type(value) is Deferred and value.value is not None:  # its graph has run
+        value = value.value
+        setattr(storage, _ATTR, value)
+    return value
+
+
+def get_array(storage) -> jax.Array | Deferred:
+    """The storage value as an array (an uninitialized storage becomes zeros, like fresh HBM);
+    in fused eager, possibly a :class:`Deferred` one."""
+    value = get(storage)
     if type(value) is Uninitialized:
         value = value.materialize()
         setattr(storage, _ATTR, value)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import jax
 import torch
 
-from . import _random, _tensor, _transfer, config
+from . import _graph, _random, _tensor, _transfer, config
 from ._dtypes import JAX_TO_TORCH, TORCH_TO_JAX, UnsupportedDtypeError, to_jax, type_name
 from ._registry import LOWERINGS, Lowering, Types, qualified_name
 
@@ -222,6 +222,8 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         promote_pos = [binder.names.index(n) for n in names]
     random = entry.random
     check = entry.check
+    jitted = entry.jit
+    name = str(op)
     convert_by_kind = {
         _TENSOR: _to_jax_arg,
         _TENSOR_LIST: lambda xs: [_to_jax_arg(x) for x in xs],
@@ -249,9 +251,18 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             extra["key"] = _random.next_key()
         for i, convert in converters:
             values[i] = convert(values[i])
+        deferred = _graph._fused and jitted
+        if _graph._fused and not jitted and any(map(_graph.is_pending, values)):
+            # the output's shape depends on the data: a sync point
+            _graph.flush(f"{name}'s output shape depends on data")
+            values = [_graph.resolved(v) for v in values]
         if check is not None:
+            if deferred:  # shape checks run now; value checks run with the graph (when_ready)
+                _graph.current_op = name
             check(*values)
         try:
+            if deferred:
+                return _graph.call(lowered, values, extra, name=name)
             return lowered(*values, **extra)
         except (IndexError, UnsupportedDtypeError):
             # already the right error: PyTorch's IndexErrors (bounds, mask shapes), or a result

@@ -16,6 +16,14 @@ if config.platform:
     jax.config.update("jax_platforms", _PLATFORM_ALIASES[config.platform])
 
 
+if config.cache_dir:
+    # Every compiled executable (strict eager's per-op ones, fused graphs, later compiled
+    # models) persists, so a second process skips XLA compilation for what it has seen before.
+    jax.config.update("jax_compilation_cache_dir", config.cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", config.cache_min_compile_seconds)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 @functools.lru_cache(maxsize=None)
 def device() -> jax.Device:
     """The JAX device that backs ``tpu:0`` (TPU if present, else GPU, else CPU)."""

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import _buffer
+from . import _buffer, _graph
 from ._dtypes import JAX_TO_TORCH, to_jax, unsupported
 
 _create = torch._C._acc.create_empty_tensor
@@ -88,6 +88,7 @@ def _bit_carrier(dtype: np.dtype) -> np.dtype:
 @functools.partial(jax.jit, static_argnums=(1,))
 def _reinterpret(flat: jax.Array, dtype: np.dtype) -> jax.Array:
     """Flat array with the same bytes as ``flat``, seen as ``dtype`` (``x.view(dtype)``)."""
+    flat = flat.reshape(-1)
     if flat.dtype == jnp.bool_:
         flat = flat.astype(jnp.uint8)
     elif jnp.issubdtype(flat.dtype, jnp.complexfloating):
@@ -113,7 +114,7 @@ def _storage_array(storage, dtype: np.dtype) -> jax.Array:
     if value.dtype != dtype:
         if (value.size * value.dtype.itemsize) % dtype.itemsize:
             raise RuntimeError("tpu: storage size is not a multiple of the viewed dtype's size")
-        value = _reinterpret(value.reshape(-1), dtype)
+        value = _graph.apply(_reinterpret, value, dtype)
         _buffer.put(storage, value)  # the next reader most likely uses the same dtype
     return value
 
@@ -159,7 +160,7 @@ def read(t: torch.Tensor) -> jax.Array:
     shape = t.shape
     if buf.shape == shape and t.storage_offset() == 0 and t.is_contiguous():
         return buf
-    return _strided_read(buf, tuple(shape), t.stride(), t.storage_offset())
+    return _graph.apply(_strided_read, buf, tuple(shape), t.stride(), t.storage_offset())
 
 
 def read_resolved(t: torch.Tensor) -> jax.Array:
@@ -200,16 +201,17 @@ def write(t: torch.Tensor, value) -> None:
     storage = t.untyped_storage()
     dtype = to_jax(t.dtype)
     shape = tuple(t.shape)
-    if not isinstance(value, jax.Array):
+    if not isinstance(value, (jax.Array, _graph.Deferred)):
         value = jnp.asarray(value)
     current = _buffer.get(storage)
     whole = (t.storage_offset() == 0 and t.is_contiguous()
              and t.numel() * dtype.itemsize == _buffer.nbytes(current))
     if whole:
         if value.shape != shape or value.dtype != dtype:
-            value = _fill(value, shape, dtype)
+            value = _graph.apply(_fill, value, shape, dtype)
         _buffer.put(storage, value)
         return
     _check_no_internal_overlap(t)
     buf = _storage_array(storage, dtype)
-    _buffer.put(storage, _strided_write(buf, value, shape, t.stride(), t.storage_offset()))
+    _buffer.put(storage, _graph.apply(_strided_write, buf, value, shape, t.stride(),
+                                      t.storage_offset()))

@@ -10,6 +10,18 @@ def _flag(name: str) -> bool:
 
 #: ``TPU_LAUNCH_BLOCKING=1``: debug eager, block after every op so errors surface where they happen.
 launch_blocking: bool = _flag("TPU_LAUNCH_BLOCKING")
+#: ``TORCH_TPU_DEFER_AND_FUSE=1``: start in fused eager (ops recorded, compiled and run as graphs).
+defer_and_fuse: bool = _flag("TORCH_TPU_DEFER_AND_FUSE")
+#: ``TORCH_TPU_CACHE_DIR``: where compiled XLA executables persist across processes (default
+#: ``$XDG_CACHE_HOME/torch_tpu``, i.e. ``~/.cache/torch_tpu``); empty or ``0`` turns it off.
+cache_dir: str | None = os.environ.get(
+    "TORCH_TPU_CACHE_DIR",
+    os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch_tpu"))
+if cache_dir in ("", "0"):
+    cache_dir = None
+#: ``TORCH_TPU_CACHE_MIN_COMPILE_SECONDS``: only executables that took at least this long to
+#: compile are written to the persistent cache.
+cache_min_compile_seconds: float = float(os.environ.get("TORCH_TPU_CACHE_MIN_COMPILE_SECONDS", "0"))
 #: ``TORCH_TPU_CPU_FALLBACK=1``: run ops with no tpu lowering on CPU (slow, counted, reported).
 cpu_fallback: bool = _flag("TORCH_TPU_CPU_FALLBACK")
 #: ``TORCH_TPU_PLATFORM=cpu|gpu|tpu``: force the XLA platform instead of the best available one.

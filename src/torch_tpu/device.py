@@ -21,7 +21,7 @@ from typing import Any, Optional, Union
 import jax
 import torch
 
-from . import _random, _runtime
+from . import _graph, _random, _runtime
 
 __all__ = [
     "is_available", "is_initialized", "device_count", "current_device", "set_device", "device",
@@ -31,7 +31,7 @@ __all__ = [
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "memory_stats", "reset_peak_memory_stats", "empty_cache", "get_amp_supported_dtype",
     "is_bf16_supported", "Stream", "Event", "current_stream", "default_stream", "set_stream",
-    "stream",
+    "stream", "compilation_cache_stats", "reset_compilation_cache_stats",
 ]
 
 _DeviceLike = Union[int, str, torch.device, None]
@@ -95,11 +95,26 @@ class device(contextlib.ContextDecorator):
 
 
 def synchronize(device: _DeviceLike = None) -> None:
-    """Wait until all queued work whose results are still held has finished."""
+    """Wait until all queued work whose results are still held has finished (in fused eager,
+    pending recorded ops run first)."""
     set_device(device)
+    _graph.flush("synchronize()")
     jax.effects_barrier()
     for array in jax.live_arrays():
         array.block_until_ready()
+
+
+def compilation_cache_stats() -> dict:
+    """Compilation cache counters. For fused-eager graphs: ``requests``, ``hits``, ``misses``,
+    ``compile_seconds`` (spent on misses), ``graphs_run``, ``ops_run``, ``cached_graphs``,
+    ``sync_reasons`` (why graphs ran). ``disk_hits``: executables of any mode that XLA did not
+    have to compile because the persistent cache (``TORCH_TPU_CACHE_DIR``) had them."""
+    return _graph.stats.as_dict()
+
+
+def reset_compilation_cache_stats() -> None:
+    """Zero the counters of :func:`compilation_cache_stats` (compiled graphs stay cached)."""
+    _graph.stats.reset()
 
 
 # ----------------------------------------------------------------------------- RNG

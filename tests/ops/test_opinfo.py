@@ -13,7 +13,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_map
 
-import torch_tpu  # noqa: F401
+import torch_tpu
 
 from .expectations import (CPU_ARGUMENT_OPS, RANDOM_OPS, RANDOM_SAMPLES, SIGN_FREE_OPS,
                            TIE_BREAK_OPS, TOLERANCES, XFAILS)
@@ -57,9 +57,9 @@ def _host_copy(x):
     return x.cpu() if isinstance(x, torch.Tensor) else x
 
 
-def _samples(op, dtype, requires_grad=False):
+def _samples(op, dtype, requires_grad=False, count=None):
     samples = op.sample_inputs("cpu", dtype, requires_grad=requires_grad)
-    count = SAMPLES_PER_OP.get(dtype, OTHER_DTYPE_SAMPLES)
+    count = count or SAMPLES_PER_OP.get(dtype, OTHER_DTYPE_SAMPLES)
     return [s for _, s in zip(range(count), samples)]
 
 
@@ -163,6 +163,15 @@ def test_forward(op, dtype):
     _with_expectations(_name(op), dtype, lambda: _check_forward(op, dtype))
 
 
+@pytest.mark.parametrize("op", [op for op, dtype in _cases() if dtype == torch.float32])
+def test_forward_fused(op):
+    """Every op once more in fused eager (recorded into a graph, run at the comparison's host
+    read), float32, first sample and its in-place variant."""
+    with torch_tpu.eager_mode("fused"):
+        _with_expectations(_name(op), torch.float32,
+                           lambda: _check_forward(op, torch.float32, samples=1))
+
+
 def _check_inplace(op, sample, name, dtype, random) -> bool:
     """Compare the in-place variant on this sample; False if CPU rejects it (e.g. broadcasting)."""
     inplace = op.inplace_variant
@@ -177,11 +186,11 @@ def _check_inplace(op, sample, name, dtype, random) -> bool:
     return True
 
 
-def _check_forward(op, dtype):
+def _check_forward(op, dtype, samples=None):
     name = _name(op)
     ran = 0
     inplace_checked = False
-    for sample in _samples(op, dtype):
+    for sample in _samples(op, dtype, count=samples):
         try:
             expected, _ = _call(op, sample, lambda x: x)
         except Exception:  # noqa: BLE001  (a sample CPU rejects says nothing about tpu)

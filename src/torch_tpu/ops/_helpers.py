@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import torch
 import numpy as np
 
+from .. import _graph
 from .._dtypes import to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
 from .._registry import Promote, lower
 
@@ -67,12 +68,16 @@ def check_bounds(checks: Sequence[tuple[jax.Array, int, bool]],
 
     ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync.
     Skipped under a trace, where indices have no values yet.
+    In fused eager the check runs with the graph and reports at the next sync point.
     """
     pending = [(position, index, size, negative_ok)
                for position, (index, size, negative_ok) in enumerate(checks)
                if index.size and not isinstance(index, jax.core.Tracer)]
-    results = jax.device_get([_first_out_of_bounds(index, -size if negative_ok else 0, size)
-                              for _, index, size, negative_ok in pending])
-    for (position, _, size, _), (any_bad, value) in zip(pending, results):
-        if any_bad:
-            raise error(position, int(value), size)
+    results = [_graph.apply(_first_out_of_bounds, index, -size if negative_ok else 0, size)
+               for _, index, size, negative_ok in pending]
+
+    def report(results) -> None:
+        for (position, _, size, _), (any_bad, value) in zip(pending, results):
+            if any_bad:
+                raise error(position, int(value), size)
+    _graph.when_ready(results, report)

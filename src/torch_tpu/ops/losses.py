@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from .. import _graph
 from .._registry import lower, runtime
 from ._helpers import check_bounds
 from ._nn_helpers import REDUCTIONS, compute_dtype, vjp
@@ -52,9 +53,14 @@ def _nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_w
     return picked * jnp.expand_dims(values, class_axis)
 
 
+@jax.jit
+def _ignored_as_zero(target, ignore_index):
+    return jnp.where(target == ignore_index, 0, target)
+
+
 def _check_targets(x, target, weight, reduction, ignore_index, *_):
     classes = x.shape[0 if x.ndim == 1 else 1]
-    check_bounds([(jnp.where(target == ignore_index, 0, target), classes, False)],
+    check_bounds([(_graph.apply(_ignored_as_zero, target, ignore_index), classes, False)],
                  lambda _, value, size: IndexError(f"Target {value} is out of bounds."))
 
 

@@ -1,0 +1,234 @@
+"""Fused eager: modes, deferral and sync points, views under deferral, the compilation cache,
+errors, explanations and memory."""
+from __future__ import annotations
+
+import copy
+
+import jax
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+from torch_tpu import execution
+from torch_tpu.models import GPT, GPTConfig
+
+
+@pytest.fixture
+def fused():
+    with torch_tpu.eager_mode("fused"):
+        yield
+    assert execution.pending_ops() == 0
+
+
+# ----------------------------------------------------------------------------- modes
+def test_default_mode_is_strict_and_switching_is_scoped():
+    assert torch_tpu.get_eager_mode() == torch_tpu.EagerMode.STRICT
+    with torch_tpu.eager_mode("fused"):
+        assert torch_tpu.get_eager_mode() == "fused"
+        with torch_tpu.eager_mode("debug"):
+            assert torch_tpu.get_eager_mode() == "debug"
+        assert torch_tpu.get_eager_mode() == "fused"
+    assert torch_tpu.get_eager_mode() == "strict"
+    assert torch_tpu.EagerMode("fused") is torch_tpu.EagerMode.DEFER_AND_FUSE  # upstream name
+    with pytest.raises(ValueError, match="unknown eager mode 'lazy'"):
+        torch_tpu.set_eager_mode("lazy")
+
+
+@pytest.mark.parametrize("env, mode", [({"TORCH_TPU_DEFER_AND_FUSE": "1"}, "fused"),
+                                       ({"TPU_LAUNCH_BLOCKING": "1"}, "debug")])
+def test_environment_picks_the_starting_mode(run_python, env, mode):
+    out = run_python("""
+        import torch, torch_tpu
+        x = torch.arange(4.0, device="tpu") * 3
+        print(torch_tpu.get_eager_mode().value, x.sum().item())
+    """, **env)
+    assert out.split() == [mode, "18.0"]
+
+
+def test_switching_modes_runs_pending_work():
+    with torch_tpu.eager_mode("fused"):
+        x = torch.ones(4, device="tpu") * 5
+        assert execution.pending_ops() > 0
+    assert execution.pending_ops() == 0
+    assert execution.last_sync_reason() == "sync"
+    assert x.sum().item() == 20.0
+
+
+# ----------------------------------------------------------------------------- deferral
+SYNC_POINTS = {
+    "item": lambda x: x.sum().item(),
+    "cpu": lambda x: x.cpu(),
+    "tolist": lambda x: x.tolist(),
+    "repr": lambda x: repr(x),
+    "nonzero": lambda x: x.nonzero(),
+    "sync": lambda x: torch_tpu.sync(),
+    "synchronize": lambda x: torch.tpu.synchronize(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SYNC_POINTS))
+def test_sync_points_run_the_graph(fused, name):
+    x = torch.arange(6.0, device="tpu").reshape(2, 3) * 2 - 1
+    assert execution.pending_ops() > 0
+    SYNC_POINTS[name](x)
+    assert execution.pending_ops() == 0
+    torch.testing.assert_close(x.cpu(), torch.arange(6.0).reshape(2, 3) * 2 - 1)
+
+
+def test_backward_and_optimizer_step_end_their_graphs(fused):
+    layer = torch.nn.Linear(4, 2).to("tpu")
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    layer(torch.ones(3, 4, device="tpu")).sum().backward()
+    assert execution.pending_ops() == 0 and execution.last_sync_reason() == "end of backward()"
+    optimizer.step()
+    assert execution.pending_ops() == 0
+    assert execution.last_sync_reason() == "end of optimizer.step()"
+
+
+def test_views_and_in_place_writes_stay_correct_while_deferred(fused):
+    def program(device):
+        base = torch.arange(12.0, device=device).reshape(3, 4)
+        view = base[:, 1:3]                 # a strided view of a deferred value
+        view.mul_(10)                       # writes through to base
+        base.t()[0].add_(100)               # and through a transposed view
+        alias = base.view(-1)[::5]
+        alias.zero_()
+        flat = base.flatten().clone()
+        flat[2:4] = torch.tensor([-1.0, -2.0], device=device)
+        as_int = base.view(torch.int32)     # reinterpreted bits of a deferred buffer
+        return base, view, flat, as_int.bitwise_and(0xFFFF)
+
+    for actual, expected in zip(program("tpu"), program("cpu")):
+        torch.testing.assert_close(actual.cpu(), expected)
+
+
+def test_graph_is_bounded_without_sync_points(fused, monkeypatch):
+    monkeypatch.setattr(torch_tpu._graph, "max_nodes", 50)
+    x = torch.zeros(8, device="tpu")
+    for _ in range(200):
+        x = x + 1
+        assert execution.pending_ops() <= 50
+    assert x.sum().item() == 1600.0
+
+
+def test_stablehlo_of_the_pending_graph(fused):
+    x = torch.ones(3, device="tpu")
+    y = torch.sin(x) * 2
+    text = execution.pending_stablehlo()
+    assert "stablehlo.sine" in text and "func.func" in text
+    assert execution.pending_ops() > 0  # dumping does not run it
+    assert y.sum().item() == pytest.approx(3 * 2 * 0.8414709848)
+
+
+# ----------------------------------------------------------------------------- cache
+def _train(model, steps, lr_schedule=None):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    inputs = torch.randint(0, 16, (4, 8), generator=torch.Generator().manual_seed(0))
+    inputs, targets = inputs.to("tpu"), inputs.roll(1, 1).to("tpu")
+    losses = []
+    for step in range(steps):
+        if lr_schedule:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_schedule(step)
+        _, loss = model(inputs, targets=targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return [l.item() for l in losses]
+
+
+def _tiny_gpt():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16))
+
+
+def test_training_matches_strict_and_steady_state_compiles_nothing():
+    model = _tiny_gpt()
+    strict = _train(copy.deepcopy(model).to("tpu"), 4, lambda s: 1e-3 * (s + 1))
+    with torch_tpu.eager_mode("fused"):
+        fused_model = copy.deepcopy(model).to("tpu")
+        _train(fused_model, 3, lambda s: 1e-3 * (s + 1))  # warm-up: first steps create state
+        torch.tpu.reset_compilation_cache_stats()
+        more = _train(fused_model, 3, lambda s: 1e-3 * (s + 10))  # a new lr every step
+        stats = torch.tpu.compilation_cache_stats()
+    assert stats["misses"] == 0 and stats["hits"] == stats["requests"] > 0, stats
+    with torch_tpu.eager_mode("fused"):
+        replay = _train(copy.deepcopy(model).to("tpu"), 4, lambda s: 1e-3 * (s + 1))
+    torch.testing.assert_close(replay, strict, rtol=1e-5, atol=1e-6)
+    assert len(more) == 3
+
+
+def test_memory_does_not_grow_over_many_steps(fused):
+    layer = torch.nn.Linear(8, 8).to("tpu")
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.01)
+    x = torch.randn(4, 8).to("tpu")
+
+    def step():
+        loss = layer(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(20):
+        step()
+    torch_tpu.sync()
+    before = len(jax.live_arrays())
+    for _ in range(1000):
+        step()
+    torch_tpu.sync()
+    assert len(jax.live_arrays()) <= before
+    assert execution.pending_ops() == 0
+
+
+# ----------------------------------------------------------------------------- errors
+def test_shape_errors_raise_at_the_op_and_lose_nothing(fused):
+    a = torch.ones(2, 3, device="tpu") * 2
+    with pytest.raises(RuntimeError, match="broadcast"):  # the error strict mode raises
+        a + torch.ones(4, device="tpu")
+    assert a.sum().item() == 12.0  # the pending graph survived the error
+
+
+def test_out_of_range_index_reports_at_the_sync_point_naming_the_op(fused):
+    weight = torch.randn(5, 3, device="tpu")
+    looked_up = F.embedding(torch.tensor([1, 7], device="tpu"), weight)
+    with pytest.raises(IndexError, match=r"index out of range in self \(raised by "
+                                         r"aten\.embedding\.default at .*test_fused\.py:\d+"):
+        looked_up.sum().item()
+    assert weight.shape == (5, 3) and torch.isfinite(weight).all().item()
+
+
+def test_debug_mode_raises_at_the_users_line():
+    with torch_tpu.eager_mode("debug"):
+        weight = torch.randn(5, 3, device="tpu")
+        with pytest.raises(IndexError, match="index out of range") as info:
+            F.embedding(torch.tensor([9], device="tpu"), weight)
+    assert any(entry.path.name == "test_fused.py" and "F.embedding" in str(entry.statement)
+               for entry in info.traceback)
+
+
+def test_recompiles_are_explained(run_python):
+    _, err = run_python("""
+        import sys, torch, torch_tpu
+        torch_tpu.set_eager_mode("fused")
+        for n in (4, 4, 5):
+            x = torch.ones(n, device="tpu")
+            (x * 2).sum().item()                 # the line to blame
+    """, capture_stderr=True, TORCH_TPU_LOG_RECOMPILES="1")
+    assert "compiling a new graph" in err
+    assert "recompiling" in err and "changed shape" in err, err
+
+
+def test_a_second_process_loads_compiled_graphs_from_disk(run_python, tmp_path):
+    program = """
+        import torch, torch_tpu
+        torch_tpu.set_eager_mode("fused")
+        x = torch.arange(8.0, device="tpu")
+        print((x.sin() * 3 + x).sum().item(), torch.tpu.compilation_cache_stats()["disk_hits"])
+    """
+    cache = str(tmp_path / "xla-cache")
+    first = run_python(program, TORCH_TPU_CACHE_DIR=cache).split()
+    second = run_python(program, TORCH_TPU_CACHE_DIR=cache).split()
+    assert first[0] == second[0]
+    assert int(first[1]) == 0 and int(second[1]) > 0

@@ -222,7 +222,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         promote_pos = [binder.names.index(n) for n in names]
     random = entry.random
     check = entry.check
-    jitted = entry.jit
+    jitted, fusable = entry.jit, entry.fusable
     name = str(op)
     convert_by_kind = {
         _TENSOR: _to_jax_arg,
@@ -252,14 +252,18 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         for i, convert in converters:
             values[i] = convert(values[i])
         deferred = _graph._fused and jitted
-        if _graph._fused and not jitted and any(map(_graph.is_pending, values)):
-            # the output's shape depends on the data: a sync point
-            _graph.flush(f"{name}'s output shape depends on data")
-            values = [_graph.resolved(v) for v in values]
+        if _graph._fused:
+            _graph.current_op = name  # for errors of checks that run with the graph
+            if not jitted and not fusable and any(map(_graph.is_pending, values)):
+                # the output's shape depends on the data: a sync point
+                _graph.flush(f"{name}'s output shape depends on data")
+                values = [_graph.resolved(v) for v in values]
         if check is not None:
-            if deferred:  # shape checks run now; value checks run with the graph (when_ready)
-                _graph.current_op = name
-            check(*values)
+            if (deferred and not getattr(check, "fusable", False)
+                    and any(map(_graph.is_pending, values))):
+                _graph.flush(f"{name} checks its inputs on the host")
+                values = [_graph.resolved(v) for v in values]
+            check(*values)  # a fusable check defers its value checks to the graph (when_ready)
         try:
             if deferred:
                 return _graph.call(lowered, values, extra, name=name)

@@ -411,6 +411,13 @@ def _run_checks(checks: list, reason: str) -> None:
                               f"at the op)") from error
 
 
+def for_host(x: Any) -> Any:
+    """The concrete array of ``x`` for a host read (a sync point, so named)."""
+    if type(x) is Deferred and x.value is None:
+        flush("host read")
+    return materialize(x)
+
+
 def materialize(x: Any) -> Any:
     """The concrete array of a possibly deferred value."""
     return x.concrete() if type(x) is Deferred else x

@@ -37,10 +37,14 @@ class Lowering:
     promote_args: Optional[tuple[str, ...]] = None  # which arguments take part (default: all)
     random: bool = False
     jit: bool = True               # False for data-dependent output shapes (nonzero, unique, ...)
+    fusable: bool = False          # jit=False, but takes fused eager's deferred inputs itself
     static: tuple[str, ...] = ()   # Scalar arguments that must be compile-time constants
     dynamic: tuple[str, ...] = ()  # float/int arguments passed as device scalars (no recompiles)
     # Runs on the concrete arrays before the jitted lowering, for value checks XLA cannot raise
-    # (index bounds): same arguments as ``fn``, raises PyTorch's exception.
+    # (index bounds): same arguments as ``fn``, raises PyTorch's exception. In fused eager the
+    # inputs are still deferred: a check marked with :func:`fusable_check` takes them as they
+    # are (shape checks, and value checks through ``check_bounds``, which run with the graph);
+    # any other check makes the graph run first.
     check: Optional[Callable] = None
     family: str = ""               # the ops module that registered it (docs/ops.md's sections)
 
@@ -94,6 +98,12 @@ def lower(*ops, **options) -> Callable:
             _add(Lowering(op, fn, **options))
         return fn
     return register
+
+
+def fusable_check(check: Callable) -> Callable:
+    """Mark a ``check=`` function as safe on fused eager's deferred inputs (see ``Lowering``)."""
+    check.fusable = True
+    return check
 
 
 def runtime(*ops) -> Callable:

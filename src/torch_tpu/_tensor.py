@@ -168,10 +168,13 @@ def read_resolved(t: torch.Tensor) -> jax.Array:
     that natively handle them (copies, matmuls, norms...) such views unresolved."""
     value = read(t)
     if t.is_conj():
-        value = jnp.conj(value)
+        value = _graph.apply(_conj, value)
     if t.is_neg():
-        value = -value
+        value = _graph.apply(_negative, value)
     return value
+
+
+_conj, _negative = jax.jit(jnp.conj), jax.jit(jnp.negative)
 
 
 # ----------------------------------------------------------------------------- writes

@@ -31,9 +31,7 @@ def to_device(host: torch.Tensor) -> jax.Array:
 
 def _host_view(value: jax.Array) -> torch.Tensor:
     """A read-only CPU tensor over the value's host copy (zero-copy on the CPU platform)."""
-    if type(value) is _graph.Deferred and value.value is None:  # a sync point in fused eager
-        _graph.flush("host read")
-        value = value.concrete()
+    value = _graph.for_host(value)  # a sync point in fused eager
     if value.dtype == jnp.bfloat16:  # numpy has no bfloat16 that torch understands: move bits
         return _host_view(lax.bitcast_convert_type(value, jnp.int16)).view(torch.bfloat16)
     with warnings.catch_warnings():  # the view is only read, never written

@@ -163,13 +163,19 @@ def test_forward(op, dtype):
     _with_expectations(_name(op), dtype, lambda: _check_forward(op, dtype))
 
 
-@pytest.mark.parametrize("op", [op for op, dtype in _cases() if dtype == torch.float32])
+@pytest.mark.parametrize("op", [pytest.param(op, id=_name(op)) for op in OPS
+                                if torch.float32 in op.supported_dtypes("cpu")])
 def test_forward_fused(op):
     """Every op once more in fused eager (recorded into a graph, run at the comparison's host
     read), float32, first sample and its in-place variant."""
+    name = _name(op)
     with torch_tpu.eager_mode("fused"):
-        _with_expectations(_name(op), torch.float32,
-                           lambda: _check_forward(op, torch.float32, samples=1))
+        if name not in XFAILS:
+            return _check_forward(op, torch.float32, samples=1)
+        try:  # an expected failure may pass on the first sample alone: not strict here
+            _check_forward(op, torch.float32, samples=1)
+        except (AssertionError, RuntimeError, TypeError, ValueError, IndexError):
+            pytest.xfail(XFAILS[name].reason)
 
 
 def _check_inplace(op, sample, name, dtype, random) -> bool:

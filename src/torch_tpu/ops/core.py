@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import _buffer, _tensor, _transfer
+from .. import _buffer, _graph, _tensor, _transfer
 from .._dtypes import TORCH_TO_JAX, to_jax
 from .._registry import lower, runtime
 
@@ -140,14 +140,20 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     target = torch.device(device) if device is not None else self.device
     if target.type == "tpu":
         value = _tensor.read_resolved(self) if _tensor.is_tpu(self) else _host_to_device(self, dtype)
-        return _tensor.wrap(value.astype(to_jax(dtype)))
+        target_dtype = to_jax(dtype)
+        if value.dtype != target_dtype:  # (values are immutable: a new storage may share one)
+            value = _graph.apply(_astype, value, target_dtype)
+        return _tensor.wrap(value)
     host = _transfer.to_host(_tensor.read_resolved(self))
     return host.to(dtype=dtype, device=target)
 
 
+_astype = jax.jit(lambda value, dtype: value.astype(dtype), static_argnums=1)
+
+
 @runtime(aten._local_scalar_dense)
 def local_scalar_dense(self):
-    value = _tensor.read(self).reshape(())
+    value = _graph.for_host(_tensor.read(self)).reshape(())
     if self.dtype.is_complex:
         return complex(value)
     if self.dtype.is_floating_point:

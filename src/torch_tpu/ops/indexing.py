@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from .. import _graph
 from .._registry import Promote, lower
 from ._helpers import check_bounds, result_dtype, type_name
 
@@ -41,7 +42,7 @@ def _require_index_dtype(index: jax.Array, op: str) -> None:
 
 def _require_same_dtype(x: jax.Array, other, op: str) -> None:
     """(``other`` may be a number: a host 0-dim tensor the dispatcher passed by value.)"""
-    if isinstance(other, jax.Array) and other.dtype != x.dtype:
+    if hasattr(other, "dtype") and other.dtype != x.dtype:
         _reject(f"{op}: dtype {other.dtype} != {x.dtype}")
 
 
@@ -97,7 +98,7 @@ def _advanced_indices(x: jax.Array, indices) -> list[Optional[jax.Array]]:
                             f"match the shape of the indexed tensor {list(x.shape)} at index "
                             f"{dim + k}")
                 raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
-            expanded.extend(jnp.nonzero(index))
+            expanded.extend(jnp.nonzero(_graph.for_host(index)))  # a sync point in fused eager
             dim += index.ndim
         elif index.dtype in _INDEX_DTYPES:
             expanded.append(index)
@@ -125,21 +126,23 @@ def _put_advanced(x, indices, values, accumulate):
     return _at_reduce(x, _numpy_key(indices), values, "sum" if accumulate else "set")
 
 
-@lower(aten.index.Tensor, jit=False)
+# These are jit=False for boolean masks (their nonzero coordinates set the output's shape); with
+# integer indices they record into fused eager's graph like any op (fusable).
+@lower(aten.index.Tensor, jit=False, fusable=True)
 def index(x, indices):
-    return _take_advanced(x, tuple(_advanced_indices(x, indices)))
+    return _graph.apply(_take_advanced, x, tuple(_advanced_indices(x, indices)))
 
 
-@lower(aten.index_put.default, jit=False)
+@lower(aten.index_put.default, jit=False, fusable=True)
 def index_put(x, indices, values, accumulate=False):
-    if isinstance(values, jax.Array) and values.dtype != x.dtype:
+    if hasattr(values, "dtype") and values.dtype != x.dtype:
         raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
                            f"{type_name(x.dtype)} for the destination and "
                            f"{type_name(values.dtype)} for the source.")
-    return _put_advanced(x, tuple(_advanced_indices(x, indices)), values, accumulate)
+    return _graph.apply(_put_advanced, x, tuple(_advanced_indices(x, indices)), values, accumulate)
 
 
-@lower(aten._index_put_impl.default, jit=False)
+@lower(aten._index_put_impl.default, jit=False, fusable=True)
 def index_put_impl(x, indices, values, accumulate=False, unsafe=False):
     return index_put(x, indices, values, accumulate)
 
@@ -166,12 +169,12 @@ def _gather(x, dim, index):
     return _as_1d(x)[_along(_as_1d(index), dim)].reshape(index.shape)
 
 
-@lower(aten.gather.default, jit=False)
+@lower(aten.gather.default, jit=False, fusable=True)
 def gather(x, dim, index, sparse_grad=False):
     _check_along(x, dim, index, "gather")
     if not index.size:  # torch accepts any empty index
         return jnp.zeros(index.shape, x.dtype)
-    return _gather(x, _wrap_dim(dim, x.ndim), index)
+    return _graph.apply(_gather, x, _wrap_dim(dim, x.ndim), index)
 
 
 def _scatter_reduce_into(x, dim, index, src, reduce: str):
@@ -193,21 +196,23 @@ def _scatter(x, dim, index, src, reduce):
 
 def _scatter_lowering(reduce_arg: bool):
     def scatter(x, dim, index, src, reduce="set"):
-        if jnp.ndim(src):  # a 0-dim src is a value, cast like torch's scatter.value
+        if getattr(src, "ndim", 0):  # a 0-dim src is a value, cast like torch's scatter.value
             _require_same_dtype(x, src, "scatter")
         _check_along(x, dim, index, "scatter")
         if not index.size:
             return x
-        return _scatter(x, _wrap_dim(dim, x.ndim), index, src,
-                        _LEGACY_REDUCE[reduce] if reduce_arg else "set")
+        return _graph.apply(_scatter, x, _wrap_dim(dim, x.ndim), index, src,
+                            _LEGACY_REDUCE[reduce] if reduce_arg else "set")
     return scatter
 
 
-lower(aten.scatter.src, aten.scatter.value, jit=False)(_scatter_lowering(reduce_arg=False))
-lower(aten.scatter.reduce, aten.scatter.value_reduce, jit=False)(_scatter_lowering(reduce_arg=True))
+lower(aten.scatter.src, aten.scatter.value, jit=False, fusable=True)(
+    _scatter_lowering(reduce_arg=False))
+lower(aten.scatter.reduce, aten.scatter.value_reduce, jit=False, fusable=True)(
+    _scatter_lowering(reduce_arg=True))
 
 
-@lower(aten.scatter_add.default, jit=False)
+@lower(aten.scatter_add.default, jit=False, fusable=True)
 def scatter_add(x, dim, index, src):
     return _scatter_lowering(reduce_arg=True)(x, dim, index, src, "add")
 

@@ -16,7 +16,7 @@ import torch
 from jax import lax
 from jax._src.lax.linalg import geqrf as _lapack_geqrf  # not re-exported by jax.lax.linalg
 
-from .. import _tensor
+from .. import _graph, _tensor
 from .._dtypes import to_jax, to_torch
 from .._registry import Promote, lower, runtime
 from ._helpers import accumulator, type_name
@@ -194,7 +194,7 @@ def _factored_transpose(op):
 
         def kernel(a):
             factor_transpose = a.is_contiguous() and not a.is_complex()
-            return tuple(_tensor.wrap(o) for o in jitted(_tensor.read(a), factor_transpose))
+            return tuple(_tensor.wrap(o) for o in _graph.apply(jitted, _tensor.read(a), factor_transpose))
         runtime(op)(kernel)
         return fn
     return register

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .. import _random, _tensor
-from .._registry import Promote, lower, runtime
+from .. import _graph, _random, _tensor
+from .._registry import Promote, fusable_check, lower, runtime
 from ._helpers import check_bounds
 from ._nn_helpers import compute_dtype, precision, require, ntuple, vjp, wrap_dim
 
@@ -230,7 +230,8 @@ def batch_norm_update_stats(x, running_mean, running_var, momentum):
     """A runtime entry because PyTorch updates the running statistics in place although the
     schema does not mark them written."""
     stats = [None if t is None else _tensor.read(t) for t in (running_mean, running_var)]
-    mean, variance, new_mean, new_var = _update_stats_jit(_tensor.read(x), *stats, momentum)
+    mean, variance, new_mean, new_var = _graph.apply(_update_stats_jit, _tensor.read(x), *stats,
+                                                     momentum)
     if running_mean is not None:
         _tensor.write(running_mean, new_mean)
         _tensor.write(running_var, new_var)
@@ -501,6 +502,7 @@ def masked_softmax_backward(grad, output, mask, dim=None):
     return (y * (g - (g * y).sum(axis, keepdims=True))).astype(output.dtype)
 
 # ----------------------------------------------------------------------------- embedding
+@fusable_check
 def _check_embedding_indices(weight, indices, *_):
     check_bounds([(indices, weight.shape[0], False)],
                  lambda *_: IndexError("index out of range in self"))
@@ -729,9 +731,8 @@ def scaled_dot_product_fused_attention(query, key, value, attn_bias=None, dropou
     """A runtime entry only because the schema also returns ints (max_q, max_k)."""
     seed = _pack_key(_random.next_key())
     bias = None if attn_bias is None else _tensor.read(attn_bias)
-    out, logsumexp = _attention_forward(_tensor.read(query), _tensor.read(key),
-                                        _tensor.read(value), bias, seed, dropout_p, is_causal,
-                                        scale)
+    out, logsumexp = _graph.apply(_attention_forward, _tensor.read(query), _tensor.read(key),
+                                  _tensor.read(value), bias, seed, dropout_p, is_causal, scale)
     return (_tensor.wrap(out), _tensor.wrap(logsumexp), None, None, query.shape[-2],
             key.shape[-2], _tensor.wrap(seed), _tensor.wrap(jnp.zeros((), jnp.int64)), None)
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .._dispatch import _promoted
-from .._registry import LOWERINGS, Types, lower
+from .._registry import LOWERINGS, Types, fusable_check, lower
 from ._helpers import accumulator, to_torch, type_name
 from .elementwise import lerp
 
@@ -68,6 +68,7 @@ def _list_checks(op: torch._ops.OpOverload, rows: Sequence[int] = ()) -> Callabl
     scalar_lists = [i for i, k in enumerate(kinds) if k == "List[number]"]
     scalar_tensors = [i for i, k in enumerate(kinds) if k == "Tensor"]
 
+    @fusable_check  # lengths and shapes only
     def check(*values):
         count = len(values[tensor_lists[0]])
         if not count:

@@ -120,6 +120,7 @@ def set_active(enabled: bool) -> None:
     global _fused
     with _lock:
         flush()
+        report_checks()
         _fused = enabled
 
 
@@ -382,7 +383,9 @@ def flush(reason: str = "sync") -> None:
                               f"to run op by op)") from error
         for d, value in zip(live, values):
             d.value = value
-        _run_checks(graph.checks, reason)
+        _unreported.extend((values, callback, origin, reason)
+                           for values, callback, origin in graph.checks)
+        report_checks(block=False)
 
 
 #: The op being recorded, for errors of its deferred checks (set by the dispatcher).
@@ -401,20 +404,37 @@ def when_ready(values: Any, callback: Callable[[Any], None]) -> None:
         _graph.checks.append((values, callback, origin))
 
 
-def _run_checks(checks: list, reason: str) -> None:
-    for values, callback, origin in checks:
-        try:
-            callback(jax.device_get(jax.tree_util.tree_map(materialize, values)))
-        except Exception as error:  # noqa: BLE001  (same type, with where it came from)
-            raise type(error)(f"{error} (raised by {origin}; fused eager reports it at the next "
-                              f"sync point, here: {reason}; set TPU_LAUNCH_BLOCKING=1 to stop "
-                              f"at the op)") from error
+#: Checks whose graph has run, not yet reported: (values, callback, origin, sync reason).
+_unreported: list[tuple] = []
+#: Past this many unreported checks, flushes wait for the oldest (bounded memory).
+max_unreported_checks = 64
+
+
+def report_checks(block: bool = True) -> None:
+    """Run the callbacks of checks whose graphs have run: all of them when ``block`` (a host
+    read, ``synchronize()``: the program waits anyway), else only those whose values are ready,
+    so a flush never waits for its graph to finish."""
+    with _lock:
+        while _unreported:
+            values, callback, origin, reason = _unreported[0]
+            leaves = [materialize(v) for v in jax.tree_util.tree_leaves(values)]
+            if not (block or len(_unreported) > max_unreported_checks
+                    or all(leaf.is_ready() for leaf in leaves)):
+                break
+            _unreported.pop(0)
+            try:
+                callback(jax.device_get(jax.tree_util.tree_map(materialize, values)))
+            except Exception as error:  # noqa: BLE001  (same type, with where it came from)
+                raise type(error)(f"{error} (raised by {origin}; fused eager reports it at a "
+                                  f"later sync point, after the graph that ran at: {reason}; set "
+                                  f"TPU_LAUNCH_BLOCKING=1 to stop at the op)") from error
 
 
 def for_host(x: Any) -> Any:
     """The concrete array of ``x`` for a host read (a sync point, so named)."""
     if type(x) is Deferred and x.value is None:
         flush("host read")
+    report_checks()
     return materialize(x)
 
 

@@ -99,6 +99,7 @@ def synchronize(device: _DeviceLike = None) -> None:
     pending recorded ops run first)."""
     set_device(device)
     _graph.flush("synchronize()")
+    _graph.report_checks()
     jax.effects_barrier()
     for array in jax.live_arrays():
         array.block_until_ready()

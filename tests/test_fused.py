@@ -182,6 +182,22 @@ def test_memory_does_not_grow_over_many_steps(fused):
     assert execution.pending_ops() == 0
 
 
+def test_buffers_that_die_in_a_graph_are_donated_and_others_are_not(fused):
+    p = torch.randn(1000).to("tpu")
+    torch_tpu.sync()
+    torch.tpu.reset_compilation_cache_stats()
+    p.add_(1)  # the old value of p dies inside this graph: XLA may update it in place
+    torch_tpu.sync()
+    assert torch.tpu.compilation_cache_stats()["donated_buffers"] == 1
+    held = torch_tpu.to_jax(p)  # a reference from outside: must survive
+    expected = p.cpu() * 2
+    p.mul_(2)
+    torch_tpu.sync()
+    assert torch.tpu.compilation_cache_stats()["donated_buffers"] == 1
+    assert not held.is_deleted()
+    torch.testing.assert_close(p.cpu(), expected)
+
+
 # ----------------------------------------------------------------------------- errors
 def test_shape_errors_raise_at_the_op_and_lose_nothing(fused):
     a = torch.ones(2, 3, device="tpu") * 2

@@ -135,14 +135,14 @@ class CacheStats:
         self.requests = self.hits = self.misses = 0
         self.compile_seconds = 0.0
         self.graphs_run = self.ops_run = 0
-        self.disk_hits = 0
+        self.disk_hits = self.donated_buffers = 0
         self.sync_reasons: collections.Counter = collections.Counter()
 
     def as_dict(self) -> dict:
         return {"requests": self.requests, "hits": self.hits, "misses": self.misses,
                 "compile_seconds": self.compile_seconds, "graphs_run": self.graphs_run,
                 "ops_run": self.ops_run, "cached_graphs": len(_executables),
-                "disk_hits": self.disk_hits,
+                "disk_hits": self.disk_hits, "donated_buffers": self.donated_buffers,
                 "sync_reasons": dict(self.sync_reasons)}
 
 
@@ -241,7 +241,7 @@ def _user_line() -> str:
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith(skip) and not name.startswith("<"):
+        if not name.startswith(skip) and not name.startswith("<frozen"):
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
@@ -318,7 +318,7 @@ def _explain_miss(fingerprint: tuple, graph: _Graph) -> None:
         print(f"[torch_tpu] compiling a new graph of {len(keys)} ops (first graph starting with "
               f"{graph.sources[0] if graph.sources else '?'})", file=sys.stderr)
         return
-    (old_keys, old_outputs, old_avals), old_sources = previous
+    (old_keys, old_outputs, old_avals, _), old_sources = previous
     for i, (new, old) in enumerate(zip(keys, old_keys)):
         if new != old:
             print(f"[torch_tpu] recompiling: op {i} differs from the previous graph: now "
@@ -335,8 +335,35 @@ def _explain_miss(fingerprint: tuple, graph: _Graph) -> None:
         print(f"[torch_tpu] recompiling: an input changed shape or dtype, {old_dtype}"
               f"{list(old_shape)} -> {dtype}{list(shape)}, first used by {user}", file=sys.stderr)
     else:
-        print("[torch_tpu] recompiling: different values of the graph are used afterwards",
+        print("[torch_tpu] recompiling: other values of the graph are used afterwards, or other "
+              "inputs can be donated",
               file=sys.stderr)
+
+
+#: Give XLA the buffers of inputs that die inside a graph (see :func:`_dead_leaves`).
+donate = True
+
+
+def _dead_leaves(leaves: list) -> tuple[int, ...]:
+    """Positions of the inputs nothing but the graph still references: a storage the graph
+    overwrote (an updated parameter, optimizer state), a temporary. Their buffers can be donated,
+    so XLA updates them in place instead of holding old and new values at once. A reference from
+    anywhere else (a storage, a view's value, the user's ``to_jax`` result, a cache) keeps an
+    input from being donated. Counted here: the list's reference and getrefcount's argument."""
+    return tuple(i for i in range(len(leaves)) if sys.getrefcount(leaves[i]) == 2)
+
+
+def _donatable(leaves: list, live: list) -> tuple[int, ...]:
+    """The dead inputs (:func:`_dead_leaves`) that an output of the same shape and dtype can
+    reuse, one input per output: XLA ignores any other donation, with a warning."""
+    free = collections.Counter((d.shape, d.dtype) for d in live)
+    chosen = []
+    for i in _dead_leaves(leaves):
+        aval = (leaves[i].shape, leaves[i].dtype)
+        if free[aval]:
+            free[aval] -= 1
+            chosen.append(i)
+    return tuple(chosen)
 
 
 def _uses_leaf(specs, leaf: int) -> bool:
@@ -354,9 +381,12 @@ def flush(reason: str = "sync") -> None:
         _graph = _Graph()
         live = [d for ref in graph.outputs if (d := ref()) is not None and d.value is None]
         outputs = tuple((d.node, d.index) for d in live)
+        donated = _donatable(graph.leaves, live) if donate else ()
         leaves = tuple(graph.leaves)
+        graph.leaves.clear()
         fingerprint = (tuple(graph.nodes), outputs,
-                       tuple((x.shape, x.dtype, getattr(x, "weak_type", False)) for x in leaves))
+                       tuple((x.shape, x.dtype, getattr(x, "weak_type", False)) for x in leaves),
+                       donated)
         stats.requests += 1
         executable = _executables.get(fingerprint)
         if executable is None:
@@ -364,7 +394,8 @@ def flush(reason: str = "sync") -> None:
             if log_recompiles:
                 _explain_miss(fingerprint, graph)
             started = time.perf_counter()
-            executable = jax.jit(_program(graph.nodes, outputs)).lower(*leaves).compile()
+            executable = jax.jit(_program(graph.nodes, outputs),
+                                 donate_argnums=donated).lower(*leaves).compile()
             stats.compile_seconds += time.perf_counter() - started
             _executables[fingerprint] = executable
         else:
@@ -373,6 +404,7 @@ def flush(reason: str = "sync") -> None:
         stats.sync_reasons[reason] += 1
         stats.graphs_run += 1
         stats.ops_run += len(graph.nodes)
+        stats.donated_buffers += len(donated)
         try:
             values = executable(*leaves)
         except Exception as error:  # noqa: BLE001  (name the ops, then re-raise the same type)

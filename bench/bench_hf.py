@@ -72,8 +72,8 @@ def _generation_cases(model: torch.nn.Module, batch: int, static_cache: bool = F
     The default dynamic KV cache grows by one position per token, so every decoding step has new
     shapes (on tpu: new compilations on the cold run). A static cache keeps them fixed.
     ``disable_compile``: with a static cache on tpu, transformers would otherwise wrap the
-    forward in ``torch.compile(backend="tpu")``, a TorchDynamo backend torch_tpu does not
-    register (yet); both devices run eagerly here."""
+    forward in ``torch.compile(backend="tpu")``; both devices run eagerly here, so the row
+    compares eager decoding."""
     options = dict(cache_implementation="static", disable_compile=True) if static_cache else {}
     generator = torch.Generator().manual_seed(batch)
     prompt = torch.randint(3, LLAMA["vocab_size"], (batch, PROMPT_LENGTH), generator=generator)

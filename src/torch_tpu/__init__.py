@@ -96,11 +96,11 @@ def lowered_ops() -> list[str]:
 
 def to_jax(tensor: torch.Tensor):
     """The ``jax.Array`` value of a tpu tensor (no copy; in fused eager, runs pending work)."""
-    from ._graph import materialize
+    from ._graph import resolved
     from ._tensor import is_tpu, read
     if not is_tpu(tensor):
         raise ValueError(f"to_jax expects a tpu tensor, got a tensor on {tensor.device}")
-    return materialize(read(tensor))
+    return resolved(read(tensor))
 
 
 def from_jax(array) -> torch.Tensor:

@@ -175,13 +175,10 @@ def install() -> None:
     fallthrough = torch.library.Library("_", "IMPL")
     fallthrough.fallback(torch.library.fallthrough_kernel, _KEY)
     kernels = torch.library.Library("aten", "IMPL")
-    for policy, names in POLICIES.items():
-        for name in names:
-            if (op := _overload(name)) is not None:
-                kernels.impl(name, _policy_kernel(policy, op), _KEY)
-    for name, target in NORM_WITH_DTYPE.items():
-        if _overload(name) is not None:
-            kernels.impl(name, _norm_kernel(_overload(target)), _KEY)
+    for name, policy in registered_ops().items():
+        kernel = (_norm_kernel(_overload(NORM_WITH_DTYPE[name])) if name in NORM_WITH_DTYPE
+                  else _policy_kernel(policy, _overload(name)))
+        kernels.impl(name, kernel, _KEY)
     _libraries[:] = [fallthrough, kernels]
     # The dtype lives in a thread-local that starts as float16 for PrivateUse1; this sets it for
     # the importing thread (the one that runs models in practice). Other threads keep float16

@@ -254,16 +254,17 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         deferred = _graph._fused and jitted
         if _graph._fused:
             _graph.current_op = name  # for errors of checks that run with the graph
-            if not jitted and not fusable and any(map(_graph.is_pending, values)):
-                # the output's shape depends on the data: a sync point
-                _graph.flush(f"{name}'s output shape depends on data")
+            if not jitted and not fusable:
+                sync_reason = f"{name}'s output shape depends on data"
+            elif check is not None and not getattr(check, "fusable", False):
+                sync_reason = f"{name} checks its inputs on the host"
+            else:  # a fusable check defers its value checks to the graph (when_ready)
+                sync_reason = None
+            if sync_reason and any(map(_graph.is_pending, values)):
+                _graph.flush(sync_reason)
                 values = [_graph.resolved(v) for v in values]
         if check is not None:
-            if (deferred and not getattr(check, "fusable", False)
-                    and any(map(_graph.is_pending, values))):
-                _graph.flush(f"{name} checks its inputs on the host")
-                values = [_graph.resolved(v) for v in values]
-            check(*values)  # a fusable check defers its value checks to the graph (when_ready)
+            check(*values)
         try:
             if deferred:
                 return _graph.call(lowered, values, extra, name=name)

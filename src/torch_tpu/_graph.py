@@ -119,8 +119,7 @@ def set_active(enabled: bool) -> None:
     """Switch fused recording on or off; a switch runs whatever is pending first."""
     global _fused
     with _lock:
-        flush()
-        report_checks()
+        sync()
         _fused = enabled
 
 
@@ -371,6 +370,12 @@ def _uses_leaf(specs, leaf: int) -> bool:
                or (spec[0] is _SEQ and _uses_leaf(spec[2], leaf)) for spec in specs)
 
 
+def _live_outputs(graph: _Graph) -> tuple[list[Deferred], tuple]:
+    """The graph's values something still references (its outputs), and their (node, index)."""
+    live = [d for ref in graph.outputs if (d := ref()) is not None and d.value is None]
+    return live, tuple((d.node, d.index) for d in live)
+
+
 def flush(reason: str = "sync") -> None:
     """Run the pending graph (if any) and give every live deferred value its array."""
     global _graph, last_flush_reason
@@ -379,8 +384,7 @@ def flush(reason: str = "sync") -> None:
         if not graph.nodes:
             return
         _graph = _Graph()
-        live = [d for ref in graph.outputs if (d := ref()) is not None and d.value is None]
-        outputs = tuple((d.node, d.index) for d in live)
+        live, outputs = _live_outputs(graph)
         donated = _donatable(graph.leaves, live) if donate else ()
         leaves = tuple(graph.leaves)
         graph.leaves.clear()
@@ -429,7 +433,7 @@ def when_ready(values: Any, callback: Callable[[Any], None]) -> None:
     concrete, else once their graph has run, the way CUDA reports a failed device-side assert at
     a later sync point. An exception from ``callback`` then names the op that recorded it."""
     if not any(type(v) is Deferred and v.value is None for v in jax.tree_util.tree_leaves(values)):
-        callback(jax.device_get(jax.tree_util.tree_map(materialize, values)))
+        callback(jax.device_get(jax.tree_util.tree_map(resolved, values)))
         return
     origin = f"{current_op or 'an op'} at {_user_line()}"
     with _lock:
@@ -449,17 +453,23 @@ def report_checks(block: bool = True) -> None:
     with _lock:
         while _unreported:
             values, callback, origin, reason = _unreported[0]
-            leaves = [materialize(v) for v in jax.tree_util.tree_leaves(values)]
+            leaves = [resolved(v) for v in jax.tree_util.tree_leaves(values)]
             if not (block or len(_unreported) > max_unreported_checks
                     or all(leaf.is_ready() for leaf in leaves)):
                 break
             _unreported.pop(0)
             try:
-                callback(jax.device_get(jax.tree_util.tree_map(materialize, values)))
+                callback(jax.device_get(jax.tree_util.tree_map(resolved, values)))
             except Exception as error:  # noqa: BLE001  (same type, with where it came from)
                 raise type(error)(f"{error} (raised by {origin}; fused eager reports it at a "
                                   f"later sync point, after the graph that ran at: {reason}; set "
                                   f"TPU_LAUNCH_BLOCKING=1 to stop at the op)") from error
+
+
+def sync(reason: str = "sync") -> None:
+    """A blocking sync point: run the pending graph, then report every check it recorded."""
+    flush(reason)
+    report_checks()
 
 
 def for_host(x: Any) -> Any:
@@ -467,12 +477,7 @@ def for_host(x: Any) -> Any:
     if type(x) is Deferred and x.value is None:
         flush("host read")
     report_checks()
-    return materialize(x)
-
-
-def materialize(x: Any) -> Any:
-    """The concrete array of a possibly deferred value."""
-    return x.concrete() if type(x) is Deferred else x
+    return resolved(x)
 
 
 def apply(fn: Callable, *args: Any) -> Any:
@@ -485,14 +490,6 @@ def apply(fn: Callable, *args: Any) -> Any:
     return fn(*args)
 
 
-def clear_cache() -> None:
-    """Forget compiled graphs and the per-op shape cache (the on-disk cache stays)."""
-    with _lock:
-        _executables.clear()
-        _shapes.clear()
-        _previous_by_start.clear()
-
-
 def pending() -> int:
     return len(_graph.nodes)
 
@@ -503,6 +500,5 @@ def stablehlo() -> Optional[str]:
         graph = _graph
         if not graph.nodes:
             return None
-        live = [d for ref in graph.outputs if (d := ref()) is not None and d.value is None]
-        outputs = tuple((d.node, d.index) for d in live)
+        _, outputs = _live_outputs(graph)
         return jax.jit(_program(graph.nodes, outputs)).lower(*graph.leaves).as_text()

@@ -98,8 +98,7 @@ def synchronize(device: _DeviceLike = None) -> None:
     """Wait until all queued work whose results are still held has finished (in fused eager,
     pending recorded ops run first)."""
     set_device(device)
-    _graph.flush("synchronize()")
-    _graph.report_checks()
+    _graph.sync("synchronize()")
     jax.effects_barrier()
     for array in jax.live_arrays():
         array.block_until_ready()

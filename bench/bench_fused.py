@@ -64,9 +64,9 @@ def _model_and_batch() -> tuple[GPT, torch.Tensor, torch.Tensor]:
     return model, idx, targets
 
 
-def _torch_adamw(params) -> torch.optim.AdamW:
+def _torch_adamw(params, **options) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, lr=ADAMW.lr, betas=(ADAMW.beta1, ADAMW.beta2), eps=ADAMW.eps,
-                             weight_decay=ADAMW.weight_decay)
+                             weight_decay=ADAMW.weight_decay, **options)
 
 
 def _torch_step(model: GPT, device: str, idx: torch.Tensor, targets: torch.Tensor,

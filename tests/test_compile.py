@@ -1,11 +1,20 @@
-"""``torch.compile(backend="tpu")``: Dynamo graphs run through the eager lowerings, fused."""
+"""``torch.compile(backend="tpu")``: Dynamo graphs traced through the eager lowerings into one
+``jax.jit`` each, against CPU and eager."""
 from __future__ import annotations
 
 import copy
+import os
+import re
+import subprocess
+import sys
+import weakref
 
 import pytest
 import torch
 
+import torch_tpu
+from torch_tpu import _buffer, _graph
+from torch_tpu.compile import Program, bucket_size, pad_to_bucket
 from torch_tpu.models import GPT, GPTConfig
 
 
@@ -16,11 +25,24 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def test_compiled_training_step_matches_cpu():
+@pytest.fixture
+def log_recompiles(monkeypatch):
+    monkeypatch.setattr(_graph, "log_recompiles", True)
+
+
+def _tiny_gpt(**overrides) -> GPT:
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    return GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16, **overrides))
+
+
+def _batch():
     tokens = torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(1))
-    targets = tokens.roll(1, 1)
+    return tokens, tokens.roll(1, 1)
+
+
+def test_compiled_forward_and_backward_match_cpu():
+    model = _tiny_gpt()
+    tokens, targets = _batch()
     cpu = copy.deepcopy(model)
     _, cpu_loss = cpu(tokens, targets=targets)
     cpu_loss.backward()
@@ -36,6 +58,17 @@ def test_compiled_training_step_matches_cpu():
                                    msg=lambda m: f"{name}: {m}")
 
 
+def test_one_executable_per_graph_and_no_recompile_on_repeat():
+    f = torch.compile(lambda x, w: torch.relu(x @ w).sum(0), backend="tpu")
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    torch.tpu.reset_compilation_cache_stats()
+    for _ in range(3):
+        out = f(x.to("tpu"), w.to("tpu"))
+    torch.testing.assert_close(out.cpu(), torch.relu(x @ w).sum(0))
+    stats = torch.tpu.compilation_cache_stats()
+    assert stats["compiled_graphs"] == 1 and stats["compiled_runs"] == 3
+
+
 def test_graph_breaks_run_each_piece():
     def f(x):
         y = torch.sin(x) * 2
@@ -44,7 +77,213 @@ def test_graph_breaks_run_each_piece():
         return torch.cos(y)
 
     x = torch.linspace(0, 1, 8)
+    torch.tpu.reset_compilation_cache_stats()
     torch.testing.assert_close(torch.compile(f, backend="tpu")(x.to("tpu")).cpu(), f(x))
+    assert torch.tpu.compilation_cache_stats()["compiled_graphs"] == 2
+
+
+@pytest.mark.parametrize("capturable", [True, False])
+def test_whole_training_step_matches_cpu(capturable):
+    """Forward, backward and AdamW in one compiled function: parameters and optimizer state on
+    tpu (a non-capturable AdamW keeps its step counts on the CPU, written back each step)."""
+    model = _tiny_gpt()
+    tokens, targets = _batch()
+
+    def make_step(m, optimizer):
+        def step(x, y):
+            _, loss = m(x, targets=y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            return loss
+        return step
+
+    cpu = copy.deepcopy(model)
+    cpu_step = make_step(cpu, torch.optim.AdamW(cpu.parameters(), lr=1e-2))
+    tpu = copy.deepcopy(model).to("tpu")
+    optimizer = torch.optim.AdamW(tpu.parameters(), lr=1e-2, capturable=capturable)
+    tpu_step = torch.compile(make_step(tpu, optimizer), backend="tpu")
+    for _ in range(3):
+        expected = cpu_step(tokens, targets)
+        loss = tpu_step(tokens.to("tpu"), targets.to("tpu"))
+        torch.testing.assert_close(loss.cpu(), expected.detach(), rtol=1e-5, atol=1e-5)
+    # atol: the attention key bias's gradient is zero in exact arithmetic, so both sides hold
+    # rounding noise there, which Adam's g / (|g| + eps) scales up to the learning rate
+    for (name, expected), actual in zip(cpu.named_parameters(), tpu.parameters()):
+        torch.testing.assert_close(actual.detach().cpu(), expected.detach(), rtol=1e-4,
+                                   atol=5e-4, msg=lambda m: f"{name}: {m}")
+    step_device = optimizer.state[next(tpu.parameters())]["step"].device.type
+    assert step_device == ("tpu" if capturable else "cpu")
+
+
+def test_optimizer_update_donates_old_buffers():
+    """The compiled optimizer graph writes parameters and state in place: XLA reuses the old
+    buffers (donated), so an update never holds two copies of the model."""
+    model = torch.nn.Linear(8, 8).to("tpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+    model(torch.ones(2, 8, device="tpu")).sum().backward()
+
+    @torch.compile(backend="tpu")
+    def update():
+        optimizer.step()
+
+    update()  # creates the state
+    old = weakref.ref(_buffer.get(model.weight.untyped_storage()))
+    before = model.weight.detach().cpu()
+    torch.tpu.reset_compilation_cache_stats()
+    update()
+    assert old() is None or old().is_deleted()
+    assert torch.tpu.compilation_cache_stats()["donated_buffers"] >= 2 * 4  # weight, bias x 4
+    assert not torch.equal(model.weight.detach().cpu(), before)
+
+
+def test_shared_buffer_is_never_donated():
+    """Two storages may hold one array (``a.copy_(b)``): the update must keep the other's."""
+    a = torch.zeros(4, device="tpu")
+    b = torch.ones(4, device="tpu")
+    a.copy_(b)
+
+    @torch.compile(backend="tpu")
+    def bump(t):
+        with torch.no_grad():
+            t.add_(1)
+
+    bump(a)
+    torch.testing.assert_close(a.cpu(), torch.full((4,), 2.0))
+    torch.testing.assert_close(b.cpu(), torch.ones(4))
+
+
+def test_input_mutation_and_aliased_output():
+    @torch.compile(backend="tpu")
+    def f(x):
+        x.mul_(2)
+        return x[1:], x.t()
+
+    x = torch.arange(6.0).reshape(2, 3)
+    tail, transposed = f(x_tpu := x.to("tpu"))
+    torch.testing.assert_close(x_tpu.cpu(), x * 2)
+    torch.testing.assert_close(tail.cpu(), (x * 2)[1:])
+    torch.testing.assert_close(transposed.cpu(), (x * 2).t())
+
+
+def test_dropout_follows_manual_seed_and_differs_between_steps():
+    dropout = torch.nn.Dropout(0.5)
+    f = torch.compile(lambda x: dropout(x) + 0, backend="tpu")
+    x = torch.ones(4096, device="tpu")
+    torch.manual_seed(3)
+    first, second = f(x).cpu(), f(x).cpu()
+    torch.manual_seed(3)
+    again = f(x).cpu()
+    assert torch.equal(first, again)
+    assert not torch.equal(first, second)
+    assert set(first.unique().tolist()) == {0.0, 2.0}
+    assert 0.45 < (first == 0).float().mean().item() < 0.55
+
+
+def test_new_shape_recompiles_with_the_reason_logged(capfd, log_recompiles):
+    f = torch.compile(lambda x: (x * 2).sum(-1), backend="tpu")
+    for n in (5, 7):
+        out = f(torch.arange(n, dtype=torch.float32, device="tpu").reshape(1, n))
+    assert out.item() == 42
+    err = capfd.readouterr().err
+    assert "recompiles frame" in err and "float32[1, 5] -> float32[1, s" in err
+
+
+def test_dynamic_true_compiles_each_shape_once(capfd, log_recompiles):
+    f = torch.compile(lambda x: torch.softmax(x, -1).sum(-1), backend="tpu", dynamic=True)
+    torch.tpu.reset_compilation_cache_stats()
+    for n in (3, 5, 3, 5, 9):
+        x = torch.randn(2, n)
+        torch.testing.assert_close(f(x.to("tpu")).cpu(), torch.softmax(x, -1).sum(-1))
+    assert torch.tpu.compilation_cache_stats()["compiled_graphs"] == 3  # one per distinct shape
+    assert re.search(r"argument \d changed from 3 to 5", capfd.readouterr().err)
+
+
+def test_modes_are_accepted_and_bad_arguments_are_clear():
+    x = torch.ones(3, device="tpu")
+    for mode in ("default", "reduce-overhead", "max-autotune"):
+        torch._dynamo.reset()
+        assert torch.compile(lambda t: t + 1, backend="tpu", mode=mode)(x).sum().item() == 6
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="Unrecognized mode=fastest"):
+        torch_tpu.compile.backend(torch.fx.symbolic_trace(lambda t: t + 1), [x], mode="fastest")
+    with pytest.raises(RuntimeError, match="takes no options"):
+        torch_tpu.compile.backend(torch.fx.symbolic_trace(lambda t: t + 1), [x],
+                                  options={"trace.enabled": True})
+
+
+def test_out_of_range_index_is_reported_not_clamped():
+    embedding = torch.nn.Embedding(10, 4).to("tpu")
+    compiled = torch.compile(embedding, backend="tpu")
+    with pytest.raises(IndexError, match="index out of range"):
+        compiled(torch.tensor([1, 12], device="tpu"))
+        torch.tpu.synchronize()
+    assert compiled(torch.tensor([1, 2], device="tpu")).shape == (2, 4)  # still usable
+
+
+def test_data_dependent_op_in_a_graph_names_itself():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    graph = make_fx(lambda x: torch.nonzero(x))(torch.tensor([0.0, 1.0]))
+    with pytest.raises(NotImplementedError, match="nonzero.*host"):
+        Program(graph)(torch.tensor([0.0, 1.0], device="tpu"))
+
+
+def test_host_inputs_and_outputs():
+    @torch.compile(backend="tpu")
+    def f(x, scale):
+        return (x * scale).cpu(), x + 1
+
+    x = torch.arange(3.0)
+    on_host, on_tpu = f(x.to("tpu"), torch.tensor(2.0))
+    assert on_host.device.type == "cpu" and on_tpu.device.type == "tpu"
+    torch.testing.assert_close(on_host, x * 2)
+    torch.testing.assert_close(on_tpu.cpu(), x + 1)
+
+
+def test_compiled_call_inside_fused_eager():
+    f = torch.compile(lambda x: x.exp().sum(), backend="tpu")
+    with torch_tpu.eager_mode("fused"):
+        x = torch.ones(4, device="tpu") * 2  # pending in the fused graph
+        assert f(x).item() == pytest.approx(4 * 7.389056, rel=1e-6)
+
+
+def test_pad_to_bucket():
+    assert [bucket_size(n, (16, 32)) for n in (0, 1, 16, 17, 33)] == [16, 16, 16, 32, 64]
+    assert bucket_size(65, multiple=64) == 128
+    ids = torch.arange(10).reshape(2, 5)
+    padded = pad_to_bucket(ids, buckets=(8,), value=-1)
+    assert padded.shape == (2, 8) and padded[:, 5:].eq(-1).all() and torch.equal(padded[:, :5], ids)
+    assert pad_to_bucket(ids, dim=0, buckets=(4,)).shape == (4, 5)
+    with pytest.raises(ValueError):
+        bucket_size(-1)
+
+
+_SECOND_PROCESS = """
+import torch, torch_tpu
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 2)).to("tpu")
+out = torch.compile(model, backend="tpu")(torch.ones(3, 8, device="tpu"))
+out.sum().backward()
+torch.tpu.synchronize()
+stats = torch.tpu.compilation_cache_stats()
+print(stats["compiled_graphs"], stats["xla_compiles"], stats["disk_hits"])
+"""
+
+
+def test_second_process_compiles_nothing(tmp_path):
+    """Compiled graphs persist in the cache directory fused eager uses: a second process running
+    the same model and shapes loads every executable from disk."""
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path))
+
+    def run() -> list[int]:
+        out = subprocess.run([sys.executable, "-c", _SECOND_PROCESS], env=env, check=True,
+                             capture_output=True, text=True).stdout
+        return [int(v) for v in out.split()]
+
+    graphs, compiles, _ = run()
+    assert graphs == 2 and compiles >= graphs  # forward and backward, compiled by XLA
+    graphs, compiles, disk_hits = run()
+    assert graphs == 2 and compiles == 0 and disk_hits >= graphs
 
 
 def test_transformers_static_cache_generation_compiles_on_tpu():
@@ -56,5 +295,7 @@ def test_transformers_static_cache_generation_compiles_on_tpu():
     options = dict(max_new_tokens=8, do_sample=False, cache_implementation="static")
     expected = model.generate(**feed, **options)
     tpu = copy.deepcopy(model).to("tpu")
+    torch.tpu.reset_compilation_cache_stats()
     generated = tpu.generate(**{k: v.to("tpu") for k, v in feed.items()}, **options)
     assert torch.equal(generated.cpu(), expected)
+    assert torch.tpu.compilation_cache_stats()["compiled_runs"] > 0

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import jax
 import torch
 
-from . import _graph, _random, _tensor, _transfer, config
+from . import _graph, _random, _tensor, _tracing, _transfer, config
 from ._dtypes import JAX_TO_TORCH, TORCH_TO_JAX, UnsupportedDtypeError, to_jax, type_name
 from ._registry import LOWERINGS, Lowering, Types, qualified_name
 
@@ -115,7 +115,8 @@ def _scalar(x: Any) -> Any:
     if array is None:
         if len(_scalar_arrays) > 4096:
             _scalar_arrays.clear()
-        array = _scalar_arrays[key] = jax.numpy.asarray(x)
+        with jax.ensure_compile_time_eval():  # a constant, even when first seen in a trace
+            array = _scalar_arrays[key] = jax.numpy.asarray(x)
     return array
 
 
@@ -269,9 +270,10 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             if deferred:
                 return _graph.call(lowered, values, extra, name=name)
             return lowered(*values, **extra)
-        except (IndexError, UnsupportedDtypeError):
+        except (IndexError, UnsupportedDtypeError, *_tracing.NEEDS_VALUES):
             # already the right error: PyTorch's IndexErrors (bounds, mask shapes), or a result
-            # dtype tpu does not have, which must keep its clear TypeError
+            # dtype tpu does not have, which must keep its clear TypeError; or a compiled
+            # program's trace reaching an op that needs values (the program names it)
             raise
         except (TypeError, ValueError) as e:
             raise _translate(op, e, args, kwargs) from e
@@ -303,7 +305,8 @@ def _translate(op, error: Exception, args: tuple, kwargs: dict) -> Exception:
 
 
 def _block(outputs) -> None:
-    jax.block_until_ready(outputs)
+    if _tracing.current is None:  # a compiled program's trace has nothing to wait for
+        jax.block_until_ready(outputs)
 
 
 def _wrap_output(value):

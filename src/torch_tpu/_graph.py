@@ -18,13 +18,14 @@ everywhere, and fast where the hot paths route through :func:`call`.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
 import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 import numpy as np
@@ -123,6 +124,18 @@ def set_active(enabled: bool) -> None:
         _fused = enabled
 
 
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Run ops directly, not recorded, without a sync point (a compiled program's trace)."""
+    global _fused
+    with _lock:
+        outer, _fused = _fused, False
+        try:
+            yield
+        finally:
+            _fused = outer
+
+
 # ----------------------------------------------------------------------------- statistics
 class CacheStats:
     """Graph compilation cache counters (``torch.tpu.compilation_cache_stats()``)."""
@@ -135,6 +148,8 @@ class CacheStats:
         self.compile_seconds = 0.0
         self.graphs_run = self.ops_run = 0
         self.disk_hits = self.donated_buffers = 0
+        self.executables_built = 0
+        self.compiled_graphs = self.compiled_runs = 0
         self.sync_reasons: collections.Counter = collections.Counter()
 
     def as_dict(self) -> dict:
@@ -142,7 +157,9 @@ class CacheStats:
                 "compile_seconds": self.compile_seconds, "graphs_run": self.graphs_run,
                 "ops_run": self.ops_run, "cached_graphs": len(_executables),
                 "disk_hits": self.disk_hits, "donated_buffers": self.donated_buffers,
-                "sync_reasons": dict(self.sync_reasons)}
+                "xla_compiles": self.executables_built - self.disk_hits,
+                "compiled_graphs": self.compiled_graphs,
+                "compiled_runs": self.compiled_runs, "sync_reasons": dict(self.sync_reasons)}
 
 
 stats = CacheStats()
@@ -153,7 +170,15 @@ def _count_disk_hit(event: str, **_: object) -> None:
         stats.disk_hits += 1
 
 
+def _count_xla_compile(event: str, duration: float, **_: object) -> None:
+    # every executable JAX builds, whether XLA compiles it or the persistent cache has it
+    # (``as_dict`` subtracts the disk hits)
+    if event == "/jax/core/compile/backend_compile_duration":
+        stats.executables_built += 1
+
+
 jax.monitoring.register_event_listener(_count_disk_hit)
+jax.monitoring.register_event_duration_secs_listener(_count_xla_compile)
 #: fingerprint -> compiled graph
 _executables: dict[tuple, Callable] = {}
 #: why the last graph ran (for explanations and tests)
@@ -461,9 +486,17 @@ def report_checks(block: bool = True) -> None:
             try:
                 callback(jax.device_get(jax.tree_util.tree_map(resolved, values)))
             except Exception as error:  # noqa: BLE001  (same type, with where it came from)
-                raise type(error)(f"{error} (raised by {origin}; fused eager reports it at a "
-                                  f"later sync point, after the graph that ran at: {reason}; set "
-                                  f"TPU_LAUNCH_BLOCKING=1 to stop at the op)") from error
+                raise type(error)(f"{error} (raised by {origin}; a device-side check is "
+                                  f"reported at a later sync point, after the graph that ran at: "
+                                  f"{reason}; set TPU_LAUNCH_BLOCKING=1 to stop there)") from error
+
+
+def report_later(values: Any, callback: Callable[[Any], None], origin: str, reason: str) -> None:
+    """Queue a check whose values a program already computed (a compiled graph's bounds checks):
+    reported when ready or at the next blocking sync, like fused eager's own checks."""
+    with _lock:
+        _unreported.append((values, callback, origin, reason))
+    report_checks(block=False)
 
 
 def sync(reason: str = "sync") -> None:

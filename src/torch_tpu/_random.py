@@ -10,6 +10,8 @@ import functools
 import jax
 import torch
 
+from . import _tracing
+
 _seed: int = 0
 _offset: int = 0
 
@@ -29,7 +31,11 @@ def _base_key(seed: int) -> jax.Array:
 
 
 def next_key() -> jax.Array:
+    """A fresh key (inside a compiled program's trace: one derived from the program's key input,
+    which the program draws from here once per call)."""
     global _offset
+    if _tracing.current is not None:
+        return _tracing.current.next_key()
     key = jax.random.fold_in(_base_key(_seed), _offset & 0xFFFF_FFFF)
     _offset += 1
     return key

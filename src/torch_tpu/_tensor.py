@@ -39,6 +39,14 @@ def _new_tensor(shape, dtype: torch.dtype, value: _buffer.Value, strides=None) -
     return t
 
 
+def over_storage(storage, shape, strides, offset: int, dtype: torch.dtype) -> torch.Tensor:
+    """A tpu tensor over an existing storage with this geometry: a view PyTorch's own view ops
+    did not make (a compiled program's inputs inside its trace, its outputs that alias an input)."""
+    t = _create([0], dtype)
+    _set_storage_meta(_META, t, storage, offset, list(shape), list(strides))
+    return t
+
+
 def wrap(value: jax.Array) -> torch.Tensor:
     """A new contiguous tpu tensor owning a fresh storage that holds ``value``."""
     try:

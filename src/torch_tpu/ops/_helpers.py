@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import torch
 import numpy as np
 
-from .. import _graph
+from .. import _graph, _tracing
 from .._dtypes import to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
 from .._registry import Promote, lower
 
@@ -67,12 +67,14 @@ def check_bounds(checks: Sequence[tuple[jax.Array, int, bool]],
     """Raise ``error(position, value, size)`` for the first index outside its dimension.
 
     ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync.
-    Skipped under a trace, where indices have no values yet.
-    In fused eager the check runs with the graph and reports at the next sync point.
+    In fused eager the check runs with the graph and reports at the next sync point; in a
+    compiled program (:mod:`torch_tpu._tracing`) its result is an output reported after the call.
+    Skipped under any other trace (``jax.vmap``...), where indices have no values.
     """
+    traced = _tracing.current is not None
     pending = [(position, index, size, negative_ok)
                for position, (index, size, negative_ok) in enumerate(checks)
-               if index.size and not isinstance(index, jax.core.Tracer)]
+               if index.size and (traced or not isinstance(index, jax.core.Tracer))]
     results = [_graph.apply(_first_out_of_bounds, index, -size if negative_ok else 0, size)
                for _, index, size, negative_ok in pending]
 
@@ -80,4 +82,7 @@ def check_bounds(checks: Sequence[tuple[jax.Array, int, bool]],
         for (position, _, size, _), (any_bad, value) in zip(pending, results):
             if any_bad:
                 raise error(position, int(value), size)
-    _graph.when_ready(results, report)
+    if traced:
+        _tracing.current.check(results, report)
+    else:
+        _graph.when_ready(results, report)

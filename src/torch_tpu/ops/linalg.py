@@ -131,6 +131,100 @@ def addmm_activation(bias, a, b, beta=1, alpha=1, use_gelu=False):
     return activated.astype(out.dtype)
 
 
+# ----------------------------------------------------------------------------- grouped products
+# ``_grouped_mm`` (MoE experts): ``offs`` holds each group's cumulative END along the jagged
+# dimension of the 2-D operand(s). PyTorch's composite kernel reads ``offs`` on the host to slice;
+# here the groups are masks over static shapes (``ragged_dot``), so one jit (and torch.compile)
+# covers every routing. Rows/columns past ``offs[-1]`` come out 0 (CPU leaves them uninitialized).
+_GROUPED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+_CONTRACT_2D = (([1], [0]), ([], []))
+
+
+def _check_grouped(a, b, offs, bias, out_dtype) -> None:
+    """CPU's ``_grouped_mm_validate_inputs`` (memory-alignment checks aside: tpu has none)."""
+    for name, x in (("mat_a", a), ("mat_b", b)):
+        if x.dtype not in _GROUPED_DTYPES:
+            raise RuntimeError(f"Expected {name} to be Float32, BFloat16 or Float16 matrix, "
+                               f"got {to_torch(x.dtype)}")
+        if x.ndim not in (2, 3):
+            raise RuntimeError(f"{name} has to be 2 or 3d")
+    if (a.ndim == 3 or b.ndim == 3) and a.shape[-1] != b.shape[-2]:
+        raise RuntimeError("contraction dimension of mat_a and mat_b must match")
+    if (offs is not None) != (a.ndim == 2 or b.ndim == 2):
+        raise RuntimeError("Have to provide offsets if there is a 2d matrix, or no offset if both "
+                           "matrices are 3d")
+    if offs is not None and offs.ndim != 1:
+        raise RuntimeError("offs has to be 1D")
+    if offs is not None and offs.dtype != jnp.int32:
+        raise RuntimeError("Offsets have to be int32")
+    if bias is not None:
+        raise RuntimeError("Bias not supported yet")
+    if out_dtype is not None and out_dtype != a.dtype:
+        raise RuntimeError("Grouped gemm output dtype must match `mat_a` dtype")
+    groups = {(2, 3): b.shape[0], (3, 2): a.shape[0]}.get((a.ndim, b.ndim))
+    if groups is not None and offs.shape[0] != groups:
+        raise RuntimeError("matrix batch sizes have to match")
+    if a.ndim == b.ndim == 3 and a.shape[0] != b.shape[0]:
+        raise RuntimeError("batched dimension has to match")
+    _check_dtypes("_grouped_mm", a, b)
+
+
+def _ragged(a, b, offs, dimension_numbers=None):
+    """``ragged_dot(_general)`` of groups given by end offsets, accumulated in opmath."""
+    sizes = jnp.diff(offs, prepend=jnp.zeros(1, offs.dtype))
+    options = dict(precision=HIGHEST, preferred_element_type=accumulator(a.dtype))
+    if dimension_numbers is None:
+        return lax.ragged_dot(a, b, sizes, **options)
+    return lax.ragged_dot_general(a, b, sizes, dimension_numbers, **options)
+
+
+def _grouped_product(a, b, offs):
+    if a.ndim == 3 and b.ndim == 3:  # no groups to find: a batched product
+        return _product("gmk,gkn->gmn", a, b)
+    if b.ndim == 3:  # (m, k) x (g, k, n): groups of rows of a, each times its own matrix of b
+        return _ragged(a, b, offs)
+    if a.ndim == 3:  # (g, m, k) x (k, n): groups of columns of b, each column's product picked
+        # from its group's (no MoE layer uses this layout; ragged_dot needs a transposed
+        # result here, which XLA:CPU folds into a bfloat16 dot it cannot run)
+        before_end = jnp.arange(b.shape[1]) < offs[:, None]
+        in_group = before_end & ~jnp.concatenate([jnp.zeros_like(before_end[:1]), before_end[:-1]])
+        return jnp.where(in_group[:, None, :], _product("gmk,kn->gmn", a, b), 0).sum(0)
+    # (m, k) x (k, n) -> (g, m, n): groups along the contraction (the weight gradient)
+    return _ragged(a, b, offs, lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=_CONTRACT_2D, lhs_ragged_dimensions=[1], rhs_group_dimensions=[]))
+
+
+@lower(aten._grouped_mm.default)
+def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
+    _check_grouped(a, b, offs, bias, out_dtype)
+    return _grouped_product(a, b, offs).astype(a.dtype)
+
+
+def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None,
+                      bias: torch.Tensor | None = None,
+                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``_grouped_mm``'s shape function for fake tensors (torch.compile). PyTorch's meta kernel
+    only accepts bfloat16 (its CUDA kernel's limit), which would keep float32 MoE models on tpu
+    from tracing, so tpu tensors get the result's shape here (the lowering checks the arguments
+    when the compiled program is traced) and other devices keep PyTorch's meta kernel.
+    ``register_fake`` also takes over the op's meta kernel; registering again replaces it."""
+    if a.device.type != "tpu":
+        return _torch_grouped_mm_meta(a, b, offs=offs, bias=bias, out_dtype=out_dtype)
+    torch._check((offs is not None) == (a.dim() == 2 or b.dim() == 2), lambda: (
+        "Have to provide offsets if there is a 2d matrix, or no offset if both matrices are 3d"))
+    if a.dim() == b.dim() == 3:
+        shape = (a.shape[0], a.shape[1], b.shape[2])
+    elif a.dim() == b.dim() == 2:
+        shape = (offs.shape[0], a.shape[0], b.shape[1])
+    else:
+        shape = (a.shape[-2], b.shape[-1])
+    return a.new_empty(shape, dtype=out_dtype or a.dtype)
+
+
+_torch_grouped_mm_meta = torch._meta_registrations.meta_grouped_mm
+torch.library.register_fake("aten::_grouped_mm", _grouped_mm_shape)
+
+
 # ----------------------------------------------------------------------------- decompositions
 # Info outputs are int32 like LAPACK's. Factorizations with ``check_errors`` run unjitted so a
 # failure can raise on the host; their arithmetic is jitted below.

@@ -1,0 +1,162 @@
+"""``torch.compile(model, backend="tpu")``: Dynamo graphs compiled by XLA, not Inductor.
+
+Dynamo captures FX graphs; AOTAutograd turns each into forward and backward graphs of ATen ops
+(functional, with input mutations such as an optimizer's parameter updates kept in the graph);
+:class:`~torch_tpu.compile._program.Program` traces each graph through the *same* lowerings as
+eager into one ``jax.jit`` and calls the XLA executable from then on. Graph breaks work (each
+piece is its own graph), and compiled graphs land in the same persistent cache as fused eager.
+
+Shapes are static, as XLA's are: a new input shape compiles a new executable (logged with the
+reason under ``TORCH_TPU_LOG_RECOMPILES=1``). ``dynamic=True`` works the same way: Dynamo traces
+once, XLA compiles once per concrete shape. To bound the number of shapes, pad inputs to a few
+sizes with :func:`pad_to_bucket`.
+
+PyTorch finds the backend through the ``torch_dynamo_backends`` entry point, so importing
+torch_tpu does not import Dynamo.
+
+Example::
+
+    >>> import torch, torch_tpu
+    >>> f = torch.compile(lambda x: (x.sin() * 2).sum(), backend="tpu")
+    >>> round(f(torch.zeros(3, device="tpu")).item(), 4)
+    0.0
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from .. import _graph
+from ._program import Program
+
+__all__ = ["backend", "Program", "bucket_size", "pad_to_bucket"]
+
+#: ``torch.compile`` modes: XLA always optimizes fully and each graph is already one launch (what
+#: "reduce-overhead" gets from CUDA graphs), so every mode compiles the same way.
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _skip_backend_frames() -> None:
+    """Keep Dynamo out of torch_tpu's and JAX's own Python: after a graph break, eager ops reach
+    our kernels as new Python frames, which Dynamo would otherwise try to compile."""
+    from torch._dynamo import trace_rules
+    for package in ("torch_tpu", "jax", "jaxlib"):
+        trace_rules.add(package)
+
+
+def _boxed(program: Program) -> Callable:
+    """AOTAutograd's calling convention: one list of arguments, which the callee empties so the
+    caller's references (saved activations) die as early as possible."""
+    def run(args: list) -> Any:
+        values = list(args)
+        args.clear()
+        return program(*values)
+    run._boxed_call = True
+    return run
+
+
+def _compiler(name: str, kind: str) -> Callable:
+    def compile_graph(graph_module: torch.fx.GraphModule, example_inputs) -> Callable:
+        return _boxed(Program(graph_module, f"{name} ({kind})"))
+    return compile_graph
+
+
+# Dynamo frame id -> the placeholders (name, shape, dtype) of its last compiled graph
+_last_inputs_by_frame: dict[int, list] = {}
+
+
+def _describe_inputs(graph_module: torch.fx.GraphModule) -> list:
+    described = []
+    for node in graph_module.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(value, torch.Tensor):
+            described.append((node.name, f"{str(value.dtype).removeprefix('torch.')}"
+                                         f"{list(value.shape)}"))
+        else:
+            described.append((node.name, repr(value)))
+    return described
+
+
+def _graph_name(graph_module: torch.fx.GraphModule) -> str:
+    """``frame 0/1``: the Dynamo frame and how many times it was compiled before; logs why a
+    frame compiled again under ``TORCH_TPU_LOG_RECOMPILES=1``."""
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    if compile_id is None:
+        return "graph"
+    frame, attempt = compile_id.frame_id, compile_id.frame_compile_id
+    inputs = _describe_inputs(graph_module)
+    previous = _last_inputs_by_frame.get(frame)
+    _last_inputs_by_frame[frame] = inputs
+    if attempt and previous is not None and _graph.log_recompiles:
+        before = dict(previous)
+        change = next((f"{name}: {before[name]} -> {now}" for name, now in inputs
+                       if name in before and before[name] != now),
+                      f"inputs {[n for n, _ in previous]} -> {[n for n, _ in inputs]}")
+        print(f"[torch_tpu] Dynamo recompiles frame {frame} (compile {attempt}): {change}",
+              file=sys.stderr)
+    return f"frame {frame}/{attempt}"
+
+
+def backend(graph_module: torch.fx.GraphModule, example_inputs: list, *,
+            mode: Optional[str] = None, options: Optional[dict] = None) -> Callable:
+    """The Dynamo backend registered as ``"tpu"`` (``torch.compile(model, backend="tpu")``).
+
+    ``mode`` is any of :data:`MODES` (all compile the same way); there are no ``options``.
+    """
+    from torch._dynamo.backends.common import aot_autograd
+    if mode is not None and mode not in MODES:
+        raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(MODES)}")
+    if options:
+        raise RuntimeError(f"torch.compile(backend='tpu') takes no options; got {sorted(options)}")
+    _skip_backend_frames()
+    name = _graph_name(graph_module)
+    return aot_autograd(fw_compiler=_compiler(name, "forward"),
+                        bw_compiler=_compiler(name, "backward"),
+                        inference_compiler=_compiler(name, "inference"),
+                        keep_inference_input_mutations=True)(graph_module, example_inputs)
+
+
+# ----------------------------------------------------------------------------- static shapes
+def bucket_size(length: int, buckets: Optional[Sequence[int]] = None, multiple: int = 64) -> int:
+    """The size to pad ``length`` to: the smallest of ``buckets`` that fits, else the next
+    multiple of ``multiple``. Few distinct sizes mean few compiled executables.
+
+    Example::
+
+        >>> from torch_tpu.compile import bucket_size
+        >>> bucket_size(100), bucket_size(100, buckets=(128, 256, 512)), bucket_size(600, (128, 256))
+        (128, 128, 640)
+    """
+    if length < 0:
+        raise ValueError(f"length must be non-negative, got {length}")
+    for size in sorted(buckets or ()):
+        if length <= size:
+            return size
+    return -(-length // multiple) * multiple if length else multiple
+
+
+def pad_to_bucket(tensor: torch.Tensor, dim: int = -1, buckets: Optional[Sequence[int]] = None,
+                  multiple: int = 64, value: float = 0) -> torch.Tensor:
+    """``tensor`` padded with ``value`` at the end of ``dim`` up to :func:`bucket_size`, so a
+    compiled model sees a few shapes instead of one per sequence length. Pad the attention mask
+    with 0 (and labels with -100) so the padding changes no result.
+
+    Example::
+
+        >>> import torch
+        >>> from torch_tpu.compile import pad_to_bucket
+        >>> ids = torch.ones(2, 100, dtype=torch.long)
+        >>> pad_to_bucket(ids, buckets=(128, 256)).shape
+        torch.Size([2, 128])
+        >>> mask = pad_to_bucket(torch.ones(2, 100, dtype=torch.long), buckets=(128, 256), value=0)
+        >>> int(mask.sum())
+        200
+    """
+    dim = dim % tensor.dim()
+    missing = bucket_size(tensor.shape[dim], buckets, multiple) - tensor.shape[dim]
+    if not missing:
+        return tensor
+    pad = [0, 0] * (tensor.dim() - 1 - dim) + [0, missing]
+    return torch.nn.functional.pad(tensor, pad, value=value)

@@ -1,0 +1,347 @@
+"""An FX graph of ATen ops as XLA executables: the eager lowerings traced into one ``jax.jit``.
+
+:class:`Program` interprets the graph node by node through the same dispatcher and lowerings as
+eager, on tpu tensors whose storages hold JAX tracers (:mod:`torch_tpu._tracing`), so ``jax.jit``
+sees the whole graph as one computation. Each input layout (the arguments' shapes, strides,
+dtypes and which of them share a storage) is traced and compiled once; later calls with that
+layout run the executable directly.
+
+Inputs travel as their storages' values and are rebuilt inside the trace with their exact
+geometry, so ``as_strided`` and views over shared storage mean what they meant when Dynamo traced
+them. Outputs come back as storages too: an output over a new storage gets that storage, one that
+aliases an input is a view of the real input, and inputs the graph writes (an optimizer's
+parameters and state, when AOTAutograd keeps the mutation in the graph) have their new values
+stored back, their old buffers donated to XLA so the update does not hold two copies.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import Any, Callable, Iterator, NamedTuple, Optional
+
+import jax
+import torch
+
+from .. import _buffer, _graph, _random, _tensor, _tracing, _transfer, config
+
+_TPU, _HOST, _CONST = range(3)
+_FRESH, _INPUT = range(2)
+# The key of programs that draw no random numbers (so calling them leaves the generator alone).
+_UNUSED_KEY = None
+
+
+def _unused_key() -> jax.Array:
+    global _UNUSED_KEY
+    if _UNUSED_KEY is None:
+        _UNUSED_KEY = jax.random.key(0)
+    return _UNUSED_KEY
+
+
+class _Output(NamedTuple):
+    kind: int                # _FRESH (a storage the program returns) or _INPUT (an input's)
+    storage: int             # which one
+    shape: tuple
+    strides: tuple
+    offset: int
+    dtype: torch.dtype
+    host: bool               # the graph computed it for the CPU (moved there after the call)
+
+
+class _Traced:
+    """What the trace of one layout found out: the outputs' structure, which inputs the graph
+    wrote, the checks to report after each call, and whether it draws random numbers."""
+
+    def __init__(self) -> None:
+        self.outputs: list = []           # _Output, or a constant (None, an int...)
+        self.written: tuple[int, ...] = ()
+        self.checks: list[tuple[Callable, str]] = []
+        self.random = False
+
+
+class _Executable(NamedTuple):
+    run: Callable
+    traced: _Traced
+    donated: tuple[int, ...]
+
+
+#: Views whose strides a graph may have taken from another backend's kernels (torch.export on
+#: CPU drops ``.contiguous()`` after an attention whose CPU output is already laid out that way).
+#: The graphs are functional, so a view only needs its values: reshape gives them, copying only
+#: when the tpu layout is not viewable.
+_VALUE_SEMANTICS = {torch.ops.aten.view.default: torch.ops.aten.reshape.default,
+                    torch.ops.aten._unsafe_view.default: torch.ops.aten.reshape.default}
+
+
+def _host_device(value: Any) -> Any:
+    """Inside a trace every value lives on the device: a CPU device argument becomes tpu."""
+    if isinstance(value, torch.device) and value.type == "cpu":
+        return torch.device("tpu")
+    return value
+
+
+@contextlib.contextmanager
+def traced_ops(key: jax.Array) -> Iterator[_tracing.Trace]:
+    """Run tpu ops on traced values: each op goes straight through its lowering (not recorded by
+    fused eager, not differentiated again, no autocast on top of what the graph already casts)."""
+    with _tracing.tracing(key) as trace, _graph.suspended(), torch.no_grad(), \
+            torch.autocast("tpu", enabled=False):
+        yield trace
+
+
+class Interpreter(torch.fx.Interpreter):
+    """Runs each node through the eager kernels and names the node in any error."""
+
+    def __init__(self, graph_module: torch.fx.GraphModule, trace: _tracing.Trace):
+        super().__init__(graph_module, garbage_collect_values=True)
+        self.trace = trace
+
+    def call_function(self, target, args, kwargs):
+        args, kwargs = torch.utils._pytree.tree_map(_host_device, (args, kwargs))
+        target = _VALUE_SEMANTICS.get(target, target)
+        try:
+            return target(*args, **kwargs)
+        except _tracing.NEEDS_VALUES as error:
+            raise NotImplementedError(
+                f"{target} needs its inputs' values on the host (an output shape that depends "
+                "on data, or a host-side check), which one compiled tpu graph cannot do. Break "
+                "the graph before it (torch._dynamo.graph_break()) or run this part eagerly."
+            ) from error
+
+    def run_node(self, node: torch.fx.Node) -> Any:
+        self.trace.origin = f"{node.target} ({_source_line(node)})"
+        try:
+            return super().run_node(node)
+        except Exception as error:  # noqa: BLE001  (same error, with the node that raised it)
+            if not getattr(error, "_tpu_node_noted", False):
+                error.add_note(f"[torch_tpu] while tracing {node.format_node()} for a compiled "
+                               f"tpu graph ({_source_line(node)})")
+                error._tpu_node_noted = True
+            raise
+
+
+def _source_line(node: torch.fx.Node) -> str:
+    """Where the node came from: the user's line if Dynamo kept it, else the module it ran in."""
+    trace = node.meta.get("stack_trace") or ""
+    lines = [line.strip() for line in trace.strip().splitlines() if line.strip().startswith("File")]
+    if lines:
+        return lines[-1]
+    modules = node.meta.get("nn_module_stack")
+    if modules:
+        path, kind = list(modules.values())[-1]
+        return f"in {getattr(kind, '__name__', kind)} {path}"
+    return "source unknown"
+
+
+def _meta_device_is_host(node_value: Any) -> bool:
+    return isinstance(node_value, torch.Tensor) and node_value.device.type == "cpu"
+
+
+class Program:
+    """``graph_module`` (ATen ops, functional or with input mutations) compiled for tpu.
+
+    Called with the graph's inputs (tpu or CPU tensors, Python numbers); returns its outputs as
+    tpu tensors (CPU where the graph computed a CPU tensor).
+    """
+
+    def __init__(self, graph_module: torch.fx.GraphModule, name: str = "graph"):
+        self.graph_module = graph_module
+        self.name = name
+        self._executables: dict[tuple, _Executable] = {}
+        self._last_layout: Optional[tuple] = None
+        outputs = next(n for n in graph_module.graph.nodes if n.op == "output").args[0]
+        self._host_outputs = [_meta_device_is_host(getattr(o, "meta", {}).get("val"))
+                              for o in torch.utils._pytree.tree_leaves(outputs)]
+        self._out_tree = torch.utils._pytree.tree_structure(outputs)
+
+    # ------------------------------------------------------------------ inputs
+    def _gather(self, args) -> tuple[tuple, list, list]:
+        """The call's layout (the compile key), the storage values to pass, and the storages
+        (tpu) or host tensors (CPU) they came from."""
+        layout = []
+        values: list = []
+        sources: list = []
+        seen: dict[int, int] = {}
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                if a.device.type == "tpu":
+                    storage = a.untyped_storage()
+                    index = seen.get(storage._cdata)
+                    if index is None:
+                        index = seen[storage._cdata] = len(values)
+                        value = _graph.resolved(_buffer.get_array(storage))
+                        values.append(value)
+                        sources.append(storage)
+                    layout.append((_TPU, index, tuple(a.shape), a.stride(), a.storage_offset(),
+                                   a.dtype, a.is_conj(), a.is_neg()))
+                else:
+                    layout.append((_HOST, len(values), tuple(a.shape), a.dtype))
+                    values.append(_transfer.to_device(a))
+                    sources.append(a)
+            else:
+                layout.append((_CONST, a))
+        avals = tuple((v.shape, v.dtype, getattr(v, "weak_type", False)) for v in values)
+        return (tuple(layout), avals), values, sources
+
+    # ------------------------------------------------------------------ tracing
+    def _traceable(self, layout: tuple, traced: _Traced) -> Callable:
+        graph_module = self.graph_module
+        host_outputs = self._host_outputs
+
+        def program(key, *values):
+            with traced_ops(key) as trace:
+                storages = [_tensor.wrap(v).untyped_storage() for v in values]
+                args = []
+                for spec in layout:
+                    if spec[0] == _TPU:
+                        _, index, shape, strides, offset, dtype, conj, neg = spec
+                        t = _tensor.over_storage(storages[index], shape, strides, offset, dtype)
+                        t = t.conj() if conj else t
+                        args.append(t._neg_view() if neg else t)
+                    elif spec[0] == _HOST:
+                        _, index, shape, dtype = spec
+                        args.append(_tensor.over_storage(storages[index], shape,
+                                                         _contiguous(shape), 0, dtype))
+                    else:
+                        args.append(spec[1])
+                results = Interpreter(graph_module, trace).run(*args)
+                flat = torch.utils._pytree.tree_leaves(results)
+                inputs = {s._cdata: i for i, s in enumerate(storages)}
+                fresh: dict[int, int] = {}
+                fresh_values = []
+                traced.outputs = []
+                for out, host in zip(flat, host_outputs):
+                    if not isinstance(out, torch.Tensor):
+                        traced.outputs.append(out)
+                        continue
+                    out = out.resolve_conj().resolve_neg()
+                    storage = out.untyped_storage()
+                    if storage._cdata in inputs and not host:
+                        kind, index = _INPUT, inputs[storage._cdata]
+                    else:
+                        index = fresh.get(storage._cdata)
+                        if index is None:
+                            index = fresh[storage._cdata] = len(fresh_values)
+                            fresh_values.append(_buffer.get_array(storage))
+                        kind = _FRESH
+                    traced.outputs.append(_Output(kind, index, tuple(out.shape), out.stride(),
+                                                  out.storage_offset(), out.dtype, host))
+                traced.written = tuple(i for i, (s, v) in enumerate(zip(storages, values))
+                                       if _buffer.get(s) is not v)
+                written = [_buffer.get_array(storages[i]) for i in traced.written]
+                traced.checks = [(callback, origin) for _, callback, origin in trace.checks]
+                traced.random = trace.draws > 0
+                return fresh_values, written, [values for values, _, _ in trace.checks]
+        return program
+
+    def _compile(self, key: tuple, values: list, donated: tuple[int, ...]) -> _Executable:
+        layout = key[0]
+        if self._last_layout is not None and _graph.log_recompiles:
+            print(f"[torch_tpu] recompiling compiled graph {self.name}: "
+                  f"{_layout_change(self._last_layout, key)}", file=sys.stderr)
+        started = time.perf_counter()
+        traced = _Traced()
+        program = self._traceable(layout, traced)
+        # positions shift by one: the key is the program's first argument
+        run = jax.jit(program, donate_argnums=tuple(i + 1 for i in donated)) \
+            .lower(_unused_key(), *values).compile()
+        _graph.stats.compile_seconds += time.perf_counter() - started
+        _graph.stats.compiled_graphs += 1
+        return _Executable(run, traced, donated)
+
+    # ------------------------------------------------------------------ calls
+    def __call__(self, *args: Any) -> Any:
+        key, values, sources = self._gather(args)
+        executable = self._executables.get((key, ()))
+        if executable is None:
+            executable = self._executables[(key, ())] = self._compile(key, values, ())
+            self._last_layout = key
+        traced = executable.traced
+        donated = _donatable(values, traced.written)
+        if donated:
+            donating = self._executables.get((key, donated))
+            if donating is None:
+                donating = self._executables[(key, donated)] = self._compile(key, values, donated)
+            executable = donating
+            _graph.stats.donated_buffers += len(donated)
+        random_key = _random.next_key() if traced.random else _unused_key()
+        _graph.stats.compiled_runs += 1
+        fresh, written, checks = executable.run(random_key, *values)
+        del values
+        for index, value in zip(traced.written, written):
+            _store(sources[index], value)
+        for results, (callback, origin) in zip(checks, traced.checks):
+            _graph.report_later(results, callback, origin, f"a call of compiled graph {self.name}")
+        if checks and config.launch_blocking:
+            _graph.report_checks()
+        return torch.utils._pytree.tree_unflatten(
+            [_output(o, fresh, sources) for o in traced.outputs], self._out_tree)
+
+    def stablehlo(self, *args: Any) -> str:
+        """StableHLO text of this graph for these arguments (traced, not run)."""
+        key, values, _ = self._gather(args)
+        program = self._traceable(key[0], _Traced())
+        return jax.jit(program).lower(_unused_key(), *values).as_text()
+
+
+def _contiguous(shape) -> tuple:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+#: References to a storage value while a program is called: the storage's attribute, the list
+#: of values passed, and ``sys.getrefcount``'s own argument.
+_HELD_ONLY_BY_ITS_STORAGE = 3
+
+
+def _donatable(values: list, written: tuple[int, ...]) -> tuple[int, ...]:
+    """The written inputs whose buffers nothing but their own storage holds: their storage gets
+    the new value right after the call, so XLA may update the old buffer in place. A buffer
+    another storage shares (``a.copy_(b)`` can make two storages hold one array) is kept."""
+    return tuple(i for i in written if sys.getrefcount(values[i]) == _HELD_ONLY_BY_ITS_STORAGE)
+
+
+def _store(source: Any, value: jax.Array) -> None:
+    """An input's new value after the program wrote it: into its storage, or back to the host."""
+    if isinstance(source, torch.Tensor):  # a CPU input (e.g. a non-capturable optimizer step)
+        source.copy_(_transfer.to_host(value).view(source.dtype).reshape(source.shape))
+        return
+    _buffer.put(source, value)
+    _tensor.ensure_storage_nbytes(source)
+
+
+def _output(spec: Any, fresh: list, sources: list) -> Any:
+    if not isinstance(spec, _Output):
+        return spec
+    if spec.kind == _INPUT:
+        storage = sources[spec.storage]
+    else:
+        storage = fresh[spec.storage]
+        if isinstance(storage, jax.Array):  # the first output over this new storage makes it
+            storage = fresh[spec.storage] = _tensor.wrap(storage).untyped_storage()
+    tensor = _tensor.over_storage(storage, spec.shape, spec.strides, spec.offset, spec.dtype)
+    return tensor.cpu() if spec.host else tensor
+
+
+def _layout_change(old: tuple, new: tuple) -> str:
+    """Which argument made a new layout differ from the previous one."""
+    (old_layout, old_avals), (new_layout, new_avals) = old, new
+    for i, (a, b) in enumerate(zip(old_layout, new_layout)):
+        if a != b:
+            return f"argument {i} changed from {_describe(a)} to {_describe(b)}"
+    for i, (a, b) in enumerate(zip(old_avals, new_avals)):
+        if a != b:
+            return f"storage {i} changed from {a[1]}{list(a[0])} to {b[1]}{list(b[0])}"
+    return "inputs that could be donated before cannot be now (or the reverse)"
+
+
+def _describe(spec: tuple) -> str:
+    if spec[0] == _CONST:
+        return repr(spec[1])
+    if spec[0] == _HOST:
+        return f"a CPU tensor {spec[3]}{list(spec[2])}"
+    _, _, shape, strides, offset, dtype, _, _ = spec
+    return f"{str(dtype).removeprefix('torch.')}{list(shape)} (strides {list(strides)}, offset {offset})"

@@ -1,0 +1,127 @@
+"""``torch.export`` programs as StableHLO: the portable artifact XLA (and JAX) runs anywhere.
+
+:func:`to_stablehlo` interprets an ``ExportedProgram``'s graph through the same tpu lowerings as
+eager and ``torch.compile`` (:class:`torch_tpu.compile.Program`), traced by ``jax.jit``. The
+result holds the StableHLO text, a serialized ``jax.export`` artifact that JAX can load and run
+without torch or torch_tpu, and the program's weights in the order the artifact takes them.
+
+Example::
+
+    >>> import torch, jax, torch_tpu.export
+    >>> model = torch.nn.Linear(3, 2)
+    >>> x = torch.ones(1, 3)
+    >>> program = torch_tpu.export.to_stablehlo(torch.export.export(model, (x,)))
+    >>> "stablehlo.dot_general" in program.text
+    True
+    >>> artifact = jax.export.deserialize(program.serialized)
+    >>> out = artifact.call(*program.jax_state(), jax.numpy.ones((1, 3)))
+    >>> torch.allclose(torch.from_numpy(jax.numpy.asarray(out[0]).copy()), model(x), atol=1e-6)
+    True
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import numpy as np
+import torch
+
+from . import _tensor, _transfer
+from ._dtypes import to_jax
+from .compile._program import Interpreter, traced_ops
+
+__all__ = ["StableHLOProgram", "to_stablehlo"]
+
+_STATE_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
+
+
+@dataclasses.dataclass(frozen=True)
+class StableHLOProgram:
+    """An exported program lowered to StableHLO.
+
+    The artifact's inputs are ``state`` (weights, buffers and constants, named ``state_names``)
+    followed by the user inputs (``input_names``); its outputs are ``output_names`` (mutated
+    buffers' new values first, as ``torch.export`` orders them, then the user outputs).
+    """
+
+    text: str                      # StableHLO MLIR text
+    serialized: bytes              # ``jax.export`` serialization: ``jax.export.deserialize(...)``
+    state_names: tuple[str, ...]
+    state: tuple[torch.Tensor, ...]
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+    def jax_state(self) -> list[jax.Array]:
+        """``state`` as JAX arrays, the artifact's leading arguments."""
+        return [_transfer.to_device(t) for t in self.state]
+
+    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Run the serialized artifact through JAX on CPU tensors; returns CPU tensors."""
+        artifact = jax.export.deserialize(self.serialized)
+        outputs = artifact.call(*self.jax_state(), *(_transfer.to_device(a) for a in args))
+        return tuple(_transfer.to_host(o) for o in outputs)
+
+
+def _placeholder_avals(graph_module: torch.fx.GraphModule) -> list[jax.ShapeDtypeStruct]:
+    avals = []
+    for node in graph_module.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            raise NotImplementedError(
+                f"to_stablehlo: input {node.name} is {type(value).__name__}, not a tensor; export "
+                "with tensor inputs only")
+        if any(not isinstance(d, int) for d in value.shape):
+            raise NotImplementedError(
+                f"to_stablehlo: input {node.name} has a dynamic shape {list(value.shape)}; XLA "
+                "programs have static shapes. Export without dynamic_shapes (one program per "
+                "shape), or pad inputs to a few sizes (torch_tpu.compile.pad_to_bucket)")
+        avals.append(jax.ShapeDtypeStruct(tuple(value.shape), to_jax(value.dtype)))
+    return avals
+
+
+def _jax_function(graph_module: torch.fx.GraphModule, dtypes: Sequence[torch.dtype]):
+    def run(*arrays):
+        with traced_ops(jax.random.key(0)) as trace:
+            inputs = [_tensor.wrap(a) if d == _tensor.JAX_TO_TORCH[a.dtype] else
+                      _tensor.wrap(a).view(d) for a, d in zip(arrays, dtypes)]
+            outputs = Interpreter(graph_module, trace).run(*inputs)
+            if trace.draws:
+                raise NotImplementedError(
+                    "to_stablehlo: the program draws random numbers (dropout in training mode?); "
+                    "export the model in eval mode")
+            return [_tensor.read(o) for o in torch.utils._pytree.tree_leaves(outputs)
+                    if isinstance(o, torch.Tensor)]
+    return run
+
+
+def to_stablehlo(exported: torch.export.ExportedProgram) -> StableHLOProgram:
+    """Lower ``exported`` (from ``torch.export.export(model, args)``) to StableHLO.
+
+    Shapes are static: each exported shape is its own program. Index bounds are not checked
+    inside the artifact (XLA clamps out-of-range indices).
+    """
+    signature = exported.graph_signature
+    state_names, state, input_names = [], [], []
+    for spec in signature.input_specs:
+        kind = spec.kind.name
+        if kind in _STATE_KINDS:
+            value = exported.state_dict.get(spec.target)
+            if value is None:
+                value = exported.constants[spec.target]
+            state_names.append(spec.target)
+            state.append(value.detach().cpu())
+        elif kind == "USER_INPUT":
+            input_names.append(spec.arg.name)
+        else:
+            raise NotImplementedError(f"to_stablehlo: {kind} inputs are not supported")
+    graph_module = exported.graph_module
+    avals = _placeholder_avals(graph_module)
+    dtypes = [node.meta["val"].dtype for node in graph_module.graph.find_nodes(op="placeholder")]
+    jitted = jax.jit(_jax_function(graph_module, dtypes))
+    artifact = jax.export.export(jitted)(*avals)
+    return StableHLOProgram(
+        text=jitted.lower(*avals).as_text(), serialized=bytes(artifact.serialize()),
+        state_names=tuple(state_names), state=tuple(state), input_names=tuple(input_names),
+        output_names=tuple(spec.arg.name for spec in signature.output_specs
+                           if isinstance(spec.arg, torch.export.graph_signature.TensorArgument)))

@@ -101,6 +101,9 @@ def to_stablehlo(exported: torch.export.ExportedProgram) -> StableHLOProgram:
     Shapes are static: each exported shape is its own program. Index bounds are not checked
     inside the artifact (XLA clamps out-of-range indices).
     """
+    # functional IR: buffers the program updates (BatchNorm's statistics in training mode)
+    # become outputs instead of in-place writes the artifact would lose
+    exported = exported.run_decompositions({})
     signature = exported.graph_signature
     state_names, state, input_names = [], [], []
     for spec in signature.input_specs:

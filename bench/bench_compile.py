@@ -132,9 +132,9 @@ def tables(warm: dict[str, float], starts: Optional[dict], markdown: bool) -> st
                        "warm start (cache)", "XLA compiles")]
         for name, result in starts.items():
             cold, warm_start = result["cold"], result["warm"]
-            start_rows.append((LABELS[name], f"{cold['seconds']:.2f} s",
-                               str(cold["xla_compiles"]), f"{warm_start['seconds']:.2f} s",
-                               str(warm_start["xla_compiles"])))
+            compiles = (lambda r: "n/a") if name == "inductor" else (lambda r: str(r["xla_compiles"]))
+            start_rows.append((LABELS[name], f"{cold['seconds']:.2f} s", compiles(cold),
+                               f"{warm_start['seconds']:.2f} s", compiles(warm_start)))
         out.append(_format(start_rows, markdown))
     out.append("\n".join(("- " if markdown else "") + note for note in notes))
     return "\n\n".join(out)

@@ -65,24 +65,26 @@ def _measure(name: str, tokens: int, contenders: Contenders, rounds: int) -> Res
     return Result(name, tokens, cold, warm)
 
 
-def _generation_cases(model: torch.nn.Module, batch: int, static_cache: bool = False
-                      ) -> Contenders:
+def _generation_cases(model: torch.nn.Module, batch: int, static_cache: bool = False,
+                      compile_on_tpu: bool = False) -> Contenders:
     """Greedy decoding of exactly NEW_TOKENS tokens after a PROMPT_LENGTH-token prompt.
 
     The default dynamic KV cache grows by one position per token, so every decoding step has new
     shapes (on tpu: new compilations on the cold run). A static cache keeps them fixed.
-    ``disable_compile``: with a static cache on tpu, transformers would otherwise wrap the
-    forward in ``torch.compile(backend="tpu")``; both devices run eagerly here, so the row
-    compares eager decoding."""
-    options = dict(cache_implementation="static", disable_compile=True) if static_cache else {}
+    ``disable_compile``: with a static cache on tpu, transformers wraps the decoding step in
+    ``torch.compile(backend="tpu")``; ``compile_on_tpu=False`` turns that off so both devices
+    decode eagerly. CPU always decodes eagerly."""
     generator = torch.Generator().manual_seed(batch)
     prompt = torch.randint(3, LLAMA["vocab_size"], (batch, PROMPT_LENGTH), generator=generator)
     cases = {}
     for label, (device, sync) in DEVICES.items():
         replica = copy.deepcopy(model).to(device)
         ids = prompt.to(device)
+        compiled = compile_on_tpu and device == "tpu"
+        options = dict(cache_implementation="static", disable_compile=not compiled) \
+            if static_cache else {}
 
-        def generate(replica=replica, ids=ids):
+        def generate(replica=replica, ids=ids, options=options):
             return replica.generate(ids, attention_mask=torch.ones_like(ids),
                                     max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                                     do_sample=False, num_beams=1, **options)
@@ -166,6 +168,9 @@ def main(argv: Optional[list[str]] = None) -> None:
                                 _generation_cases(model, batch), rounds))
     results.append(_measure(f"generate {NEW_TOKENS} tok, batch 1, static cache", NEW_TOKENS,
                             _generation_cases(model, 1, static_cache=True), rounds))
+    results.append(_measure(f"generate {NEW_TOKENS} tok, batch 1, static cache, tpu compiled",
+                            NEW_TOKENS, _generation_cases(model, 1, True, compile_on_tpu=True),
+                            rounds))
     results.append(_measure("train step (fwd+bwd+AdamW)", TRAIN_BATCH * TRAIN_LENGTH,
                             _train_step_cases(model), rounds))
     print(markdown_table(results) if args.markdown else text_table(results))

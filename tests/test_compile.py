@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import re
 import subprocess
@@ -189,14 +190,15 @@ def test_new_shape_recompiles_with_the_reason_logged(capfd, log_recompiles):
     assert "recompiles frame" in err and "float32[1, 5] -> float32[1, s" in err
 
 
-def test_dynamic_true_compiles_each_shape_once(capfd, log_recompiles):
+def test_dynamic_true_compiles_each_shape_once(caplog):
     f = torch.compile(lambda x: torch.softmax(x, -1).sum(-1), backend="tpu", dynamic=True)
     torch.tpu.reset_compilation_cache_stats()
-    for n in (3, 5, 3, 5, 9):
-        x = torch.randn(2, n)
-        torch.testing.assert_close(f(x.to("tpu")).cpu(), torch.softmax(x, -1).sum(-1))
+    with caplog.at_level(logging.INFO, logger="torch_tpu"):  # always logged, printed on request
+        for n in (3, 5, 3, 5, 9):
+            x = torch.randn(2, n)
+            torch.testing.assert_close(f(x.to("tpu")).cpu(), torch.softmax(x, -1).sum(-1))
     assert torch.tpu.compilation_cache_stats()["compiled_graphs"] == 3  # one per distinct shape
-    assert re.search(r"argument \d changed from 3 to 5", capfd.readouterr().err)
+    assert re.search(r"argument \d changed from 3 to 5", caplog.text)
 
 
 def test_modes_are_accepted_and_bad_arguments_are_clear():
@@ -219,6 +221,14 @@ def test_out_of_range_index_is_reported_not_clamped():
         compiled(torch.tensor([1, 12], device="tpu"))
         torch.tpu.synchronize()
     assert compiled(torch.tensor([1, 2], device="tpu")).shape == (2, 4)  # still usable
+
+
+def test_program_of_an_fx_graph():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    graph = make_fx(lambda x: (x.exp() * 2).sum())(torch.ones(3))
+    program = Program(graph)
+    assert "stablehlo.exponential" in program.stablehlo(torch.ones(3, device="tpu"))
+    assert program(torch.zeros(3, device="tpu")).item() == 6.0
 
 
 def test_data_dependent_op_in_a_graph_names_itself():
@@ -299,3 +309,9 @@ def test_transformers_static_cache_generation_compiles_on_tpu():
     generated = tpu.generate(**{k: v.to("tpu") for k, v in feed.items()}, **options)
     assert torch.equal(generated.cpu(), expected)
     assert torch.tpu.compilation_cache_stats()["compiled_runs"] > 0
+
+
+def test_docstring_examples_run():
+    import doctest
+    result = doctest.testmod(torch_tpu.compile)
+    assert result.attempted >= 3 and result.failed == 0

@@ -56,3 +56,8 @@ def test_dynamic_shapes_and_randomness_are_refused_clearly():
     dropout = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).train()
     with pytest.raises(NotImplementedError, match="random numbers.*eval mode"):
         torch_tpu.export.to_stablehlo(torch.export.export(dropout, (torch.ones(2, 4),)))
+
+
+def test_docstring_example_runs():
+    import doctest
+    assert doctest.testmod(torch_tpu.export).failed == 0

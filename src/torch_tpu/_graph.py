@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import math
 import os
 import sys
@@ -184,6 +185,15 @@ _executables: dict[tuple, Callable] = {}
 #: why the last graph ran (for explanations and tests)
 last_flush_reason: Optional[str] = None
 log_recompiles = os.environ.get("TORCH_TPU_LOG_RECOMPILES", "0").lower() in ("1", "true", "on")
+_log = logging.getLogger("torch_tpu")
+
+
+def explain(message: str) -> None:
+    """Say why something compiles: on the ``torch_tpu`` logger (INFO), and on stderr under
+    ``TORCH_TPU_LOG_RECOMPILES=1``."""
+    _log.info(message)
+    if log_recompiles:
+        print(f"[torch_tpu] {message}", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- recording
@@ -339,29 +349,28 @@ def _explain_miss(fingerprint: tuple, graph: _Graph) -> None:
     previous = _previous_by_start.get(start)
     _previous_by_start[start] = (fingerprint, list(graph.sources))
     if previous is None:
-        print(f"[torch_tpu] compiling a new graph of {len(keys)} ops (first graph starting with "
-              f"{graph.sources[0] if graph.sources else '?'})", file=sys.stderr)
+        explain(f"compiling a new graph of {len(keys)} ops (first graph starting with "
+                f"{graph.sources[0] if graph.sources else '?'})")
         return
     (old_keys, old_outputs, old_avals, _), old_sources = previous
     for i, (new, old) in enumerate(zip(keys, old_keys)):
         if new != old:
-            print(f"[torch_tpu] recompiling: op {i} differs from the previous graph: now "
-                  f"{graph.sources[i]}, before {old_sources[i]}", file=sys.stderr)
+            explain(f"recompiling: op {i} differs from the previous graph: now "
+                    f"{graph.sources[i]}, before {old_sources[i]}")
             return
     if len(keys) != len(old_keys):
-        print(f"[torch_tpu] recompiling: {len(keys)} ops instead of {len(old_keys)} "
-              f"(ends at {graph.sources[-1]})", file=sys.stderr)
+        explain(f"recompiling: {len(keys)} ops instead of {len(old_keys)} "
+                f"(ends at {graph.sources[-1]})")
     elif fingerprint[2] != old_avals:
         changed = next(i for i, (a, b) in enumerate(zip(fingerprint[2], old_avals)) if a != b)
         user = next((graph.sources[n] for n, (_, args, kwargs) in enumerate(graph.nodes)
                      if _uses_leaf((*args, *(s for _, s in kwargs)), changed)), "?")
         (old_shape, old_dtype, _), (shape, dtype, _) = old_avals[changed], fingerprint[2][changed]
-        print(f"[torch_tpu] recompiling: an input changed shape or dtype, {old_dtype}"
-              f"{list(old_shape)} -> {dtype}{list(shape)}, first used by {user}", file=sys.stderr)
+        explain(f"recompiling: an input changed shape or dtype, {old_dtype}"
+                f"{list(old_shape)} -> {dtype}{list(shape)}, first used by {user}")
     else:
-        print("[torch_tpu] recompiling: other values of the graph are used afterwards, or other "
-              "inputs can be donated",
-              file=sys.stderr)
+        explain("recompiling: other values of the graph are used afterwards, or other inputs "
+                "can be donated")
 
 
 #: Give XLA the buffers of inputs that die inside a graph (see :func:`_dead_leaves`).

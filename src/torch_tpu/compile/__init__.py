@@ -6,10 +6,10 @@ Dynamo captures FX graphs; AOTAutograd turns each into forward and backward grap
 eager into one ``jax.jit`` and calls the XLA executable from then on. Graph breaks work (each
 piece is its own graph), and compiled graphs land in the same persistent cache as fused eager.
 
-Shapes are static, as XLA's are: a new input shape compiles a new executable (logged with the
-reason under ``TORCH_TPU_LOG_RECOMPILES=1``). ``dynamic=True`` works the same way: Dynamo traces
-once, XLA compiles once per concrete shape. To bound the number of shapes, pad inputs to a few
-sizes with :func:`pad_to_bucket`.
+Shapes are static, as XLA's are: a new input shape compiles a new executable, logged with the
+reason on the ``torch_tpu`` logger (and on stderr under ``TORCH_TPU_LOG_RECOMPILES=1``).
+``dynamic=True`` works the same way: Dynamo traces once, XLA compiles once per concrete shape.
+To bound the number of shapes, pad inputs to a few sizes with :func:`pad_to_bucket`.
 
 PyTorch finds the backend through the ``torch_dynamo_backends`` entry point, so importing
 torch_tpu does not import Dynamo.
@@ -23,7 +23,6 @@ Example::
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -89,13 +88,12 @@ def _graph_name(graph_module: torch.fx.GraphModule) -> str:
     inputs = _describe_inputs(graph_module)
     previous = _last_inputs_by_frame.get(frame)
     _last_inputs_by_frame[frame] = inputs
-    if attempt and previous is not None and _graph.log_recompiles:
+    if attempt and previous is not None:
         before = dict(previous)
         change = next((f"{name}: {before[name]} -> {now}" for name, now in inputs
                        if name in before and before[name] != now),
                       f"inputs {[n for n, _ in previous]} -> {[n for n, _ in inputs]}")
-        print(f"[torch_tpu] Dynamo recompiles frame {frame} (compile {attempt}): {change}",
-              file=sys.stderr)
+        _graph.explain(f"Dynamo recompiles frame {frame} (compile {attempt}): {change}")
     return f"frame {frame}/{attempt}"
 
 

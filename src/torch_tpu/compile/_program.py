@@ -16,6 +16,7 @@ stored back, their old buffers donated to XLA so the update does not hold two co
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 from typing import Any, Callable, Iterator, NamedTuple, Optional
@@ -27,15 +28,12 @@ from .. import _buffer, _graph, _random, _tensor, _tracing, _transfer, config
 
 _TPU, _HOST, _CONST = range(3)
 _FRESH, _INPUT = range(2)
-# The key of programs that draw no random numbers (so calling them leaves the generator alone).
-_UNUSED_KEY = None
 
 
+@functools.cache
 def _unused_key() -> jax.Array:
-    global _UNUSED_KEY
-    if _UNUSED_KEY is None:
-        _UNUSED_KEY = jax.random.key(0)
-    return _UNUSED_KEY
+    """The key of programs that draw no random numbers (calling them leaves the generator be)."""
+    return jax.random.key(0)
 
 
 class _Output(NamedTuple):
@@ -62,7 +60,6 @@ class _Traced:
 class _Executable(NamedTuple):
     run: Callable
     traced: _Traced
-    donated: tuple[int, ...]
 
 
 #: Views whose strides a graph may have taken from another backend's kernels (torch.export on
@@ -185,60 +182,27 @@ class Program:
 
     # ------------------------------------------------------------------ tracing
     def _traceable(self, layout: tuple, traced: _Traced) -> Callable:
-        graph_module = self.graph_module
-        host_outputs = self._host_outputs
-
+        """The graph as a function of (random key, storage values) for ``jax.jit``; tracing it
+        fills in ``traced``."""
         def program(key, *values):
             with traced_ops(key) as trace:
                 storages = [_tensor.wrap(v).untyped_storage() for v in values]
-                args = []
-                for spec in layout:
-                    if spec[0] == _TPU:
-                        _, index, shape, strides, offset, dtype, conj, neg = spec
-                        t = _tensor.over_storage(storages[index], shape, strides, offset, dtype)
-                        t = t.conj() if conj else t
-                        args.append(t._neg_view() if neg else t)
-                    elif spec[0] == _HOST:
-                        _, index, shape, dtype = spec
-                        args.append(_tensor.over_storage(storages[index], shape,
-                                                         _contiguous(shape), 0, dtype))
-                    else:
-                        args.append(spec[1])
-                results = Interpreter(graph_module, trace).run(*args)
-                flat = torch.utils._pytree.tree_leaves(results)
-                inputs = {s._cdata: i for i, s in enumerate(storages)}
-                fresh: dict[int, int] = {}
-                fresh_values = []
-                traced.outputs = []
-                for out, host in zip(flat, host_outputs):
-                    if not isinstance(out, torch.Tensor):
-                        traced.outputs.append(out)
-                        continue
-                    out = out.resolve_conj().resolve_neg()
-                    storage = out.untyped_storage()
-                    if storage._cdata in inputs and not host:
-                        kind, index = _INPUT, inputs[storage._cdata]
-                    else:
-                        index = fresh.get(storage._cdata)
-                        if index is None:
-                            index = fresh[storage._cdata] = len(fresh_values)
-                            fresh_values.append(_buffer.get_array(storage))
-                        kind = _FRESH
-                    traced.outputs.append(_Output(kind, index, tuple(out.shape), out.stride(),
-                                                  out.storage_offset(), out.dtype, host))
+                results = Interpreter(self.graph_module, trace).run(*_arguments(layout, storages))
+                traced.outputs, fresh = _outputs(torch.utils._pytree.tree_leaves(results),
+                                                 self._host_outputs, storages)
                 traced.written = tuple(i for i, (s, v) in enumerate(zip(storages, values))
                                        if _buffer.get(s) is not v)
                 written = [_buffer.get_array(storages[i]) for i in traced.written]
                 traced.checks = [(callback, origin) for _, callback, origin in trace.checks]
                 traced.random = trace.draws > 0
-                return fresh_values, written, [values for values, _, _ in trace.checks]
+                return fresh, written, [results for results, _, _ in trace.checks]
         return program
 
     def _compile(self, key: tuple, values: list, donated: tuple[int, ...]) -> _Executable:
         layout = key[0]
-        if self._last_layout is not None and _graph.log_recompiles:
-            print(f"[torch_tpu] recompiling compiled graph {self.name}: "
-                  f"{_layout_change(self._last_layout, key)}", file=sys.stderr)
+        if not donated and self._last_layout is not None:
+            _graph.explain(f"recompiling compiled graph {self.name}: "
+                           f"{_layout_change(self._last_layout, key)}")
         started = time.perf_counter()
         traced = _Traced()
         program = self._traceable(layout, traced)
@@ -247,7 +211,7 @@ class Program:
             .lower(_unused_key(), *values).compile()
         _graph.stats.compile_seconds += time.perf_counter() - started
         _graph.stats.compiled_graphs += 1
-        return _Executable(run, traced, donated)
+        return _Executable(run, traced)
 
     # ------------------------------------------------------------------ calls
     def __call__(self, *args: Any) -> Any:
@@ -268,6 +232,8 @@ class Program:
         _graph.stats.compiled_runs += 1
         fresh, written, checks = executable.run(random_key, *values)
         del values
+        if config.launch_blocking:  # debug eager: an execution error surfaces at this call
+            jax.block_until_ready((fresh, written))
         for index, value in zip(traced.written, written):
             _store(sources[index], value)
         for results, (callback, origin) in zip(checks, traced.checks):
@@ -282,6 +248,48 @@ class Program:
         key, values, _ = self._gather(args)
         program = self._traceable(key[0], _Traced())
         return jax.jit(program).lower(_unused_key(), *values).as_text()
+
+
+def _arguments(layout: tuple, storages: list) -> list:
+    """The graph's arguments inside the trace: tensors over the traced storages with the
+    geometry (and lazy conjugate/negative bits) the real arguments had, constants as they were."""
+    args = []
+    for spec in layout:
+        if spec[0] == _TPU:
+            _, index, shape, strides, offset, dtype, conj, neg = spec
+            t = _tensor.over_storage(storages[index], shape, strides, offset, dtype)
+            t = t.conj() if conj else t
+            args.append(t._neg_view() if neg else t)
+        elif spec[0] == _HOST:
+            _, index, shape, dtype = spec
+            args.append(_tensor.over_storage(storages[index], shape, _contiguous(shape), 0, dtype))
+        else:
+            args.append(spec[1])
+    return args
+
+
+def _outputs(flat: list, host_outputs: list, storages: list) -> tuple[list, list]:
+    """How to rebuild each output after the call (:class:`_Output`, or a constant), and the
+    values of the new storages the outputs live in (one per storage, however many views)."""
+    inputs = {s._cdata: i for i, s in enumerate(storages)}
+    fresh: dict[int, int] = {}
+    values, specs = [], []
+    for out, host in zip(flat, host_outputs):
+        if not isinstance(out, torch.Tensor):
+            specs.append(out)
+            continue
+        out = out.resolve_conj().resolve_neg()
+        storage = out.untyped_storage()
+        if storage._cdata in inputs and not host:
+            kind, index = _INPUT, inputs[storage._cdata]
+        else:
+            kind, index = _FRESH, fresh.get(storage._cdata)
+            if index is None:
+                index = fresh[storage._cdata] = len(values)
+                values.append(_buffer.get_array(storage))
+        specs.append(_Output(kind, index, tuple(out.shape), out.stride(), out.storage_offset(),
+                             out.dtype, host))
+    return specs, values
 
 
 def _contiguous(shape) -> tuple:

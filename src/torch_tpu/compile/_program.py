@@ -156,29 +156,32 @@ class Program:
         """The call's layout (the compile key), the storage values to pass, and the storages
         (tpu) or host tensors (CPU) they came from."""
         layout = []
+        avals = []
         values: list = []
         sources: list = []
         seen: dict[int, int] = {}
-        for a in args:
+        for a in args:  # (the per-call hot path: cheap flags and attributes only)
             if isinstance(a, torch.Tensor):
-                if a.device.type == "tpu":
+                if not a.is_cpu:
                     storage = a.untyped_storage()
                     index = seen.get(storage._cdata)
                     if index is None:
                         index = seen[storage._cdata] = len(values)
-                        value = _graph.resolved(_buffer.get_array(storage))
+                        value = _buffer.concrete(storage)
+                        avals.append((value.shape, value.dtype, value.weak_type))
                         values.append(value)
                         sources.append(storage)
-                    layout.append((_TPU, index, tuple(a.shape), a.stride(), a.storage_offset(),
+                    layout.append((_TPU, index, a.shape, a.stride(), a.storage_offset(),
                                    a.dtype, a.is_conj(), a.is_neg()))
                 else:
-                    layout.append((_HOST, len(values), tuple(a.shape), a.dtype))
-                    values.append(_transfer.to_device(a))
+                    value = _transfer.to_device(a)
+                    layout.append((_HOST, len(values), a.shape, a.dtype))
+                    avals.append((value.shape, value.dtype, value.weak_type))
+                    values.append(value)
                     sources.append(a)
             else:
                 layout.append((_CONST, a))
-        avals = tuple((v.shape, v.dtype, getattr(v, "weak_type", False)) for v in values)
-        return (tuple(layout), avals), values, sources
+        return (tuple(layout), tuple(avals)), values, sources
 
     # ------------------------------------------------------------------ tracing
     def _traceable(self, layout: tuple, traced: _Traced) -> Callable:

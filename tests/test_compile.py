@@ -59,6 +59,26 @@ def test_compiled_forward_and_backward_match_cpu():
                                    msg=lambda m: f"{name}: {m}")
 
 
+def test_autocast_and_activation_checkpointing():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+    x = torch.randn(3, 8)
+    tpu = copy.deepcopy(model).to("tpu")
+    with torch.autocast("tpu"):  # the casts are in the graph once, not applied again
+        compiled, eager = torch.compile(tpu, backend="tpu")(x.to("tpu")), tpu(x.to("tpu"))
+    assert compiled.dtype == eager.dtype == torch.bfloat16
+    torch.testing.assert_close(compiled.cpu(), eager.cpu())
+
+    torch._dynamo.reset()
+    checkpointed = torch.compile(
+        lambda t: torch.utils.checkpoint.checkpoint(tpu, t, use_reentrant=False).sum(),
+        backend="tpu")
+    x_tpu, x_cpu = x.to("tpu").requires_grad_(), x.clone().requires_grad_()
+    checkpointed(x_tpu).backward()
+    torch.utils.checkpoint.checkpoint(model, x_cpu, use_reentrant=False).sum().backward()
+    torch.testing.assert_close(x_tpu.grad.cpu(), x_cpu.grad)
+
+
 def test_one_executable_per_graph_and_no_recompile_on_repeat():
     f = torch.compile(lambda x, w: torch.relu(x @ w).sum(0), backend="tpu")
     x, w = torch.randn(4, 8), torch.randn(8, 3)
@@ -305,10 +325,13 @@ def test_transformers_static_cache_generation_compiles_on_tpu():
     options = dict(max_new_tokens=8, do_sample=False, cache_implementation="static")
     expected = model.generate(**feed, **options)
     tpu = copy.deepcopy(model).to("tpu")
+    tpu_feed = {k: v.to("tpu") for k, v in feed.items()}
     torch.tpu.reset_compilation_cache_stats()
-    generated = tpu.generate(**{k: v.to("tpu") for k, v in feed.items()}, **options)
-    assert torch.equal(generated.cpu(), expected)
+    generated = tpu.generate(**tpu_feed, **options)
     assert torch.tpu.compilation_cache_stats()["compiled_runs"] > 0
+    assert torch.equal(generated.cpu(), expected)
+    eager = tpu.generate(**tpu_feed, **options, disable_compile=True)
+    assert torch.equal(generated, eager)
 
 
 def test_docstring_examples_run():

@@ -146,7 +146,9 @@ def _flat_indices(shape, strides, offset):
     return index
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+# The storage offset is a runtime argument, not part of the compiled program: views that differ
+# only in where they start (``x[i]``, a KV cache read at each position) share one executable.
+@functools.partial(jax.jit, static_argnums=(1, 2))
 def _strided_read(buf: jax.Array, shape, strides, offset) -> jax.Array:
     flat = buf.reshape(-1)
     numel = math.prod(shape)
@@ -154,7 +156,7 @@ def _strided_read(buf: jax.Array, shape, strides, offset) -> jax.Array:
         return jnp.zeros(shape, buf.dtype)
     order = _permutation_of_dense(shape, strides)
     if order is not None:
-        dense = lax.slice(flat, (offset,), (offset + numel,))
+        dense = lax.dynamic_slice(flat, (offset,), (numel,))
         permuted = dense.reshape([shape[d] for d in order])
         return permuted.transpose(np.argsort(order))
     return flat[_flat_indices(shape, strides, offset)]
@@ -186,7 +188,7 @@ _conj, _negative = jax.jit(jnp.conj), jax.jit(jnp.negative)
 
 
 # ----------------------------------------------------------------------------- writes
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+@functools.partial(jax.jit, static_argnums=(2, 3))
 def _strided_write(buf: jax.Array, value: jax.Array, shape, strides, offset) -> jax.Array:
     flat = buf.reshape(-1)
     value = jnp.broadcast_to(value.astype(buf.dtype), shape)

@@ -23,7 +23,7 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int
 # Samples per OpInfo: float32 (and the backward check) see more; other dtypes mostly exercise
 # the same lowering through a different dtype. Keeps the suite within the CI budget on 2 cores.
 SAMPLES_PER_OP = {torch.float32: 3}
-OTHER_DTYPE_SAMPLES = 2
+OTHER_DTYPE_SAMPLES = 1
 
 
 def _name(op) -> str:

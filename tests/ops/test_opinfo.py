@@ -160,7 +160,10 @@ def _with_expectations(name, dtype, check, backward=False):
 
 @pytest.mark.parametrize("op, dtype", list(_cases()))
 def test_forward(op, dtype):
-    _with_expectations(_name(op), dtype, lambda: _check_forward(op, dtype))
+    # an op with an expected failure sees float32's sample count in every dtype, so the samples
+    # the failure was found on keep running (and a stale entry keeps surfacing)
+    samples = SAMPLES_PER_OP[torch.float32] if _name(op) in XFAILS else None
+    _with_expectations(_name(op), dtype, lambda: _check_forward(op, dtype, samples))
 
 
 @pytest.mark.parametrize("op", [pytest.param(op, id=_name(op)) for op in OPS

@@ -23,7 +23,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import subprocess
@@ -35,7 +34,8 @@ from typing import Callable, Optional
 import torch
 
 import torch_tpu  # noqa: F401  (the tpu device and backend)
-from bench_fused import BATCH, CONFIG, WARMUP_STEPS, _JaxStep, _model_and_batch, _torch_adamw
+from bench_fused import BATCH, CONFIG, WARMUP_STEPS, _JaxStep, _model_and_batch
+from bench_fused import _torch_step as eager_step
 from bench_ops import compare, no_sync
 from torch_tpu.models import GPT
 
@@ -48,17 +48,10 @@ Contender = tuple[Callable[[], object], Callable[[], None]]
 
 
 def _torch_step(model: GPT, device: str, idx, targets, compiled: Optional[str] = None) -> Callable:
-    replica = copy.deepcopy(model).to(device)
-    capturable = {"capturable": True} if compiled == "tpu" else {}
-    optimizer = _torch_adamw(replica.parameters(), **capturable)
-    idx, targets = idx.to(device), targets.to(device)
-
-    def step() -> torch.Tensor:
-        _, loss = replica(idx, targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
+    """``bench_fused``'s eager step, under ``torch.compile(backend=compiled)`` if given (with
+    a capturable AdamW on tpu, so its state stays on the device)."""
+    options = {"capturable": True} if compiled == "tpu" else {}
+    step = eager_step(model, device, idx, targets, **options)
     return torch.compile(step, backend=compiled) if compiled else step
 
 

@@ -70,10 +70,10 @@ def _torch_adamw(params, **options) -> torch.optim.AdamW:
 
 
 def _torch_step(model: GPT, device: str, idx: torch.Tensor, targets: torch.Tensor,
-                mode: Optional[str] = None) -> Callable[[], torch.Tensor]:
+                mode: Optional[str] = None, **optimizer_options) -> Callable[[], torch.Tensor]:
     """A training step of a copy of ``model`` on ``device`` (in eager ``mode`` on tpu)."""
     replica = copy.deepcopy(model).to(device)
-    optimizer = _torch_adamw(replica.parameters())
+    optimizer = _torch_adamw(replica.parameters(), **optimizer_options)
     idx, targets = idx.to(device), targets.to(device)
 
     def step() -> torch.Tensor:

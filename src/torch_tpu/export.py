@@ -23,8 +23,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
-
 import jax
 import torch
 
@@ -81,12 +79,10 @@ def _placeholder_avals(graph_module: torch.fx.GraphModule) -> list[jax.ShapeDtyp
     return avals
 
 
-def _jax_function(graph_module: torch.fx.GraphModule, dtypes: Sequence[torch.dtype]):
+def _jax_function(graph_module: torch.fx.GraphModule):
     def run(*arrays):
         with traced_ops(jax.random.key(0)) as trace:
-            inputs = [_tensor.wrap(a) if d == _tensor.JAX_TO_TORCH[a.dtype] else
-                      _tensor.wrap(a).view(d) for a, d in zip(arrays, dtypes)]
-            outputs = Interpreter(graph_module, trace).run(*inputs)
+            outputs = Interpreter(graph_module, trace).run(*map(_tensor.wrap, arrays))
             if trace.draws:
                 raise NotImplementedError(
                     "to_stablehlo: the program draws random numbers (dropout in training mode?); "
@@ -121,8 +117,9 @@ def to_stablehlo(exported: torch.export.ExportedProgram) -> StableHLOProgram:
             raise NotImplementedError(f"to_stablehlo: {kind} inputs are not supported")
     graph_module = exported.graph_module
     avals = _placeholder_avals(graph_module)
-    dtypes = [node.meta["val"].dtype for node in graph_module.graph.find_nodes(op="placeholder")]
-    jitted = jax.jit(_jax_function(graph_module, dtypes))
+    jitted = jax.jit(_jax_function(graph_module))
+    # the text comes from lowering (the artifact's own module text carries a debug location on
+    # every line)
     artifact = jax.export.export(jitted)(*avals)
     return StableHLOProgram(
         text=jitted.lower(*avals).as_text(), serialized=bytes(artifact.serialize()),

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from .. import _graph
-from ._program import Program
+from ._program import Program, tensor_text
 
 __all__ = ["backend", "Program", "bucket_size", "pad_to_bucket"]
 
@@ -71,16 +71,15 @@ def _describe_inputs(graph_module: torch.fx.GraphModule) -> list:
     for node in graph_module.graph.find_nodes(op="placeholder"):
         value = node.meta.get("example_value", node.meta.get("val"))
         if isinstance(value, torch.Tensor):
-            described.append((node.name, f"{str(value.dtype).removeprefix('torch.')}"
-                                         f"{list(value.shape)}"))
+            described.append((node.name, tensor_text(value.dtype, value.shape)))
         else:
             described.append((node.name, repr(value)))
     return described
 
 
 def _graph_name(graph_module: torch.fx.GraphModule) -> str:
-    """``frame 0/1``: the Dynamo frame and how many times it was compiled before; logs why a
-    frame compiled again under ``TORCH_TPU_LOG_RECOMPILES=1``."""
+    """``frame 0/1``: the Dynamo frame and how many times it was compiled before; explains why a
+    frame compiled again (:func:`torch_tpu._graph.explain`)."""
     compile_id = torch._guards.CompileContext.current_compile_id()
     if compile_id is None:
         return "graph"

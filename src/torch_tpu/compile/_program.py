@@ -349,10 +349,15 @@ def _layout_change(old: tuple, new: tuple) -> str:
     return "inputs that could be donated before cannot be now (or the reverse)"
 
 
+def tensor_text(dtype: torch.dtype, shape) -> str:
+    """``float32[2, 8]``: how recompile explanations name a tensor."""
+    return f"{str(dtype).removeprefix('torch.')}{list(shape)}"
+
+
 def _describe(spec: tuple) -> str:
     if spec[0] == _CONST:
         return repr(spec[1])
     if spec[0] == _HOST:
-        return f"a CPU tensor {spec[3]}{list(spec[2])}"
+        return f"a CPU tensor {tensor_text(spec[3], spec[2])}"
     _, _, shape, strides, offset, dtype, _, _ = spec
-    return f"{str(dtype).removeprefix('torch.')}{list(shape)} (strides {list(strides)}, offset {offset})"
+    return f"{tensor_text(dtype, shape)} (strides {list(strides)}, offset {offset})"

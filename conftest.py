@@ -24,16 +24,20 @@ def _runs_whole_suite(config) -> bool:
 
 
 def pytest_configure(config):
-    import torch_tpu._dispatch as dispatch
+    import torch
 
+    import torch_tpu  # noqa: F401
+    import torch_tpu.ops.dispatch as dispatch
+
+    torch.tpu.init()  # the table is installed on first use; the tests count from here
     dispatch.record_ops(True)
     if not hasattr(config, "workerinput") and _DIR_VAR not in os.environ:
         os.environ[_DIR_VAR] = tempfile.mkdtemp(prefix="torch_tpu_reached_")
 
 
 def pytest_sessionfinish(session, exitstatus):
-    import torch_tpu._dispatch as dispatch
-    from torch_tpu._registry import LOWERINGS
+    import torch_tpu.ops.dispatch as dispatch
+    from torch_tpu.ops.registry import LOWERINGS
 
     folder = Path(os.environ[_DIR_VAR])
     worker = getattr(session.config, "workerinput", {}).get("workerid", "main")

@@ -1,4 +1,4 @@
-"""The demo GPT (``torch_tpu.models.GPT``) and its AdamW training step written by hand in JAX.
+"""The demo GPT (``torch_tpu.demo.model.GPT``) and its AdamW training step written by hand in JAX.
 
 Pure functions over a params pytree with the layout of the torch module (GELU MLP, LayerNorm with
 bias, tied LM head, learned position embedding), so :func:`params_from_torch` can copy a torch

@@ -37,7 +37,7 @@ import torch_tpu  # noqa: F401  (the tpu device and backend)
 from bench_fused import BATCH, CONFIG, WARMUP_STEPS, _JaxStep, _model_and_batch
 from bench_fused import _torch_step as eager_step
 from bench_ops import compare, no_sync
-from torch_tpu.models import GPT
+from torch_tpu.demo.model import GPT
 
 LABELS = {"cpu": "torch cpu eager", "inductor": "torch.compile inductor (cpu)",
           "strict": "tpu strict eager", "compiled": "tpu torch.compile",

@@ -1,7 +1,7 @@
 """One GPT training step in fused eager next to strict eager, PyTorch CPU and hand-written JAX.
 
 The step is forward, cross-entropy loss, backward, ``AdamW.step()`` and ``zero_grad()`` of the
-demo GPT (``torch_tpu.models.GPT``), run four ways on the same weights and batch:
+demo GPT (``torch_tpu.demo.model.GPT``), run four ways on the same weights and batch:
 
 - **torch cpu**: PyTorch CPU eager;
 - **tpu strict**: torch_tpu's default mode, every op dispatched on its own;
@@ -39,7 +39,7 @@ import torch
 import torch_tpu
 import _jax_gpt
 from bench_ops import compare, no_sync
-from torch_tpu.models import GPT, GPTConfig
+from torch_tpu.demo.model import GPT, GPTConfig
 
 CONFIG = GPTConfig(vocab_size=96, block_size=64, n_layer=2, n_head=4, n_embd=128)
 BATCH = 16

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import torch
 
 import torch_tpu
-from torch_tpu.models import GPT, GPTConfig
+from torch_tpu.demo.model import GPT, GPTConfig
 
 
 def _time_per_call(fn: Callable[[], object], sync: Callable[[], None], calls: int) -> float:

@@ -28,9 +28,9 @@ def minilm_tokenizer() -> transformers.PreTrainedTokenizerBase:
 
 
 def corpus_text() -> str:
-    """The short tales shipped in ``torch_tpu/data`` (the corpus ``python -m torch_tpu.demo``
+    """The short tales shipped in ``torch_tpu/demo/data`` (the corpus ``python -m torch_tpu.demo``
     trains on), as one string."""
-    return importlib.resources.files("torch_tpu").joinpath("data", CORPUS).read_text("ascii")
+    return importlib.resources.files("torch_tpu.demo").joinpath("data", CORPUS).read_text("ascii")
 
 
 def tiny_llama(tokenizer: transformers.PreTrainedTokenizerBase,

@@ -1,6 +1,6 @@
 """Fine-tune a Hugging Face causal LM on the tpu device with ``transformers.Trainer``.
 
-A tiny random Llama learns the short tales shipped in ``torch_tpu/data`` (tokenized with the
+A tiny random Llama learns the short tales shipped in ``torch_tpu/demo/data`` (tokenized with the
 MiniLM WordPiece tokenizer) for a few steps. Nothing tpu-specific is configured: with torch_tpu
 imported, ``TrainingArguments`` picks ``tpu:0`` by itself. Run it with::
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_tpu import _autocast
+from torch_tpu.integrations import autocast as _autocast
 
 
 def _randn(*shape, dtype=torch.float32):

@@ -14,9 +14,11 @@ import pytest
 import torch
 
 import torch_tpu
-from torch_tpu import _buffer, _graph
-from torch_tpu.compile import Program, bucket_size, pad_to_bucket
-from torch_tpu.models import GPT, GPTConfig
+import torch_tpu.frontends.compile
+from torch_tpu.execution import fused as _graph
+from torch_tpu.runtime import buffer as _buffer
+from torch_tpu.frontends.compile import Program, bucket_size, pad_to_bucket
+from torch_tpu.demo.model import GPT, GPTConfig
 
 
 @pytest.fixture(autouse=True)
@@ -228,9 +230,9 @@ def test_modes_are_accepted_and_bad_arguments_are_clear():
         assert torch.compile(lambda t: t + 1, backend="tpu", mode=mode)(x).sum().item() == 6
     torch._dynamo.reset()
     with pytest.raises(Exception, match="Unrecognized mode=fastest"):
-        torch_tpu.compile.backend(torch.fx.symbolic_trace(lambda t: t + 1), [x], mode="fastest")
+        torch_tpu.frontends.compile.backend(torch.fx.symbolic_trace(lambda t: t + 1), [x], mode="fastest")
     with pytest.raises(RuntimeError, match="takes no options"):
-        torch_tpu.compile.backend(torch.fx.symbolic_trace(lambda t: t + 1), [x],
+        torch_tpu.frontends.compile.backend(torch.fx.symbolic_trace(lambda t: t + 1), [x],
                                   options={"trace.enabled": True})
 
 
@@ -336,5 +338,5 @@ def test_transformers_static_cache_generation_compiles_on_tpu():
 
 def test_docstring_examples_run():
     import doctest
-    result = doctest.testmod(torch_tpu.compile)
+    result = doctest.testmod(torch_tpu.frontends.compile)
     assert result.attempted >= 3 and result.failed == 0

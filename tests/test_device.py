@@ -50,7 +50,7 @@ def test_device_module_values():
 
 def test_device_name_tells_the_truth():
     name = torch.tpu.get_device_name()
-    platform = torch_tpu._runtime.platform()
+    platform = torch_tpu.runtime.platform.platform()
     assert ("stand-in" in name) == (platform != "tpu")
     assert name.upper().startswith("XLA:" + platform.upper()) or platform == "tpu"
 
@@ -112,8 +112,10 @@ def test_platform_can_be_forced():
 
 
 def test_unknown_platform_is_a_clear_error():
-    result = subprocess.run([sys.executable, "-c", "import torch_tpu"], capture_output=True,
-                            text=True, env={**os.environ, "TORCH_TPU_PLATFORM": "abacus"})
+    """(at first use: importing torch_tpu starts nothing)"""
+    result = subprocess.run([sys.executable, "-c", "import torch; torch.ones(1, device='tpu')"],
+                            capture_output=True, text=True,
+                            env={**os.environ, "TORCH_TPU_PLATFORM": "abacus"})
     assert result.returncode != 0 and "TORCH_TPU_PLATFORM must be one of" in result.stderr
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import torch_tpu
 from torch_tpu import execution
-from torch_tpu.models import GPT, GPTConfig
+from torch_tpu.demo.model import GPT, GPTConfig
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def test_views_and_in_place_writes_stay_correct_while_deferred(fused):
 
 
 def test_graph_is_bounded_without_sync_points(fused, monkeypatch):
-    monkeypatch.setattr(torch_tpu._graph, "max_nodes", 50)
+    monkeypatch.setattr(torch_tpu.execution.fused, "max_nodes", 50)
     x = torch.zeros(8, device="tpu")
     for _ in range(200):
         x = x + 1

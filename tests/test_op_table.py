@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torch_tpu._registry import LOWERINGS
+from torch_tpu.ops.registry import LOWERINGS
 from torch_tpu.ops._coverage import coverage, render_markdown
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "ops.md"

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import torch_tpu
-from torch_tpu import _dispatch
-from torch_tpu._registry import LOWERINGS, lower
+from torch_tpu.ops import dispatch as _dispatch
+from torch_tpu.ops.registry import LOWERINGS, lower
 
 aten = torch.ops.aten
 

@@ -18,7 +18,7 @@ from torch import nn
 
 import torch_tpu
 from torch_tpu.demo import Batch, CharCorpus, batches as text_batches
-from torch_tpu.models import GPT, MLP, GPTConfig, SmallCNN
+from torch_tpu.demo.model import GPT, MLP, GPTConfig, SmallCNN
 
 #: Per-step losses must agree this closely (relative).
 @pytest.fixture(autouse=True, params=["strict", "fused"])

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch_tpu
 
-from torch_tpu import _buffer
+from torch_tpu.runtime import buffer as _buffer
 
 @pytest.fixture(autouse=True, params=["strict", "fused"])
 def eager_mode(request):

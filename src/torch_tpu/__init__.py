@@ -5,6 +5,22 @@
 ops run through XLA: on a TPU VM that is the TPU; elsewhere the best JAX platform stands in
 (``torch.tpu.get_device_name()`` says which).
 
+Importing registers the device and nothing more: JAX is imported, configured and handed its
+work the first time a tpu tensor is made (or ``torch.tpu.init()`` is called), so processes that
+never use tpu pay almost nothing for having it installed.
+
+The package is layered; each layer imports only the public names of those below it:
+
+- ``runtime``: the device and its values (platform, buffers, tensors, transfers, the generator,
+  per-thread execution state, deferred value checks, memory);
+- ``execution``: how ops run (eager modes, fused graphs, traces of compiled programs);
+- ``ops``: the lowering table and the dispatcher that installs it;
+- ``frontends``: ``torch.compile(backend="tpu")`` and export to StableHLO;
+- ``integrations``: the parts of PyTorch and its ecosystem taught about tpu (autocast,
+  ``Module.to``, serialization, pinned memory, Accelerate);
+- ``demo`` and ``testing``: a small GPT and its corpus, and the Hugging Face model zoo used by
+  the tests (user-level code, not part of the runtime).
+
 Example::
 
     >>> import torch, torch_tpu
@@ -16,17 +32,20 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from typing import Any
 
 import torch
 
-from . import _runtime  # noqa: F401  (configures JAX before anything else touches it)
 from . import device as _device_module
+from .runtime import platform as _platform
 
 __version__ = "0.1.0"
 __all__ = ["sync", "cpu_fallback_counts", "to_jax", "from_jax", "lowered_ops", "EagerMode",
-           "eager_mode", "get_eager_mode", "set_eager_mode"]
+           "eager_mode", "get_eager_mode", "set_eager_mode", "to_stablehlo", "pad_to_bucket",
+           "bucket_size"]
 
-_lock = threading.Lock()
+_lock = threading.RLock()
+_registered = False
 _initialized = False
 
 
@@ -35,7 +54,7 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
         return True
 
     def has_primary_context(self, device_index: int) -> bool:
-        return True
+        return _platform.is_initialized()
 
     def is_built(self) -> bool:
         return True
@@ -46,35 +65,57 @@ class _DeviceGuard(torch._C._acc.DeviceGuard):
         return torch._C._autograd.DeviceType.PrivateUse1
 
 
-def _register_device() -> None:
-    global _initialized
+def _first_use(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    """The PrivateUse1 fallback: the first tpu op starts the device and installs the lowerings,
+    then runs again; after that it handles only ops with no lowering."""
+    if not _initialized:
+        _initialize()
+        return op(*args, **kwargs)
+    from .ops import dispatch
+    return dispatch.fallback(op, *args, **kwargs)
+
+
+def _register() -> None:
+    """What ``import torch`` does for tpu: the device, its module and hooks, and the PyTorch
+    integrations that must exist before the first op (no JAX)."""
+    global _registered
     with _lock:
-        if _initialized:
+        if _registered:
             return
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
         _setup_privateuseone_for_python_backend(
             "tpu", backend_module=_device_module, hook=_Hooks(), device_guard=_DeviceGuard())
+        first_use = torch.library.Library("_", "IMPL")
+        first_use.fallback(_first_use, "PrivateUse1")
+        _libraries.append(first_use)
+        from .integrations import install
+        install()
+        _registered = True
+
+
+_libraries: list = []
+
+
+def _initialize() -> None:
+    """Start the device: JAX configured, the lowering table installed, execution hooks set."""
+    global _initialized
+    with _lock:
+        if _initialized:
+            return
+        _platform.initialize()
         from . import ops  # noqa: F401  (fills the lowering table)
-        from . import _dispatch
+        from .execution import modes
+        from .ops import dispatch
 
-        _dispatch.install()
-        from . import _serialization  # noqa: F401  (tpu storages for save/load/deepcopy)
-        from . import _accelerate, _autocast, _modules, _transfer
-
-        _modules.install()
-        _transfer.install()
-        _accelerate.install()
-        _autocast.install()
-        from . import execution
-
-        execution.install()
+        dispatch.install()
+        modes.install()
         _initialized = True
 
 
-_register_device()
+_register()
 
-from .execution import EagerMode, eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
+from .execution.modes import EagerMode, eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
 
 
 def sync() -> None:
@@ -84,26 +125,41 @@ def sync() -> None:
 
 def cpu_fallback_counts() -> Counter:
     """ATen ops that ran on CPU through ``TORCH_TPU_CPU_FALLBACK=1``, with how often."""
-    from ._dispatch import cpu_fallback_counts as counts
+    _initialize()
+    from .ops.dispatch import cpu_fallback_counts as counts
     return Counter(counts)
 
 
 def lowered_ops() -> list[str]:
     """Names of the ATen overloads with a native tpu lowering (derived variants excluded)."""
-    from ._registry import LOWERINGS
+    _initialize()
+    from .ops.registry import LOWERINGS
     return sorted(str(op) for op in LOWERINGS)
 
 
 def to_jax(tensor: torch.Tensor):
     """The ``jax.Array`` value of a tpu tensor (no copy; in fused eager, runs pending work)."""
-    from ._graph import resolved
-    from ._tensor import is_tpu, read
+    from .runtime.checks import before_host_read
+    from .runtime.tensor import is_tpu, read
     if not is_tpu(tensor):
         raise ValueError(f"to_jax expects a tpu tensor, got a tensor on {tensor.device}")
-    return resolved(read(tensor))
+    return before_host_read(read(tensor))
 
 
 def from_jax(array) -> torch.Tensor:
     """A tpu tensor holding a ``jax.Array`` (no copy)."""
-    from ._tensor import wrap
+    _initialize()
+    from .runtime.tensor import wrap
     return wrap(array)
+
+
+def __getattr__(name: str) -> Any:
+    """The frontends' public functions, imported on first use (``torch_tpu.to_stablehlo``,
+    ``torch_tpu.pad_to_bucket``, ``torch_tpu.bucket_size``)."""
+    if name == "to_stablehlo":
+        from .frontends.export import to_stablehlo
+        return to_stablehlo
+    if name in ("pad_to_bucket", "bucket_size"):
+        from .frontends import compile
+        return getattr(compile, name)
+    raise AttributeError(f"module 'torch_tpu' has no attribute {name!r}")

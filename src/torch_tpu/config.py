@@ -26,3 +26,6 @@ cache_min_compile_seconds: float = float(os.environ.get("TORCH_TPU_CACHE_MIN_COM
 cpu_fallback: bool = _flag("TORCH_TPU_CPU_FALLBACK")
 #: ``TORCH_TPU_PLATFORM=cpu|gpu|tpu``: force the XLA platform instead of the best available one.
 platform: str | None = os.environ.get("TORCH_TPU_PLATFORM") or None
+#: ``TORCH_TPU_CACHE_ENTRIES``: how many entries each in-process cache keeps (compiled graphs and
+#: programs, per-op shape signatures, scalar constants), least recently used dropped first.
+cache_entries: int = int(os.environ.get("TORCH_TPU_CACHE_ENTRIES", "4096"))

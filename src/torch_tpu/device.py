@@ -18,10 +18,9 @@ import dataclasses
 import time
 from typing import Any, Optional, Union
 
-import jax
 import torch
 
-from . import _graph, _random, _runtime
+from .runtime import memory, platform, random
 
 __all__ = [
     "is_available", "is_initialized", "device_count", "current_device", "set_device", "device",
@@ -42,15 +41,24 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    return True
+    """Whether the device has started (it starts on first use, not at import)."""
+    return platform.is_initialized()
+
+
+def init() -> None:
+    """Start the device now rather than at its first use."""
+    from . import _initialize
+    _initialize()
 
 
 def _lazy_init() -> None:
-    """Nothing to do: the runtime starts at import (PyTorch's PrivateUse1 hooks call this)."""
+    """PyTorch's hook before device use: start the device if it has not started."""
+    init()
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    """True in a process forked after the device started in its parent (tpu unusable here)."""
+    return platform.forked_child
 
 
 def device_count() -> int:
@@ -98,7 +106,13 @@ def synchronize(device: _DeviceLike = None) -> None:
     """Wait until all queued work whose results are still held has finished (in fused eager,
     pending recorded ops run first)."""
     set_device(device)
-    _graph.sync("synchronize()")
+    platform.check_not_forked()
+    if not platform.is_initialized():
+        return  # nothing ever ran
+    import jax
+
+    from .execution import fused
+    fused.sync("synchronize()")
     jax.effects_barrier()
     for array in jax.live_arrays():
         array.block_until_ready()
@@ -110,41 +124,43 @@ def compilation_cache_stats() -> dict:
     ``sync_reasons`` (why graphs ran), ``donated_buffers`` (inputs XLA could update in place).
     ``disk_hits``: executables of any mode that XLA did not have to compile because the
     persistent cache (``TORCH_TPU_CACHE_DIR``) had them."""
-    return _graph.stats.as_dict()
+    from .execution import fused
+    return fused.stats.as_dict()
 
 
 def reset_compilation_cache_stats() -> None:
     """Zero the counters of :func:`compilation_cache_stats` (compiled graphs stay cached)."""
-    _graph.stats.reset()
+    from .execution import fused
+    fused.stats.reset()
 
 
 # ----------------------------------------------------------------------------- RNG
 def manual_seed(seed: int) -> None:
-    _random.manual_seed(int(seed))
+    random.manual_seed(int(seed))
 
 
 manual_seed_all = manual_seed
 
 
 def seed() -> None:
-    _random.manual_seed(torch.randint(0, 2**62, ()).item())
+    random.manual_seed(torch.randint(0, 2**62, ()).item())
 
 
 seed_all = seed
 
 
 def initial_seed() -> int:
-    return _random.initial_seed()
+    return random.initial_seed()
 
 
 def get_rng_state(device: _DeviceLike = "tpu") -> torch.Tensor:
     set_device(device)
-    return _random.get_state()
+    return random.get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device: _DeviceLike = "tpu") -> None:
     set_device(device)
-    _random.set_state(new_state)
+    random.set_state(new_state)
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
@@ -159,7 +175,7 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 def get_device_name(device: _DeviceLike = None) -> str:
     """The hardware actually in use, e.g. ``"TPU v5 lite"`` or ``"XLA:CPU (stand-in)"``."""
     set_device(device)
-    return _runtime.device_name()
+    return platform.device_name()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,21 +187,10 @@ class _DeviceProperties:
     platform: str = ""
 
 
-def _device_memory_stats() -> dict[str, int]:
-    stats = None
-    with contextlib.suppress(Exception):
-        stats = _runtime.device().memory_stats()
-    return stats or {}
-
-
 def get_device_properties(device: _DeviceLike = None) -> _DeviceProperties:
     set_device(device)
-    stats = _device_memory_stats()
-    total = stats.get("bytes_limit", 0)
-    if not total:
-        import os
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return _DeviceProperties(get_device_name(), int(total), platform=_runtime.platform())
+    return _DeviceProperties(get_device_name(), memory.total_memory(),
+                             platform=platform.platform())
 
 
 def get_device_capability(device: _DeviceLike = None) -> tuple[int, int]:
@@ -201,10 +206,11 @@ def memory_allocated(device: _DeviceLike = None) -> int:
     """Bytes held by live device buffers (on stand-in platforms: summed over live arrays)."""
     global _peak_allocated
     set_device(device)
-    stats = _device_memory_stats()
+    stats = memory.device_stats()
     if "bytes_in_use" in stats:
         current = int(stats["bytes_in_use"])
     else:
+        import jax
         current = sum(a.nbytes for a in jax.live_arrays())
     _peak_allocated = max(_peak_allocated, current)
     return current
@@ -213,12 +219,12 @@ def memory_allocated(device: _DeviceLike = None) -> int:
 def max_memory_allocated(device: _DeviceLike = None) -> int:
     """Peak of :func:`memory_allocated` (device-tracked on TPU/GPU; sampled at queries on CPU)."""
     current = memory_allocated(device)
-    stats = _device_memory_stats()
+    stats = memory.device_stats()
     return int(stats.get("peak_bytes_in_use", max(_peak_allocated, current)))
 
 
 def memory_reserved(device: _DeviceLike = None) -> int:
-    stats = _device_memory_stats()
+    stats = memory.device_stats()
     return int(stats.get("bytes_reserved", memory_allocated(device)))
 
 
@@ -230,8 +236,13 @@ def memory_stats(device: _DeviceLike = None) -> dict[str, Any]:
     return {"allocated_bytes.all.current": memory_allocated(device),
             "allocated_bytes.all.peak": max_memory_allocated(device),
             "reserved_bytes.all.current": memory_reserved(device),
-            "num_live_buffers": len(jax.live_arrays()),
-            **{f"xla.{k}": v for k, v in _device_memory_stats().items()}}
+            "num_live_buffers": _live_buffers(),
+            **{f"xla.{k}": v for k, v in memory.device_stats().items()}}
+
+
+def _live_buffers() -> int:
+    import jax
+    return len(jax.live_arrays())
 
 
 def reset_peak_memory_stats(device: _DeviceLike = None) -> None:

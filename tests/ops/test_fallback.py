@@ -11,8 +11,9 @@ import torch
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from torch_tpu import _dispatch, config
-from torch_tpu._registry import LOWERINGS, qualified_name
+from torch_tpu import config
+from torch_tpu.ops import dispatch as _dispatch
+from torch_tpu.ops.registry import LOWERINGS, qualified_name
 
 from .test_opinfo import (OPS, _call, _compare, _grads, _name, _random, _resolve_ties, _run_or_skip,
                           _to_tpu,

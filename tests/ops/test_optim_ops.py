@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import torch_tpu  # noqa: F401
-from torch_tpu._registry import LOWERINGS
+from torch_tpu.ops.registry import LOWERINGS
 
 aten = torch.ops.aten
 

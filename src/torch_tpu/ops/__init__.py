@@ -1,4 +1,4 @@
-"""Op lowerings by family; importing this package fills the table in ``_registry``.
+"""Op lowerings by family; importing this package fills the table in ``registry``; ``dispatch`` installs it.
 
 ``optim`` comes after the families whose lowerings its ``_foreach_*`` ops apply per tensor.
 """

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-import torch_tpu  # noqa: F401  (fills the op table)
+import torch
+
+import torch_tpu  # noqa: F401  (registers the device)
 from torch_tpu.ops._coverage import render_markdown, render_text
 
 
@@ -14,6 +16,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m torch_tpu.ops", description=__doc__)
     parser.add_argument("--markdown", action="store_true", help="print docs/ops.md")
     args = parser.parse_args()
+    torch.tpu.init()  # fills the op table
     print(render_markdown() if args.markdown else render_text(), end="" if args.markdown else "\n")
 
 

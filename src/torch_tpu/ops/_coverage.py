@@ -6,8 +6,8 @@ import dataclasses
 
 import torch
 
-from .._dispatch import DERIVED
-from .._registry import LOWERINGS, Lowering
+from .dispatch import DERIVED
+from .registry import LOWERINGS, Lowering
 
 
 def _name(op: torch._ops.OpOverload) -> str:

@@ -8,9 +8,11 @@ import jax.numpy as jnp
 import torch
 import numpy as np
 
-from .. import _graph, _tracing
-from .._dtypes import to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
-from .._registry import Promote, lower
+from ..runtime import checks
+from ..runtime.buffer import apply
+from ..runtime.context import context
+from ..runtime.dtypes import to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
+from .registry import Promote, lower
 
 
 def overload(packet, name: str):
@@ -62,27 +64,53 @@ def _first_out_of_bounds(index: jax.Array, low, high) -> tuple[jax.Array, jax.Ar
     return jnp.any(bad), flat[jnp.argmax(bad)]
 
 
+def _report_when_computed(results, report: Callable) -> None:
+    """``report(host results)`` now (strict eager), with the graph (fused eager) or after the
+    program (a compiled program's trace): see ``runtime.checks``."""
+    if context.trace is not None:
+        context.trace.check(results, report)
+    else:
+        checks.when_ready(results, report)
+
+
+def _has_values(x, traced: bool) -> bool:
+    """Whether a check can look at ``x``: it has elements, and is not a tracer of some other
+    trace (``jax.vmap``...), which has no values to check."""
+    return x.size and (traced or not isinstance(x, jax.core.Tracer))
+
+
 def check_bounds(checks: Sequence[tuple[jax.Array, int, bool]],
-                  error: Callable[[int, int, int], Exception]) -> None:
+                 error: Callable[[int, int, int], Exception]) -> None:
     """Raise ``error(position, value, size)`` for the first index outside its dimension.
 
-    ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync.
-    In fused eager the check runs with the graph and reports at the next sync point; in a
-    compiled program (:mod:`torch_tpu._tracing`) its result is an output reported after the call.
-    Skipped under any other trace (``jax.vmap``...), where indices have no values.
+    ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync in
+    strict eager; in fused eager and compiled programs the check runs with the graph and is
+    reported when a value depending on it is read.
     """
-    traced = _tracing.current is not None
+    traced = context.trace is not None
     pending = [(position, index, size, negative_ok)
                for position, (index, size, negative_ok) in enumerate(checks)
-               if index.size and (traced or not isinstance(index, jax.core.Tracer))]
-    results = [_graph.apply(_first_out_of_bounds, index, -size if negative_ok else 0, size)
+               if _has_values(index, traced)]
+    results = [apply(_first_out_of_bounds, index, -size if negative_ok else 0, size)
                for _, index, size, negative_ok in pending]
 
     def report(results) -> None:
         for (position, _, size, _), (any_bad, value) in zip(pending, results):
             if any_bad:
                 raise error(position, int(value), size)
-    if traced:
-        _tracing.current.check(results, report)
-    else:
-        _graph.when_ready(results, report)
+    _report_when_computed(results, report)
+
+
+def check_values(holds: Callable[..., jax.Array], values: Sequence[jax.Array],
+                 error: Callable[[], Exception]) -> None:
+    """Raise ``error()`` unless ``holds(*values)`` (a jitted function returning a boolean
+    scalar) is true: checked like :func:`check_bounds`. Values that are Python numbers were
+    already checked by the caller."""
+    traced = context.trace is not None
+    if not all(hasattr(v, "size") and _has_values(v, traced) for v in values):
+        return
+
+    def report(ok) -> None:
+        if not ok:
+            raise error()
+    _report_when_computed(apply(holds, *values), report)

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .._dtypes import unsupported
-from .._registry import Promote, lower, runtime
+from ..runtime.dtypes import unsupported
+from .registry import Promote, lower, runtime
 from ._helpers import unary
 from ._nn_helpers import require
 

@@ -14,9 +14,10 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import _buffer, _graph, _tensor, _transfer
-from .._dtypes import TORCH_TO_JAX, to_jax
-from .._registry import lower, runtime
+from ..runtime import buffer, checks, tensor, transfer
+from ..runtime.buffer import apply
+from ..runtime.dtypes import TORCH_TO_JAX, to_jax
+from .registry import lower, runtime
 
 aten = torch.ops.aten
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -28,18 +29,18 @@ def _target_dtype(dtype):
 
 @runtime(aten.empty.memory_format)
 def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return _tensor.empty(size, _target_dtype(dtype))
+    return tensor.empty(size, _target_dtype(dtype))
 
 
 @runtime(aten.empty_strided)
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    return _tensor.empty(size, _target_dtype(dtype), strides=stride)
+    return tensor.empty(size, _target_dtype(dtype), strides=stride)
 
 
 def _meta_view(op):
     """A view kernel: PyTorch's Meta kernel computes the geometry over the shared storage."""
     def view(self, *args, **kwargs):
-        _tensor.ensure_nbytes(self)
+        tensor.ensure_nbytes(self)
         return op.redispatch(_META, self, *args, **kwargs)
     runtime(op)(view)
 
@@ -67,9 +68,9 @@ def unfold_backward(grad, input_sizes, dim, size, step):
 
 @runtime(aten.set_.source_Storage_storage_offset)
 def set_storage(self, source, storage_offset, size, stride=()):
-    if not _buffer.has_value(source):
+    if not buffer.has_value(source):
         raise RuntimeError("set_: the source storage is not a tpu storage")
-    _tensor.ensure_storage_nbytes(source)
+    tensor.ensure_storage_nbytes(source)
     return aten.set_.source_Storage_storage_offset.redispatch(
         _META, self, source, storage_offset, size, stride)
 
@@ -77,12 +78,12 @@ def set_storage(self, source, storage_offset, size, stride=()):
 @runtime(aten.set_.source_Storage)
 def set_storage_whole(self, source):
     itemsize = self.element_size()
-    return set_storage(self, source, 0, [_buffer.nbytes(_buffer.get(source)) // itemsize], [1])
+    return set_storage(self, source, 0, [buffer.nbytes(buffer.get(source)) // itemsize], [1])
 
 
 @runtime(aten.set_.source_Tensor)
 def set_tensor(self, source):
-    _tensor.ensure_nbytes(source)
+    tensor.ensure_nbytes(source)
     return aten.set_.source_Tensor.redispatch(_META, self, source)
 
 
@@ -91,15 +92,15 @@ def resize_(self, size, memory_format=None):
     storage = self.untyped_storage()
     dtype = to_jax(self.dtype)
     need = (self.storage_offset() + math.prod(size)) * dtype.itemsize
-    current = _buffer.get(storage)
-    if _buffer.nbytes(current) < need:
-        if type(current) is _buffer.Uninitialized:
-            _buffer.put(storage, _buffer.Uninitialized(need // dtype.itemsize, dtype))
+    current = buffer.get(storage)
+    if buffer.nbytes(current) < need:
+        if type(current) is buffer.Uninitialized:
+            buffer.put(storage, buffer.Uninitialized(need // dtype.itemsize, dtype))
         else:
-            old = _tensor._storage_array(storage, dtype).reshape(-1)
+            old = tensor.storage_array(storage, dtype).reshape(-1)
             grown = jnp.zeros((need // dtype.itemsize,), dtype).at[: old.size].set(old)
-            _buffer.put(storage, grown)
-    _tensor.ensure_nbytes(self)
+            buffer.put(storage, grown)
+    tensor.ensure_nbytes(self)
     # Meta's resize_ only accepts meta tensors; set_ gives the same contiguous geometry.
     strides = torch.empty(size, device="meta").stride()
     return aten.set_.source_Storage_storage_offset.redispatch(
@@ -113,23 +114,23 @@ def _host_to_device(host: torch.Tensor, dtype: torch.dtype) -> jax.Array:
     to_jax(dtype)
     if host.dtype not in TORCH_TO_JAX:
         host = host.to(dtype)
-    return _transfer.to_device(host)
+    return transfer.to_device(host)
 
 
 @runtime(aten.copy_)
 def copy_(self, src, non_blocking=False):
-    if _tensor.is_tpu(self):
+    if tensor.is_tpu(self):
         if src.is_complex() and not self.is_complex():
             warnings.warn("Casting complex values to real discards the imaginary part",
                           UserWarning, stacklevel=2)
             src = src.real
-        value = _tensor.read_resolved(src) if _tensor.is_tpu(src) else _host_to_device(src, self.dtype)
+        value = tensor.read_resolved(src) if tensor.is_tpu(src) else _host_to_device(src, self.dtype)
         if tuple(src.shape) != tuple(self.shape):
             torch.broadcast_shapes(src.shape, self.shape)  # PyTorch's error for bad shapes
-        _tensor._check_no_internal_overlap(self)
-        _tensor.write(self, value)
+        tensor.check_no_internal_overlap(self)
+        tensor.write(self, value)
     else:
-        self.copy_(_transfer.to_host(_tensor.read_resolved(src)))
+        self.copy_(transfer.to_host(tensor.read_resolved(src)))
     return self
 
 
@@ -139,12 +140,12 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     dtype = self.dtype if dtype is None else dtype
     target = torch.device(device) if device is not None else self.device
     if target.type == "tpu":
-        value = _tensor.read_resolved(self) if _tensor.is_tpu(self) else _host_to_device(self, dtype)
+        value = tensor.read_resolved(self) if tensor.is_tpu(self) else _host_to_device(self, dtype)
         target_dtype = to_jax(dtype)
         if value.dtype != target_dtype:  # (values are immutable: a new storage may share one)
-            value = _graph.apply(_astype, value, target_dtype)
-        return _tensor.wrap(value)
-    host = _transfer.to_host(_tensor.read_resolved(self))
+            value = apply(_astype, value, target_dtype)
+        return tensor.wrap(value)
+    host = transfer.to_host(tensor.read_resolved(self))
     return host.to(dtype=dtype, device=target)
 
 
@@ -153,7 +154,7 @@ _astype = jax.jit(lambda value, dtype: value.astype(dtype), static_argnums=1)
 
 @runtime(aten._local_scalar_dense)
 def local_scalar_dense(self):
-    value = _graph.for_host(_tensor.read(self)).reshape(())
+    value = checks.before_host_read(tensor.read(self)).reshape(())
     if self.dtype.is_complex:
         return complex(value)
     if self.dtype.is_floating_point:
@@ -169,12 +170,12 @@ def fill_(self, value):
         if value.dim() != 0:
             raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor "
                                f"with {value.dim()} dimensions.")
-        value = _tensor.read(value) if _tensor.is_tpu(value) else value.item()
-    _tensor.write(self, value)
+        value = tensor.read(value) if tensor.is_tpu(value) else value.item()
+    tensor.write(self, value)
     return self
 
 
 @runtime(aten.zero_)
 def zero_(self):
-    _tensor.write(self, 0)
+    tensor.write(self, 0)
     return self

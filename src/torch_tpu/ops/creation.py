@@ -1,7 +1,7 @@
 """Factory lowerings: fills (``full``, ``zeros``, ``*_like``, ``new_*``), ranges, windows,
 identity. (Random factories live in ops/random.py.)
 
-Factories that read the default dtype, a global, resolve it outside any trace (``jit=False``);
+Factories that read the default dtype, a global, resolve it outside any trace (``runs=Runs.EAGER``);
 each is a handful of XLA ops. The ``*_like``/``new_*`` ones take their dtype from ``self`` and are
 jitted like any lowering.
 """
@@ -16,8 +16,8 @@ import torch
 
 from jax.scipy.special import i0
 
-from .._dtypes import to_jax, to_torch
-from .._registry import lower, runtime
+from ..runtime.dtypes import to_jax, to_torch
+from .registry import Runs, lower, runtime
 from ._helpers import accumulator
 
 aten = torch.ops.aten
@@ -34,7 +34,7 @@ def _accumulate_dtype(dtype) -> np.dtype:
     return np.dtype(jnp.float32) if dtype in (jnp.float16, jnp.bfloat16) else np.dtype(jnp.float64)
 
 
-@lower(aten.arange.start_step, jit=False, static=("start", "end", "step"))
+@lower(aten.arange.start_step, runs=Runs.EAGER, static=("start", "end", "step"))
 def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
     if dtype is None:
         integral = all(isinstance(v, (int, bool)) for v in (start, end, step))
@@ -55,17 +55,17 @@ def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=
     return (first + stride * jnp.arange(max(length, 0), dtype=accumulate)).astype(dtype)
 
 
-@lower(aten.arange.default, jit=False, static=("end",))
+@lower(aten.arange.default, runs=Runs.EAGER, static=("end",))
 def arange_end(end, dtype=None, layout=None, device=None, pin_memory=None):
     return arange(0, end, 1, dtype)
 
 
-@lower(aten.arange.start, jit=False, static=("start", "end"))
+@lower(aten.arange.start, runs=Runs.EAGER, static=("start", "end"))
 def arange_start(start, end, dtype=None, layout=None, device=None, pin_memory=None):
     return arange(start, end, 1, dtype)
 
 
-@lower(aten.range.step, jit=False, static=("start", "end", "step"))
+@lower(aten.range.step, runs=Runs.EAGER, static=("start", "end", "step"))
 def range_step(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
     """The deprecated ``torch.range``: ``end`` included, default dtype even for integers."""
     dtype = _float_or_default(dtype)
@@ -83,7 +83,7 @@ def range_step(start, end, step=1, dtype=None, layout=None, device=None, pin_mem
     return (first + stride * jnp.arange(length, dtype=accumulate)).astype(dtype)
 
 
-@lower(aten.range.default, jit=False, static=("start", "end"))
+@lower(aten.range.default, runs=Runs.EAGER, static=("start", "end"))
 def range_default(start, end, dtype=None, layout=None, device=None, pin_memory=None):
     return range_step(start, end, 1, dtype)
 
@@ -135,12 +135,12 @@ def _fill_dtype(value) -> np.dtype:
     return _float_or_default(None)
 
 
-@lower(aten.full.default, jit=False, static=("fill_value",))
+@lower(aten.full.default, runs=Runs.EAGER, static=("fill_value",))
 def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
     return _checked_full(size, fill_value, _fill_dtype(fill_value) if dtype is None else dtype)
 
 
-@lower(aten.scalar_tensor.default, jit=False, static=("s",))
+@lower(aten.scalar_tensor.default, runs=Runs.EAGER, static=("s",))
 def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None):
     return _checked_full((), s, _float_or_default(dtype))
 
@@ -152,8 +152,8 @@ def _constant_factory(value):
 
 
 # autograd's zero gradients (_efficientzerotensor) are plain zeros here: no ZeroTensor key on tpu
-lower(aten.zeros.default, aten._efficientzerotensor.default, jit=False)(_constant_factory(0))
-lower(aten.ones.default, jit=False)(_constant_factory(1))
+lower(aten.zeros.default, aten._efficientzerotensor.default, runs=Runs.EAGER)(_constant_factory(0))
+lower(aten.ones.default, runs=Runs.EAGER)(_constant_factory(1))
 
 
 @lower(aten.full_like.default)
@@ -233,7 +233,7 @@ def _check_steps(steps: int) -> None:
         raise RuntimeError("number of steps must be non-negative")
 
 
-@lower(aten.linspace.default, jit=False)
+@lower(aten.linspace.default, runs=Runs.EAGER)
 def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
     _check_steps(steps)
     dtype = _float_or_default(dtype)
@@ -243,7 +243,7 @@ def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory
     return values.astype(dtype)
 
 
-@lower(aten.logspace.default, jit=False)
+@lower(aten.logspace.default, runs=Runs.EAGER)
 def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None, pin_memory=None):
     _check_steps(steps)
     dtype = _float_or_default(dtype)
@@ -262,9 +262,9 @@ def _check_scalar_bounds(name: str):
 
 
 lower(aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor,
-      jit=False, check=_check_scalar_bounds("linspace"))(linspace)
+      runs=Runs.EAGER, check=_check_scalar_bounds("linspace"))(linspace)
 lower(aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor,
-      jit=False, check=_check_scalar_bounds("logspace"))(logspace)
+      runs=Runs.EAGER, check=_check_scalar_bounds("logspace"))(logspace)
 
 
 # ----------------------------------------------------------------------------- windows
@@ -305,38 +305,38 @@ def _kaiser(beta: float):
     return shape
 
 
-@lower(aten.hann_window.periodic, jit=False)
+@lower(aten.hann_window.periodic, runs=Runs.EAGER)
 def hann_window(window_length, periodic=True, dtype=None, layout=None, device=None,
                 pin_memory=None):
     return _window("hann_window", window_length, periodic, dtype, _cosine_sum(0.5, 0.5))
 
 
-@lower(aten.hamming_window.periodic_alpha_beta, jit=False)
+@lower(aten.hamming_window.periodic_alpha_beta, runs=Runs.EAGER)
 def hamming_window(window_length, periodic=True, alpha=0.54, beta=0.46, dtype=None, layout=None,
                    device=None, pin_memory=None):
     return _window("hamming_window", window_length, periodic, dtype, _cosine_sum(alpha, beta))
 
 
-@lower(aten.hamming_window.periodic_alpha, jit=False)
+@lower(aten.hamming_window.periodic_alpha, runs=Runs.EAGER)
 def hamming_window_alpha(window_length, periodic, alpha, dtype=None, layout=None, device=None,
                          pin_memory=None):
     return hamming_window(window_length, periodic, alpha, 0.46, dtype)
 
 
-@lower(aten.blackman_window.periodic, jit=False)
+@lower(aten.blackman_window.periodic, runs=Runs.EAGER)
 def blackman_window(window_length, periodic=True, dtype=None, layout=None, device=None,
                     pin_memory=None):
     return _window("blackman_window", window_length, periodic, dtype,
                    _cosine_sum(0.42, 0.5, 0.08))
 
 
-@lower(aten.bartlett_window.periodic, jit=False)
+@lower(aten.bartlett_window.periodic, runs=Runs.EAGER)
 def bartlett_window(window_length, periodic=True, dtype=None, layout=None, device=None,
                     pin_memory=None):
     return _window("bartlett_window", window_length, periodic, dtype, _bartlett)
 
 
-@lower(aten.kaiser_window.beta, jit=False)
+@lower(aten.kaiser_window.beta, runs=Runs.EAGER)
 def kaiser_window(window_length, periodic=True, beta=12.0, dtype=None, layout=None, device=None,
                   pin_memory=None):
     return _window("kaiser_window", window_length, periodic, dtype, _kaiser(beta))
@@ -358,15 +358,15 @@ for _overload, _window_fn, _count in [
         (aten.bartlett_window.default, bartlett_window, 1),
         (aten.kaiser_window.default, kaiser_window, 1),
         (aten.kaiser_window.periodic, kaiser_window, 2)]:
-    lower(_overload, jit=False)(_leading_arguments(_window_fn, _count))
+    lower(_overload, runs=Runs.EAGER)(_leading_arguments(_window_fn, _count))
 
 
-@lower(aten.eye.default, jit=False)
+@lower(aten.eye.default, runs=Runs.EAGER)
 def eye(n, dtype=None, layout=None, device=None, pin_memory=None):
     return eye_m(n, n, dtype)
 
 
-@lower(aten.eye.m, jit=False)
+@lower(aten.eye.m, runs=Runs.EAGER)
 def eye_m(n, m, dtype=None, layout=None, device=None, pin_memory=None):
     for size in (n, m):
         if size < 0:

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._registry import Promote, lower, runtime
+from .registry import Promote, lower, runtime
 from ._helpers import accumulator, binary, predicate, result_dtype, unary
 from ._nn_helpers import require
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .._registry import lower
+from .registry import Runs, lower
 from .creation import _float_or_default
 
 aten = torch.ops.aten
@@ -62,12 +62,12 @@ def _frequencies(grid: np.ndarray, n: int, d: float, dtype) -> jnp.ndarray:
     return jnp.asarray(grid, dtype) * jnp.asarray(1.0 / (n * d), dtype)
 
 
-@lower(aten.fft_fftfreq.default, jit=False)
+@lower(aten.fft_fftfreq.default, runs=Runs.EAGER)
 def fft_fftfreq(n, d=1.0, dtype=None, layout=None, device=None, pin_memory=None):
     grid = np.concatenate([np.arange((n + 1) // 2), np.arange(-(n // 2), 0)])
     return _frequencies(grid, n, d, dtype)
 
 
-@lower(aten.fft_rfftfreq.default, jit=False)
+@lower(aten.fft_rfftfreq.default, runs=Runs.EAGER)
 def fft_rfftfreq(n, d=1.0, dtype=None, layout=None, device=None, pin_memory=None):
     return _frequencies(np.arange(n // 2 + 1), n, d, dtype)

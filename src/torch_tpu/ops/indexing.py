@@ -1,10 +1,11 @@
 """Indexing lowerings: advanced indexing, gather/scatter, index_* ops, masks, search, unique.
 
 XLA clamps out-of-range indices silently where PyTorch raises, so the ops that take index tensors
-check them first (:func:`check_bounds`: one host sync) and then run their jitted computation.
-Under a trace (fused eager, ``torch.compile``) the indices are not concrete and the check is
-skipped. Ops whose output shape depends on values (boolean masks, ``nonzero``, ``unique``...) are
-``jit=False``: they read what they need on the host first.
+check them (:func:`check_bounds`): at once in strict eager (one host sync), with the graph in
+fused eager and compiled programs (reported when a value depending on it is read). Ops whose
+output shape depends on values (``nonzero``, ``unique``...) run on the host (``Runs.HOST``);
+advanced indexing and gather/scatter are ``Runs.EAGER``: only a boolean mask index is read on the
+host, every other case records into fused graphs.
 
 Type and shape errors are raised as ``TypeError``; the dispatcher then replays the call on meta
 tensors, whose kernels raise PyTorch's own exception and message.
@@ -21,8 +22,9 @@ import numpy as np
 import torch
 from jax import lax
 
-from .. import _graph
-from .._registry import Promote, lower
+from ..runtime import checks
+from ..runtime.buffer import apply
+from .registry import Promote, Runs, lower
 from ._helpers import check_bounds, result_dtype, type_name
 
 aten = torch.ops.aten
@@ -98,7 +100,7 @@ def _advanced_indices(x: jax.Array, indices) -> list[Optional[jax.Array]]:
                             f"match the shape of the indexed tensor {list(x.shape)} at index "
                             f"{dim + k}")
                 raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
-            expanded.extend(jnp.nonzero(_graph.for_host(index)))  # a sync point in fused eager
+            expanded.extend(jnp.nonzero(checks.before_host_read(index)))  # a sync point in fused eager
             dim += index.ndim
         elif index.dtype in _INDEX_DTYPES:
             expanded.append(index)
@@ -126,23 +128,23 @@ def _put_advanced(x, indices, values, accumulate):
     return _at_reduce(x, _numpy_key(indices), values, "sum" if accumulate else "set")
 
 
-# These are jit=False for boolean masks (their nonzero coordinates set the output's shape); with
-# integer indices they record into fused eager's graph like any op (fusable).
-@lower(aten.index.Tensor, jit=False, fusable=True)
+# Runs.EAGER: a boolean mask index is read on the host (its nonzero coordinates set the output's
+# shape); with integer indices the jitted pieces record into fused eager's graph like any op.
+@lower(aten.index.Tensor, runs=Runs.EAGER)
 def index(x, indices):
-    return _graph.apply(_take_advanced, x, tuple(_advanced_indices(x, indices)))
+    return apply(_take_advanced, x, tuple(_advanced_indices(x, indices)))
 
 
-@lower(aten.index_put.default, jit=False, fusable=True)
+@lower(aten.index_put.default, runs=Runs.EAGER)
 def index_put(x, indices, values, accumulate=False):
     if hasattr(values, "dtype") and values.dtype != x.dtype:
         raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
                            f"{type_name(x.dtype)} for the destination and "
                            f"{type_name(values.dtype)} for the source.")
-    return _graph.apply(_put_advanced, x, tuple(_advanced_indices(x, indices)), values, accumulate)
+    return apply(_put_advanced, x, tuple(_advanced_indices(x, indices)), values, accumulate)
 
 
-@lower(aten._index_put_impl.default, jit=False, fusable=True)
+@lower(aten._index_put_impl.default, runs=Runs.EAGER)
 def index_put_impl(x, indices, values, accumulate=False, unsafe=False):
     return index_put(x, indices, values, accumulate)
 
@@ -169,12 +171,12 @@ def _gather(x, dim, index):
     return _as_1d(x)[_along(_as_1d(index), dim)].reshape(index.shape)
 
 
-@lower(aten.gather.default, jit=False, fusable=True)
+@lower(aten.gather.default, runs=Runs.EAGER)
 def gather(x, dim, index, sparse_grad=False):
     _check_along(x, dim, index, "gather")
     if not index.size:  # torch accepts any empty index
         return jnp.zeros(index.shape, x.dtype)
-    return _graph.apply(_gather, x, _wrap_dim(dim, x.ndim), index)
+    return apply(_gather, x, _wrap_dim(dim, x.ndim), index)
 
 
 def _scatter_reduce_into(x, dim, index, src, reduce: str):
@@ -201,18 +203,18 @@ def _scatter_lowering(reduce_arg: bool):
         _check_along(x, dim, index, "scatter")
         if not index.size:
             return x
-        return _graph.apply(_scatter, x, _wrap_dim(dim, x.ndim), index, src,
+        return apply(_scatter, x, _wrap_dim(dim, x.ndim), index, src,
                             _LEGACY_REDUCE[reduce] if reduce_arg else "set")
     return scatter
 
 
-lower(aten.scatter.src, aten.scatter.value, jit=False, fusable=True)(
+lower(aten.scatter.src, aten.scatter.value, runs=Runs.EAGER)(
     _scatter_lowering(reduce_arg=False))
-lower(aten.scatter.reduce, aten.scatter.value_reduce, jit=False, fusable=True)(
+lower(aten.scatter.reduce, aten.scatter.value_reduce, runs=Runs.EAGER)(
     _scatter_lowering(reduce_arg=True))
 
 
-@lower(aten.scatter_add.default, jit=False, fusable=True)
+@lower(aten.scatter_add.default, runs=Runs.EAGER)
 def scatter_add(x, dim, index, src):
     return _scatter_lowering(reduce_arg=True)(x, dim, index, src, "add")
 
@@ -229,7 +231,6 @@ def _identity(reduce: str, dtype) -> jax.Array:
     return jnp.asarray(info.min if reduce == "amax" else info.max, dtype)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 4, 5))
 def _scatter_reduce(x, dim, index, src, reduce, include_self):
     hit = _scatter_reduce_into(jnp.zeros(x.shape, jnp.bool_), dim, index, True, "set")
     if not include_self:
@@ -244,10 +245,13 @@ def _scatter_reduce(x, dim, index, src, reduce, include_self):
     return jnp.floor_divide(total, count)
 
 
-@lower(aten.scatter_reduce.two, jit=False)
-def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+def _check_scatter_reduce(x, dim, index, src, reduce, include_self=True):
     _require_same_dtype(x, src, "scatter_reduce")
     _check_along(x, dim, index, "scatter_reduce")
+
+
+@lower(aten.scatter_reduce.two, check=_check_scatter_reduce)
+def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if not index.size:
         return x
     return _scatter_reduce(x, _wrap_dim(dim, x.ndim), index, src, reduce, include_self)
@@ -258,90 +262,91 @@ def _dim_key(dim: int, index) -> tuple:
     return (slice(None),) * dim + (index,)
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
-def _index_select(x, dim, index):
-    selected = jnp.take(_as_1d(x), _as_1d(index), axis=dim)
-    return selected.reshape(()) if x.ndim == 0 else selected
-
-
 def _selected_shape(shape, dim, index) -> tuple:
     return shape[:dim] + (index.size,) + shape[dim + 1:]
 
 
-def _check_index_dim(x, dim, index, op: str, error, negative_ok: bool = False) -> int:
-    _require_index_dtype(index, op)
-    if index.ndim > 1:
-        _reject(f"{op}: index must be a vector")
-    dim = _wrap_dim(dim, x.ndim)
-    check_bounds([(index, _as_1d(x).shape[dim], negative_ok)], error)
-    return dim
+def _index_dim_check(op: str, error, negative_ok: bool = False, same_dtype: bool = False,
+                     scalar_value: bool = False) -> Callable:
+    """The ``check=`` of an ``index_*`` op: ``index`` a vector of indices (within bounds) into
+    ``x``'s dimension ``dim``; the source (``index_add``...) of ``x``'s dtype; a 0-dim value
+    (``index_fill``). ``error(position, value, size)`` is the op's out-of-bounds error."""
+    def check(x, dim, index, source=None, *_):
+        if same_dtype:
+            _require_same_dtype(x, source, op)
+        if scalar_value and jnp.ndim(source):
+            _reject(f"{op}: value must be 0-dim")
+        _require_index_dtype(index, op)
+        if index.ndim > 1:
+            _reject(f"{op}: index must be a vector")
+        check_bounds([(index, _as_1d(x).shape[_wrap_dim(dim, x.ndim)], negative_ok)],
+                     lambda position, value, size: error(dim, value, size))
+    return check
 
 
-@lower(aten.index_select.default, jit=False)
+def _out_of_bounds_for_dim(prefix: str = "") -> Callable:
+    return lambda dim, value, size: IndexError(
+        f"{prefix}index {value} is out of bounds for dimension {dim} with size {size}")
+
+
+@lower(aten.index_select.default, check=_index_dim_check("index_select", _out_of_range_in_self))
 def index_select(x, dim, index):
-    dim = _check_index_dim(x, dim, index, "index_select", _out_of_range_in_self)
-    return _index_select(x, dim, index)
+    selected = jnp.take(_as_1d(x), _as_1d(index), axis=_wrap_dim(dim, x.ndim))
+    return selected.reshape(()) if x.ndim == 0 else selected
 
 
-@functools.partial(jax.jit, static_argnums=(1, 4))
 def _index_update(x, dim, index, source, reduce):
+    dim = _wrap_dim(dim, x.ndim)
     flat, index = _as_1d(x), _as_1d(index)
     if jnp.ndim(source):
         source = source.reshape(_selected_shape(flat.shape, dim, index))
     return _at_reduce(flat, _dim_key(dim, index), source, reduce).reshape(x.shape)
 
 
-@lower(aten.index_add.default, jit=False)
+@lower(aten.index_add.default,
+       check=_index_dim_check("index_add", _out_of_range_in_self, same_dtype=True))
 def index_add(x, dim, index, source, alpha=1):
-    _require_same_dtype(x, source, "index_add")
-    dim = _check_index_dim(x, dim, index, "index_add", _out_of_range_in_self)
     return _index_update(x, dim, index, source * jnp.asarray(alpha, x.dtype), "sum")
 
 
-@lower(aten.index_copy.default, jit=False)
+@lower(aten.index_copy.default, check=_index_dim_check(
+    "index_copy", _out_of_bounds_for_dim("index_copy_(): "), same_dtype=True))
 def index_copy(x, dim, index, source):
-    _require_same_dtype(x, source, "index_copy")
-    dim = _check_index_dim(
-        x, dim, index, "index_copy", lambda _, value, size: IndexError(
-            f"index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"))
     return _index_update(x, dim, index, source, "set")
 
 
-@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, jit=False)
+@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, check=_index_dim_check(
+    "index_fill", _out_of_bounds_for_dim(), negative_ok=True, scalar_value=True))
 def index_fill(x, dim, index, value):
-    if jnp.ndim(value):
-        _reject("index_fill: value must be 0-dim")
-    dim = _check_index_dim(
-        x, dim, index, "index_fill", negative_ok=True, error=lambda _, value, size: IndexError(
-            f"index {value} is out of bounds for dimension {dim} with size {size}"))
     return _index_update(x, dim, index, value, "set")
 
 
-def _check_flat_index(x, index, op: str) -> None:
-    _require_index_dtype(index, op)
-    check_bounds([(index, x.size, True)], lambda _, value, size: IndexError(
-        f"out of range: tried to access index {value} on a tensor of {size} elements."))
+def _flat_index_check(op: str, same_dtype: bool = False) -> Callable:
+    def check(x, index, source=None, *_):
+        if same_dtype:
+            _require_same_dtype(x, source, op)
+        _require_index_dtype(index, op)
+        check_bounds([(index, x.size, True)], lambda _, value, size: IndexError(
+            f"out of range: tried to access index {value} on a tensor of {size} elements."))
+    return check
 
 
-@lower(aten.take.default, jit=False)
+@lower(aten.take.default, check=_flat_index_check("take"))
 def take(x, index):
-    _check_flat_index(x, index, "take")
     return _take_advanced(x.reshape(-1), (index,))
 
 
-@lower(aten.put.default, jit=False)
+@lower(aten.put.default, check=_flat_index_check("put", same_dtype=True))
 def put(x, index, source, accumulate=False):
-    _require_same_dtype(x, source, "put")
-    _check_flat_index(x, index, "put")
     return _put_advanced(x.reshape(-1), (index.reshape(-1),), source.reshape(-1),
                          accumulate).reshape(x.shape)
 
 
-@lower(aten.index_reduce.default, jit=False)
+@lower(aten.index_reduce.default, check=_index_dim_check(
+    "index_reduce", _out_of_range_in_self, same_dtype=True))
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     """``scatter_reduce`` with ``index`` spread over ``source``'s other dimensions."""
-    _require_same_dtype(x, source, "index_reduce")
-    dim = _check_index_dim(x, dim, index, "index_reduce", _out_of_range_in_self)
+    dim = _wrap_dim(dim, x.ndim)
     source = _as_1d(source)
     along = [1] * source.ndim
     along[dim] = -1
@@ -377,14 +382,14 @@ def masked_scatter(x, mask, source):
     return jnp.where(mask, taken, x)
 
 
-@lower(aten.masked_select.default, jit=False)
+@lower(aten.masked_select.default, runs=Runs.HOST)
 def masked_select(x, mask):
     _require_bool_mask(mask, "masked_select")
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
     return jnp.broadcast_to(x, shape)[jnp.broadcast_to(mask, shape)]
 
 
-@lower(aten.nonzero.default, jit=False)
+@lower(aten.nonzero.default, runs=Runs.HOST)
 def nonzero(x):
     coordinates = jnp.nonzero(_as_1d(x))
     if x.ndim == 0:
@@ -439,18 +444,18 @@ def _unique_outputs(values, inverse, counts, return_inverse, return_counts):
             counts.astype(jnp.int64) if return_counts else _NOTHING)
 
 
-@lower(aten._unique2.default, jit=False)
+@lower(aten._unique2.default, runs=Runs.HOST)
 def unique2(x, sorted=True, return_inverse=False, return_counts=False):
     values, inverse, counts = jnp.unique(x.reshape(-1), return_inverse=True, return_counts=True)
     return _unique_outputs(values, inverse.reshape(x.shape), counts, return_inverse, return_counts)
 
 
-@lower(aten._unique.default, jit=False)
+@lower(aten._unique.default, runs=Runs.HOST)
 def unique(x, sorted=True, return_inverse=False):
     return unique2(x, sorted, return_inverse)[:2]
 
 
-@lower(aten.unique_dim.default, jit=False)
+@lower(aten.unique_dim.default, runs=Runs.HOST)
 def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
     values, inverse, counts = jnp.unique(x, axis=dim, return_inverse=True, return_counts=True)
     return _unique_outputs(values, inverse.reshape(-1), counts, return_inverse, return_counts)
@@ -474,15 +479,15 @@ def _unique_consecutive(x, return_inverse, return_counts, dim):
                            return_inverse, return_counts)
 
 
-lower(aten.unique_consecutive.default, jit=False)(_unique_consecutive)
+lower(aten.unique_consecutive.default, runs=Runs.HOST)(_unique_consecutive)
 
 
-@lower(aten.unique_dim_consecutive.default, jit=False)
+@lower(aten.unique_dim_consecutive.default, runs=Runs.HOST)
 def unique_dim_consecutive(x, dim, return_inverse=False, return_counts=False):
     return _unique_consecutive(x, return_inverse, return_counts, dim)
 
 
-@lower(aten.bincount.default, jit=False)
+@lower(aten.bincount.default, runs=Runs.HOST)
 def bincount(x, weights=None, minlength=0):
     if x.ndim != 1 or not jnp.issubdtype(x.dtype, jnp.integer) or (x.size and int(x.min()) < 0):
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")

@@ -16,9 +16,10 @@ import torch
 from jax import lax
 from jax._src.lax.linalg import geqrf as _lapack_geqrf  # not re-exported by jax.lax.linalg
 
-from .. import _graph, _tensor
-from .._dtypes import to_jax, to_torch
-from .._registry import Promote, lower, runtime
+from ..runtime import tensor
+from ..runtime.buffer import apply
+from ..runtime.dtypes import to_jax, to_torch
+from .registry import Promote, Runs, lower, runtime
 from ._helpers import accumulator, type_name
 from .reduction import linalg_vector_norm
 
@@ -252,7 +253,7 @@ def _cholesky(a):
     return lower_factor, _first_failure(~jnp.isfinite(diagonal))
 
 
-@lower(aten.linalg_cholesky_ex.default, jit=False)
+@lower(aten.linalg_cholesky_ex.default, runs=Runs.HOST)
 def linalg_cholesky_ex(a, upper=False, check_errors=False):
     factor, info = _cholesky(a)
     _raise_if_failed(check_errors, info, "linalg.cholesky: The factorization could not be "
@@ -269,7 +270,7 @@ def _lu(a):
     return lu, (pivots + 1).astype(jnp.int32), _first_failure(diagonal == 0)
 
 
-@lower(aten.linalg_lu_factor_ex.default, jit=False)
+@lower(aten.linalg_lu_factor_ex.default, runs=Runs.HOST)
 def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
     if not pivot:
         raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
@@ -288,7 +289,7 @@ def _factored_transpose(op):
 
         def kernel(a):
             factor_transpose = a.is_contiguous() and not a.is_complex()
-            return tuple(_tensor.wrap(o) for o in _graph.apply(jitted, _tensor.read(a), factor_transpose))
+            return tuple(tensor.wrap(o) for o in apply(jitted, tensor.read(a), factor_transpose))
         runtime(op)(kernel)
         return fn
     return register
@@ -333,7 +334,7 @@ _jit_lu_solve = jax.jit(_lu_solve, static_argnums=(3, 4))
 lower(aten.linalg_lu_solve.default)(_lu_solve)
 
 
-@lower(aten.linalg_inv_ex.default, jit=False)
+@lower(aten.linalg_inv_ex.default, runs=Runs.HOST)
 def linalg_inv_ex(a, check_errors=False):
     lu, pivots, info = _lu(a)
     _raise_if_failed(check_errors, info, "linalg.inv: The diagonal element {} is zero, the "
@@ -342,7 +343,7 @@ def linalg_inv_ex(a, check_errors=False):
     return _jit_lu_solve(lu, pivots, identity), info
 
 
-@lower(aten._linalg_solve_ex.default, jit=False)
+@lower(aten._linalg_solve_ex.default, runs=Runs.HOST)
 def linalg_solve_ex(a, b, left=True, check_errors=False):
     """torch.linalg.solve: ``b`` is a (batch of) vector(s) when it has one dim less than ``a``."""
     lu, pivots, info = _lu(a)
@@ -394,7 +395,7 @@ def linalg_eigh(a, UPLO="L", compute_v=True):
     return values, (vectors if compute_v else jnp.zeros((0,), a.dtype))
 
 
-@lower(aten.cholesky.default, jit=False)
+@lower(aten.cholesky.default, runs=Runs.HOST)
 def cholesky(a, upper=False):
     """The deprecated ``torch.cholesky``: always checks, with torch's message for it."""
     factor, info = _cholesky(a)
@@ -559,7 +560,7 @@ def _svd_least_squares(a, b, rcond):
     return solution, jnp.sum(keep, -1).astype(jnp.int64), s
 
 
-@lower(aten.linalg_lstsq.default, jit=False)
+@lower(aten.linalg_lstsq.default, runs=Runs.HOST)
 def linalg_lstsq(a, b, rcond=None, driver=None):
     driver = driver or "gelsy"
     rows, cols = a.shape[-2:]
@@ -838,7 +839,7 @@ def _ldl_factor(a, hermitian: bool):
     return packed.reshape(a.shape), pivots.reshape(batch + (n,)), info.reshape(batch)
 
 
-@lower(aten.linalg_ldl_factor_ex.default, jit=False)
+@lower(aten.linalg_ldl_factor_ex.default, runs=Runs.HOST)
 def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
     packed, pivots, info = _ldl_factor(a, hermitian and jnp.iscomplexobj(a))
     if check_errors:

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .. import _graph
-from .._registry import fusable_check, lower, runtime
+from ..runtime.buffer import apply
+from .registry import lower, runtime
 from ._helpers import check_bounds
 from ._nn_helpers import REDUCTIONS, compute_dtype, vjp
 
@@ -58,10 +58,9 @@ def _ignored_as_zero(target, ignore_index):
     return jnp.where(target == ignore_index, 0, target)
 
 
-@fusable_check
 def _check_targets(x, target, weight, reduction, ignore_index, *_):
     classes = x.shape[0 if x.ndim == 1 else 1]
-    check_bounds([(_graph.apply(_ignored_as_zero, target, ignore_index), classes, False)],
+    check_bounds([(apply(_ignored_as_zero, target, ignore_index), classes, False)],
                  lambda _, value, size: IndexError(f"Target {value} is out of bounds."))
 
 

@@ -14,8 +14,10 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .. import _graph, _random, _tensor
-from .._registry import Promote, fusable_check, lower, runtime
+from ..runtime import tensor
+from ..runtime.buffer import apply
+from ..runtime.random import next_key
+from .registry import Promote, lower, runtime
 from ._helpers import check_bounds
 from ._nn_helpers import compute_dtype, precision, require, ntuple, vjp, wrap_dim
 
@@ -136,8 +138,8 @@ def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training
     out, mean, invstd, new_mean, new_var = aten._native_batch_norm_legit_functional(
         x, weight, bias, running_mean, running_var, training, momentum, eps)
     if training:
-        _tensor.write(running_mean, _tensor.read(new_mean))
-        _tensor.write(running_var, _tensor.read(new_var))
+        tensor.write(running_mean, tensor.read(new_mean))
+        tensor.write(running_var, tensor.read(new_var))
     return out, mean, invstd
 
 
@@ -171,7 +173,7 @@ def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, e
 @runtime(aten._batch_norm_with_update.default)
 def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
     return native_batch_norm_legit(x, weight, bias, running_mean, running_var, True, momentum,
-                                   eps) + (_tensor.wrap(_reserve()),)
+                                   eps) + (tensor.wrap(_reserve()),)
 
 
 def _normalization_grad(grad_normalized, normalized, rstd, axes):
@@ -229,13 +231,13 @@ _update_stats_jit = jax.jit(_update_stats)
 def batch_norm_update_stats(x, running_mean, running_var, momentum):
     """A runtime entry because PyTorch updates the running statistics in place although the
     schema does not mark them written."""
-    stats = [None if t is None else _tensor.read(t) for t in (running_mean, running_var)]
-    mean, variance, new_mean, new_var = _graph.apply(_update_stats_jit, _tensor.read(x), *stats,
+    stats = [None if t is None else tensor.read(t) for t in (running_mean, running_var)]
+    mean, variance, new_mean, new_var = apply(_update_stats_jit, tensor.read(x), *stats,
                                                      momentum)
     if running_mean is not None:
-        _tensor.write(running_mean, new_mean)
-        _tensor.write(running_var, new_var)
-    return _tensor.wrap(mean), _tensor.wrap(variance)
+        tensor.write(running_mean, new_mean)
+        tensor.write(running_var, new_var)
+    return tensor.wrap(mean), tensor.wrap(variance)
 
 
 def _normalize(x, axes, eps):
@@ -502,7 +504,6 @@ def masked_softmax_backward(grad, output, mask, dim=None):
     return (y * (g - (g * y).sum(axis, keepdims=True))).astype(output.dtype)
 
 # ----------------------------------------------------------------------------- embedding
-@fusable_check
 def _check_embedding_indices(weight, indices, *_):
     check_bounds([(indices, weight.shape[0], False)],
                  lambda *_: IndexError("index out of range in self"))
@@ -729,12 +730,12 @@ _attention_forward = jax.jit(_attention, static_argnums=(5, 6, 7))
 def scaled_dot_product_fused_attention(query, key, value, attn_bias=None, dropout_p=0.0,
                                        is_causal=False, return_debug_mask=False, *, scale=None):
     """A runtime entry only because the schema also returns ints (max_q, max_k)."""
-    seed = _pack_key(_random.next_key())
-    bias = None if attn_bias is None else _tensor.read(attn_bias)
-    out, logsumexp = _graph.apply(_attention_forward, _tensor.read(query), _tensor.read(key),
-                                  _tensor.read(value), bias, seed, dropout_p, is_causal, scale)
-    return (_tensor.wrap(out), _tensor.wrap(logsumexp), None, None, query.shape[-2],
-            key.shape[-2], _tensor.wrap(seed), _tensor.wrap(jnp.zeros((), jnp.int64)), None)
+    seed = _pack_key(next_key())
+    bias = None if attn_bias is None else tensor.read(attn_bias)
+    out, logsumexp = apply(_attention_forward, tensor.read(query), tensor.read(key),
+                                  tensor.read(value), bias, seed, dropout_p, is_causal, scale)
+    return (tensor.wrap(out), tensor.wrap(logsumexp), None, None, query.shape[-2],
+            key.shape[-2], tensor.wrap(seed), tensor.wrap(jnp.zeros((), jnp.int64)), None)
 
 
 @lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default)

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .._dispatch import _promoted
-from .._registry import LOWERINGS, Types, fusable_check, lower
+from .dispatch import promoted
+from .registry import LOWERINGS, Types, lower
 from ._helpers import accumulator, to_torch, type_name
 from .elementwise import lerp
 
@@ -51,12 +51,13 @@ def _per_tensor(op: torch._ops.OpOverload) -> Callable:
         return entry.fn
     arguments = op._schema.arguments
     names = entry.promote_args or [a.name for a in arguments if _is_tensor(a) or _is_number(a)]
-    promoted = [(i, _is_tensor(a)) for i, a in enumerate(arguments) if a.name in names]
+    taking_part = [(i, _is_tensor(a)) for i, a in enumerate(arguments) if a.name in names]
 
     def call(*values):
-        signature = tuple(_promotion_signature(values[i], is_tensor) for i, is_tensor in promoted
+        signature = tuple(_promotion_signature(values[i], is_tensor)
+                          for i, is_tensor in taking_part
                           if i < len(values) and values[i] is not None)
-        return entry.fn(*values, types=_promoted(entry.promote, signature))
+        return entry.fn(*values, types=promoted(entry.promote, signature))
     return call
 
 
@@ -68,7 +69,6 @@ def _list_checks(op: torch._ops.OpOverload, rows: Sequence[int] = ()) -> Callabl
     scalar_lists = [i for i, k in enumerate(kinds) if k == "List[number]"]
     scalar_tensors = [i for i, k in enumerate(kinds) if k == "Tensor"]
 
-    @fusable_check  # lengths and shapes only
     def check(*values):
         count = len(values[tensor_lists[0]])
         if not count:

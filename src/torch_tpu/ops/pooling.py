@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .._registry import lower
+from .registry import lower
 from ._helpers import check_bounds
 from ._nn_helpers import compute_dtype, precision, require, ntuple, vjp
 

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from jax.scipy.special import digamma
 
-from .._registry import lower, runtime
-from ._helpers import accumulator, result_dtype, type_name
+from .registry import Runs, lower, runtime
+from ._helpers import accumulator, check_values, result_dtype, type_name
 from .creation import _factory_out, _float_or_default
 
 aten = torch.ops.aten
@@ -47,11 +47,6 @@ def _require_continuous(distribution: str, dtype) -> None:
     if not _is_floating(dtype):
         raise RuntimeError(f"{distribution} distribution is a continuous probability distribution. "
                            f"dtype must be a floating point but you specified {type_name(dtype)}")
-
-
-def _concrete(x) -> bool:
-    """A value the checks can look at (not a tracer, not a Python number already checked)."""
-    return isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
 
 
 # ----------------------------------------------------------------------------- samplers
@@ -175,9 +170,14 @@ def bernoulli_p(x, p, generator=None, *, key):
     return _bernoulli(key, p, x.shape, x.dtype)
 
 
+@jax.jit
+def _are_probabilities(p):
+    return jnp.all((p >= 0) & (p <= 1))
+
+
 def _check_probabilities(p) -> None:
-    if _concrete(p) and not bool(jnp.all((p >= 0) & (p <= 1))):
-        raise RuntimeError("Expected p_in >= 0 && p_in <= 1 to be true, but got false.")
+    check_values(_are_probabilities, [p], lambda: RuntimeError(
+        "Expected p_in >= 0 && p_in <= 1 to be true, but got false."))
 
 
 @lower(aten.bernoulli.Tensor, random=True, check=lambda x, p, generator: _check_probabilities(p))
@@ -228,9 +228,14 @@ def log_normal(x, mean=1.0, std=2.0, generator=None, *, key):
 
 
 # ----------------------------------------------------------------------------- normal(Tensor...)
+@jax.jit
+def _all_non_negative(x):
+    return jnp.all(x >= 0)
+
+
 def _check_std_tensor(std) -> None:
-    if _concrete(std) and not bool(jnp.all(std >= 0)):
-        raise RuntimeError("normal expects all elements of std >= 0.0")
+    check_values(_all_non_negative, [std],
+                 lambda: RuntimeError("normal expects all elements of std >= 0.0"))
 
 
 def _normal_around(key, mean, std, dtype):
@@ -261,8 +266,8 @@ def normal_tensor_tensor(mean, std, generator=None, *, key):
 
 # ----------------------------------------------------------------------------- distributions
 def _check_rates(rates) -> None:
-    if _concrete(rates) and not bool(jnp.all(rates >= 0)):
-        raise RuntimeError("invalid Poisson rate, expected rate to be non-negative")
+    check_values(_all_non_negative, [rates], lambda: RuntimeError(
+        "invalid Poisson rate, expected rate to be non-negative"))
 
 
 @lower(aten.poisson.default, random=True, check=lambda rates, generator: _check_rates(rates))
@@ -468,14 +473,21 @@ def _check_multinomial(probs, num_samples, replacement, generator=None) -> None:
             "cannot sample n_sample > prob_dist.size(-1) samples without replacement")
     if probs.shape[-1] > 2 ** 24:
         raise RuntimeError("number of categories cannot exceed 2^24")
-    if _concrete(probs) and probs.size:
-        wide = probs.astype(accumulator(probs.dtype))
-        valid, positive = jax.device_get((jnp.all(jnp.isfinite(wide) & (wide >= 0)),
-                                          jnp.all(wide.sum(-1) > 0)))
-        if not valid:
-            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-        if not positive:
-            raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+    check_values(_valid_probabilities, [probs], lambda: RuntimeError(
+        "probability tensor contains either `inf`, `nan` or element < 0"))
+    check_values(_positive_sums, [probs], lambda: RuntimeError(
+        "invalid multinomial distribution (sum of probabilities <= 0)"))
+
+
+@jax.jit
+def _valid_probabilities(probs):
+    wide = probs.astype(accumulator(probs.dtype))
+    return jnp.all(jnp.isfinite(wide) & (wide >= 0))
+
+
+@jax.jit
+def _positive_sums(probs):
+    return jnp.all(probs.astype(accumulator(probs.dtype)).sum(-1) > 0)
 
 
 @lower(aten.multinomial.default, random=True, check=_check_multinomial)
@@ -527,17 +539,17 @@ def _factory_dtype(dtype, kernel: str) -> np.dtype:
 _NO_GENERATOR = {"generator": None}
 
 
-@_lower_overloads(aten.rand.generator, aten.rand.default, missing=_NO_GENERATOR, jit=False)
+@_lower_overloads(aten.rand.generator, aten.rand.default, missing=_NO_GENERATOR, runs=Runs.EAGER)
 def rand(size, generator=None, dtype=None, layout=None, device=None, pin_memory=None, *, key):
     return _draw(_uniform, key, size, _factory_dtype(dtype, "check_uniform_bounds"))
 
 
-@_lower_overloads(aten.randn.generator, aten.randn.default, missing=_NO_GENERATOR, jit=False)
+@_lower_overloads(aten.randn.generator, aten.randn.default, missing=_NO_GENERATOR, runs=Runs.EAGER)
 def randn(size, generator=None, dtype=None, layout=None, device=None, pin_memory=None, *, key):
     return _draw(_normal, key, size, _factory_dtype(dtype, "normal_kernel_cpu"))
 
 
-@lower(aten.normal.float_float, random=True, jit=False)
+@lower(aten.normal.float_float, random=True, runs=Runs.EAGER)
 def normal_float_float(mean, std, size, generator=None, dtype=None, layout=None, device=None,
                        pin_memory=None, *, key):
     _check_std(std)

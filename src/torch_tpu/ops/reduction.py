@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._dtypes import to_torch
-from .._registry import lower, runtime
+from ..runtime.dtypes import to_torch
+from .registry import lower, runtime
 from ._helpers import accumulator, type_name
 
 aten = __import__("torch").ops.aten

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .._registry import lower
+from .registry import lower
 from ._helpers import accumulator
 
 aten = torch.ops.aten

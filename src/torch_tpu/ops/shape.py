@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .._registry import lower
+from .registry import Runs, lower
 from . import indexing
 from ._helpers import result_dtype
 
@@ -78,7 +78,7 @@ def triu(x, diagonal=0):
     return jnp.triu(x, diagonal)
 
 
-@lower(aten.repeat_interleave.Tensor, jit=False)
+@lower(aten.repeat_interleave.Tensor, runs=Runs.HOST)
 def repeat_interleave(repeats, output_size=None):
     """Indices ``i`` repeated ``repeats[i]`` times (the output length needs the values)."""
     if repeats.ndim == 0:
@@ -307,8 +307,8 @@ def col2im(x, output_size, kernel_size, dilation, padding, stride):
 # ----------------------------------------------------------------------------- unchecked indexing
 # What decompositions (upsampling, padding...) emit instead of index/index_put; tpu checks their
 # indices all the same.
-lower(aten._unsafe_index.Tensor, jit=False)(indexing.index)
-lower(aten._unsafe_index_put.default, jit=False)(indexing.index_put)
+lower(aten._unsafe_index.Tensor, runs=Runs.EAGER)(indexing.index)
+lower(aten._unsafe_index_put.default, runs=Runs.EAGER)(indexing.index_put)
 
 
 def _clamped_key(x, indices) -> tuple:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._registry import Promote, lower
+from .registry import Promote, lower
 from ._helpers import binary, unary
 from .elementwise import _digamma
 

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import _buffer, _graph
-from ._dtypes import JAX_TO_TORCH, to_jax, unsupported
+from . import buffer
+from .buffer import Deferred, apply
+from .dtypes import JAX_TO_TORCH, to_jax, unsupported
 
 _create = torch._C._acc.create_empty_tensor
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -28,11 +29,11 @@ def is_tpu(x: object) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == "tpu"
 
 
-def _new_tensor(shape, dtype: torch.dtype, value: _buffer.Value, strides=None) -> torch.Tensor:
+def _new_tensor(shape, dtype: torch.dtype, value: buffer.Value, strides=None) -> torch.Tensor:
     t = _create(shape, dtype)
     storage = t.untyped_storage()
-    _buffer.put(storage, value)
-    if _buffer.nbytes(value):
+    buffer.put(storage, value)
+    if buffer.nbytes(value):
         # The StorageImpl must know its byte size: PyTorch's C++ reads it directly (view bound
         # checks, clone_preserve_strides, serialization). Meta's set_ records it, no allocation.
         _set_storage_meta(_META, t, storage, 0, shape, t.stride() if strides is None else strides)
@@ -67,7 +68,7 @@ def empty(shape, dtype: torch.dtype, strides=None) -> torch.Tensor:
     else:
         size = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides))
         strides = list(strides)
-    return _new_tensor(list(shape), dtype, _buffer.Uninitialized(size, jdtype), strides)
+    return _new_tensor(list(shape), dtype, buffer.Uninitialized(size, jdtype), strides)
 
 
 def ensure_nbytes(t: torch.Tensor) -> None:
@@ -76,7 +77,7 @@ def ensure_nbytes(t: torch.Tensor) -> None:
 
 
 def ensure_storage_nbytes(storage) -> None:
-    need = _buffer.nbytes(_buffer.get(storage))
+    need = buffer.nbytes(buffer.get(storage))
     if storage.nbytes() < need:
         scratch = _create([0], torch.uint8)
         _set_storage.redispatch(_META, scratch, storage, 0, [need], [1])
@@ -116,14 +117,14 @@ def _reinterpret(flat: jax.Array, dtype: np.dtype) -> jax.Array:
     return out
 
 
-def _storage_array(storage, dtype: np.dtype) -> jax.Array:
+def storage_array(storage, dtype: np.dtype) -> jax.Array:
     """The storage value as elements of ``dtype`` (reinterpreting bytes if a view changed dtype)."""
-    value = _buffer.get_array(storage)
+    value = buffer.get_array(storage)
     if value.dtype != dtype:
         if (value.size * value.dtype.itemsize) % dtype.itemsize:
             raise RuntimeError("tpu: storage size is not a multiple of the viewed dtype's size")
-        value = _graph.apply(_reinterpret, value, dtype)
-        _buffer.put(storage, value)  # the next reader most likely uses the same dtype
+        value = apply(_reinterpret, value, dtype)
+        buffer.put(storage, value)  # the next reader most likely uses the same dtype
     return value
 
 
@@ -166,11 +167,11 @@ def read(t: torch.Tensor) -> jax.Array:
     """The value of a tpu tensor (any view of any storage) as a JAX array."""
     storage = t.untyped_storage()
     dtype = to_jax(t.dtype)
-    buf = _storage_array(storage, dtype)
+    buf = storage_array(storage, dtype)
     shape = t.shape
     if buf.shape == shape and t.storage_offset() == 0 and t.is_contiguous():
         return buf
-    return _graph.apply(_strided_read, buf, tuple(shape), t.stride(), t.storage_offset())
+    return apply(_strided_read, buf, tuple(shape), t.stride(), t.storage_offset())
 
 
 def read_resolved(t: torch.Tensor) -> jax.Array:
@@ -178,9 +179,9 @@ def read_resolved(t: torch.Tensor) -> jax.Array:
     that natively handle them (copies, matmuls, norms...) such views unresolved."""
     value = read(t)
     if t.is_conj():
-        value = _graph.apply(_conj, value)
+        value = apply(_conj, value)
     if t.is_neg():
-        value = _graph.apply(_negative, value)
+        value = apply(_negative, value)
     return value
 
 
@@ -202,7 +203,7 @@ def _fill(value: jax.Array, shape, dtype) -> jax.Array:
     return jnp.broadcast_to(value.astype(dtype), shape)
 
 
-def _check_no_internal_overlap(t: torch.Tensor) -> None:
+def check_no_internal_overlap(t: torch.Tensor) -> None:
     if any(s == 0 and n > 1 for n, s in zip(t.shape, t.stride())):
         raise RuntimeError(
             "unsupported operation: more than one element of the written-to tensor refers to a "
@@ -214,17 +215,17 @@ def write(t: torch.Tensor, value) -> None:
     storage = t.untyped_storage()
     dtype = to_jax(t.dtype)
     shape = tuple(t.shape)
-    if not isinstance(value, (jax.Array, _graph.Deferred)):
+    if not isinstance(value, (jax.Array, Deferred)):
         value = jnp.asarray(value)
-    current = _buffer.get(storage)
+    current = buffer.get(storage)
     whole = (t.storage_offset() == 0 and t.is_contiguous()
-             and t.numel() * dtype.itemsize == _buffer.nbytes(current))
+             and t.numel() * dtype.itemsize == buffer.nbytes(current))
     if whole:
         if value.shape != shape or value.dtype != dtype:
-            value = _graph.apply(_fill, value, shape, dtype)
-        _buffer.put(storage, value)
+            value = apply(_fill, value, shape, dtype)
+        buffer.put(storage, value)
         return
-    _check_no_internal_overlap(t)
-    buf = _storage_array(storage, dtype)
-    _buffer.put(storage, _graph.apply(_strided_write, buf, value, shape, t.stride(),
+    check_no_internal_overlap(t)
+    buf = storage_array(storage, dtype)
+    buffer.put(storage, apply(_strided_write, buf, value, shape, t.stride(),
                                       t.storage_offset()))

@@ -1,7 +1,7 @@
 """An FX graph of ATen ops as XLA executables: the eager lowerings traced into one ``jax.jit``.
 
 :class:`Program` interprets the graph node by node through the same dispatcher and lowerings as
-eager, on tpu tensors whose storages hold JAX tracers (:mod:`torch_tpu._tracing`), so ``jax.jit``
+eager, on tpu tensors whose storages hold JAX tracers (:mod:`torch_tpu.execution.tracing`), so ``jax.jit``
 sees the whole graph as one computation. Each input layout (the arguments' shapes, strides,
 dtypes and which of them share a storage) is traced and compiled once; later calls with that
 layout run the executable directly.
@@ -24,7 +24,11 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 import jax
 import torch
 
-from .. import _buffer, _graph, _random, _tensor, _tracing, _transfer, config
+from ... import config
+from ...execution import fused, tracing
+from ...runtime import buffer, checks, memory, random, tensor, transfer
+from ...runtime.context import context
+from ...runtime.lru import LRU
 
 _TPU, _HOST, _CONST = range(3)
 _FRESH, _INPUT = range(2)
@@ -78,18 +82,17 @@ def _host_device(value: Any) -> Any:
 
 
 @contextlib.contextmanager
-def traced_ops(key: jax.Array) -> Iterator[_tracing.Trace]:
+def traced_ops(key: jax.Array) -> Iterator[tracing.Trace]:
     """Run tpu ops on traced values: each op goes straight through its lowering (not recorded by
     fused eager, not differentiated again, no autocast on top of what the graph already casts)."""
-    with _tracing.tracing(key) as trace, _graph.suspended(), torch.no_grad(), \
-            torch.autocast("tpu", enabled=False):
+    with tracing.tracing(key) as trace, torch.no_grad(), torch.autocast("tpu", enabled=False):
         yield trace
 
 
 class Interpreter(torch.fx.Interpreter):
     """Runs each node through the eager kernels and names the node in any error."""
 
-    def __init__(self, graph_module: torch.fx.GraphModule, trace: _tracing.Trace):
+    def __init__(self, graph_module: torch.fx.GraphModule, trace: tracing.Trace):
         super().__init__(graph_module, garbage_collect_values=True)
         self.trace = trace
 
@@ -98,7 +101,7 @@ class Interpreter(torch.fx.Interpreter):
         target = _VALUE_SEMANTICS.get(target, target)
         try:
             return target(*args, **kwargs)
-        except _tracing.NEEDS_VALUES as error:
+        except tracing.NEEDS_VALUES as error:
             raise NotImplementedError(
                 f"{target} needs its inputs' values on the host (an output shape that depends "
                 "on data, or a host-side check), which one compiled tpu graph cannot do. Break "
@@ -144,7 +147,7 @@ class Program:
     def __init__(self, graph_module: torch.fx.GraphModule, name: str = "graph"):
         self.graph_module = graph_module
         self.name = name
-        self._executables: dict[tuple, _Executable] = {}
+        self._executables = LRU()
         self._last_layout: Optional[tuple] = None
         outputs = next(n for n in graph_module.graph.nodes if n.op == "output").args[0]
         self._host_outputs = [_meta_device_is_host(getattr(o, "meta", {}).get("val"))
@@ -167,14 +170,14 @@ class Program:
                     index = seen.get(storage._cdata)
                     if index is None:
                         index = seen[storage._cdata] = len(values)
-                        value = _buffer.concrete(storage)
+                        value = buffer.concrete(storage)
                         avals.append((value.shape, value.dtype, value.weak_type))
                         values.append(value)
                         sources.append(storage)
                     layout.append((_TPU, index, a.shape, a.stride(), a.storage_offset(),
                                    a.dtype, a.is_conj(), a.is_neg()))
                 else:
-                    value = _transfer.to_device(a)
+                    value = transfer.to_device(a)
                     layout.append((_HOST, len(values), a.shape, a.dtype))
                     avals.append((value.shape, value.dtype, value.weak_type))
                     values.append(value)
@@ -189,13 +192,13 @@ class Program:
         fills in ``traced``."""
         def program(key, *values):
             with traced_ops(key) as trace:
-                storages = [_tensor.wrap(v).untyped_storage() for v in values]
+                storages = [tensor.wrap(v).untyped_storage() for v in values]
                 results = Interpreter(self.graph_module, trace).run(*_arguments(layout, storages))
                 traced.outputs, fresh = _outputs(torch.utils._pytree.tree_leaves(results),
                                                  self._host_outputs, storages)
                 traced.written = tuple(i for i, (s, v) in enumerate(zip(storages, values))
-                                       if _buffer.get(s) is not v)
-                written = [_buffer.get_array(storages[i]) for i in traced.written]
+                                       if buffer.get(s) is not v)
+                written = [buffer.get_array(storages[i]) for i in traced.written]
                 traced.checks = [(callback, origin) for _, callback, origin in trace.checks]
                 traced.random = trace.draws > 0
                 return fresh, written, [results for results, _, _ in trace.checks]
@@ -204,7 +207,7 @@ class Program:
     def _compile(self, key: tuple, values: list, donated: tuple[int, ...]) -> _Executable:
         layout = key[0]
         if not donated and self._last_layout is not None:
-            _graph.explain(f"recompiling compiled graph {self.name}: "
+            fused.explain(f"recompiling compiled graph {self.name}: "
                            f"{_layout_change(self._last_layout, key)}")
         started = time.perf_counter()
         traced = _Traced()
@@ -212,8 +215,8 @@ class Program:
         # positions shift by one: the key is the program's first argument
         run = jax.jit(program, donate_argnums=tuple(i + 1 for i in donated)) \
             .lower(_unused_key(), *values).compile()
-        _graph.stats.compile_seconds += time.perf_counter() - started
-        _graph.stats.compiled_graphs += 1
+        fused.stats.compile_seconds += time.perf_counter() - started
+        fused.stats.compiled_graphs += 1
         return _Executable(run, traced)
 
     # ------------------------------------------------------------------ calls
@@ -230,19 +233,29 @@ class Program:
             if donating is None:
                 donating = self._executables[(key, donated)] = self._compile(key, values, donated)
             executable = donating
-            _graph.stats.donated_buffers += len(donated)
-        random_key = _random.next_key() if traced.random else _unused_key()
-        _graph.stats.compiled_runs += 1
-        fresh, written, checks = executable.run(random_key, *values)
-        del values
-        if config.launch_blocking:  # debug eager: an execution error surfaces at this call
+            fused.stats.donated_buffers += len(donated)
+        random_key = random.next_key() if traced.random else _unused_key()
+        fused.stats.compiled_runs += 1
+        inherited = checks.inherited(values)
+        with fused.interrupts_held():  # the written inputs get their new values, whatever comes
+            try:
+                fresh, written, results = executable.run(random_key, *values)
+            except Exception as error:
+                translated = memory.translate(error)
+                if translated is error:
+                    raise
+                raise translated from error
+            del values
+            for index, value in zip(traced.written, written):
+                _store(sources[index], value)
+        if context.launch_blocking:  # debug eager: an execution error surfaces at this call
             jax.block_until_ready((fresh, written))
-        for index, value in zip(traced.written, written):
-            _store(sources[index], value)
-        for results, (callback, origin) in zip(checks, traced.checks):
-            _graph.report_later(results, callback, origin, f"a call of compiled graph {self.name}")
-        if checks and config.launch_blocking:
-            _graph.report_checks()
+        program_checks = [checks.deferred(result, callback, f"{origin} in compiled graph "
+                                          f"{self.name}")
+                          for result, (callback, origin) in zip(results, traced.checks)]
+        checks.taint([*fresh, *written], (*program_checks, *inherited))
+        if program_checks and context.launch_blocking:
+            checks.report(program_checks, "at the call (TPU_LAUNCH_BLOCKING=1)")
         return torch.utils._pytree.tree_unflatten(
             [_output(o, fresh, sources) for o in traced.outputs], self._out_tree)
 
@@ -260,12 +273,12 @@ def _arguments(layout: tuple, storages: list) -> list:
     for spec in layout:
         if spec[0] == _TPU:
             _, index, shape, strides, offset, dtype, conj, neg = spec
-            t = _tensor.over_storage(storages[index], shape, strides, offset, dtype)
+            t = tensor.over_storage(storages[index], shape, strides, offset, dtype)
             t = t.conj() if conj else t
             args.append(t._neg_view() if neg else t)
         elif spec[0] == _HOST:
             _, index, shape, dtype = spec
-            args.append(_tensor.over_storage(storages[index], shape, _contiguous(shape), 0, dtype))
+            args.append(tensor.over_storage(storages[index], shape, _contiguous(shape), 0, dtype))
         else:
             args.append(spec[1])
     return args
@@ -289,7 +302,7 @@ def _outputs(flat: list, host_outputs: list, storages: list) -> tuple[list, list
             kind, index = _FRESH, fresh.get(storage._cdata)
             if index is None:
                 index = fresh[storage._cdata] = len(values)
-                values.append(_buffer.get_array(storage))
+                values.append(buffer.get_array(storage))
         specs.append(_Output(kind, index, tuple(out.shape), out.stride(), out.storage_offset(),
                              out.dtype, host))
     return specs, values
@@ -318,10 +331,10 @@ def _donatable(values: list, written: tuple[int, ...]) -> tuple[int, ...]:
 def _store(source: Any, value: jax.Array) -> None:
     """An input's new value after the program wrote it: into its storage, or back to the host."""
     if isinstance(source, torch.Tensor):  # a CPU input (e.g. a non-capturable optimizer step)
-        source.copy_(_transfer.to_host(value).view(source.dtype).reshape(source.shape))
+        source.copy_(transfer.to_host(value).view(source.dtype).reshape(source.shape))
         return
-    _buffer.put(source, value)
-    _tensor.ensure_storage_nbytes(source)
+    buffer.put(source, value)
+    tensor.ensure_storage_nbytes(source)
 
 
 def _output(spec: Any, fresh: list, sources: list) -> Any:
@@ -332,9 +345,9 @@ def _output(spec: Any, fresh: list, sources: list) -> Any:
     else:
         storage = fresh[spec.storage]
         if isinstance(storage, jax.Array):  # the first output over this new storage makes it
-            storage = fresh[spec.storage] = _tensor.wrap(storage).untyped_storage()
-    tensor = _tensor.over_storage(storage, spec.shape, spec.strides, spec.offset, spec.dtype)
-    return tensor.cpu() if spec.host else tensor
+            storage = fresh[spec.storage] = tensor.wrap(storage).untyped_storage()
+    output = tensor.over_storage(storage, spec.shape, spec.strides, spec.offset, spec.dtype)
+    return output.cpu() if spec.host else output
 
 
 def _layout_change(old: tuple, new: tuple) -> str:

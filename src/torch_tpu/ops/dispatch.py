@@ -16,9 +16,15 @@ from typing import Any, Callable
 import jax
 import torch
 
-from . import _graph, _random, _tensor, _tracing, _transfer, config
-from ._dtypes import JAX_TO_TORCH, TORCH_TO_JAX, UnsupportedDtypeError, to_jax, type_name
-from ._registry import LOWERINGS, Lowering, Types, qualified_name
+from .. import config
+from ..execution.tracing import NEEDS_VALUES
+from ..runtime import checks, memory, platform, random, transfer
+from ..runtime import tensor
+from ..runtime.buffer import Deferred
+from ..runtime.context import context
+from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
+from ..runtime.lru import LRU
+from .registry import LOWERINGS, Lowering, Runs, Types, qualified_name
 
 aten = torch.ops.aten
 
@@ -88,17 +94,17 @@ def _to_jax_arg(x: Any) -> Any:
     if x.is_meta:  # (is_cpu/is_meta are cheap flags; reading .device builds an object)
         raise _device_mismatch(x)
     if x.dtype is _COMPLEX64:  # only complex views carry lazy conjugate/negative bits
-        return _tensor.read_resolved(x)
-    return _tensor.read(x)
+        return tensor.read_resolved(x)
+    return tensor.read(x)
 
 
-_scalar_arrays: dict = {}
+_scalar_arrays = LRU()
 
 
 def _index_to_jax(x: Any) -> Any:
     """Index tensors may live on the host, as on CUDA (``x[torch.tensor([0, 2])]``)."""
     if isinstance(x, torch.Tensor) and x.device.type == "cpu":
-        return _transfer.to_device(x)
+        return transfer.to_device(x)
     return _to_jax_arg(x)
 
 
@@ -113,8 +119,6 @@ def _scalar(x: Any) -> Any:
     key = (type(x), x) if x else (type(x), str(x))  # keeps -0.0 apart from 0.0
     array = _scalar_arrays.get(key)
     if array is None:
-        if len(_scalar_arrays) > 4096:
-            _scalar_arrays.clear()
         with jax.ensure_compile_time_eval():  # a constant, even when first seen in a trace
             array = _scalar_arrays[key] = jax.numpy.asarray(x)
     return array
@@ -135,7 +139,9 @@ def _check_generator(g) -> None:
 
 # ----------------------------------------------------------------------------- type promotion
 @functools.lru_cache(maxsize=4096)
-def _promoted(kind, signature) -> Types:
+def promoted(kind, signature) -> Types:
+    """The compute/result dtypes of an elementwise op for inputs of this signature
+    ((dtype or Python type, is 0-dim) per input)."""
     from torch._prims_common import elementwise_dtypes
 
     examples = [torch.empty((() if zero_dim else (1,)), dtype=s, device="meta")
@@ -151,7 +157,7 @@ def _signature_of(x):
 
 
 def promoted_types(kind, values) -> Types:
-    return _promoted(kind, tuple(_signature_of(v) for v in values if v is not None))
+    return promoted(kind, tuple(_signature_of(v) for v in values if v is not None))
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -204,7 +210,9 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     static_names = set(entry.static)
     static_pos = tuple(i for i, (k, n) in enumerate(zip(kinds, binder.names))
                        if k in (_STATIC, _DTYPE) or (k == _SCALAR and n in static_names))
-    jit = functools.partial(jax.jit, static_argnums=static_pos) if entry.jit else (lambda f: f)
+    runs = entry.runs
+    jit = functools.partial(jax.jit, static_argnums=static_pos) if runs is Runs.TRACED \
+        else (lambda f: f)
     fn = jit(entry.fn)
     by_types: dict[Types, Callable] = {}
 
@@ -221,9 +229,9 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         if unknown:
             raise ValueError(f"{op}: promote_args {sorted(unknown)} are not schema arguments")
         promote_pos = [binder.names.index(n) for n in names]
-    random = entry.random
+    draws_key = entry.random
     check = entry.check
-    jitted, fusable = entry.jit, entry.fusable
+    traced, on_host = runs is Runs.TRACED, runs is Runs.HOST
     name = str(op)
     convert_by_kind = {
         _TENSOR: _to_jax_arg,
@@ -239,6 +247,8 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     generator_pos = [i for i, k in enumerate(kinds) if k == _GENERATOR]
 
     def compute(args: tuple, kwargs: dict):
+        if platform.forked_child:
+            platform.check_not_forked()
         if recorded_ops is not None:
             recorded_ops.add(op)
         values = binder.bind(args, kwargs)
@@ -248,37 +258,44 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         for i in generator_pos:
             _check_generator(values[i])
             values[i] = None
-        if random:
-            extra["key"] = _random.next_key()
+        if draws_key:
+            extra["key"] = random.next_key()
         for i, convert in converters:
             values[i] = convert(values[i])
-        deferred = _graph._fused and jitted
-        if _graph._fused:
-            _graph.current_op = name  # for errors of checks that run with the graph
-            if not jitted and not fusable:
-                sync_reason = f"{name}'s output shape depends on data"
-            elif check is not None and not getattr(check, "fusable", False):
-                sync_reason = f"{name} checks its inputs on the host"
-            else:  # a fusable check defers its value checks to the graph (when_ready)
-                sync_reason = None
-            if sync_reason and any(map(_graph.is_pending, values)):
-                _graph.flush(sync_reason)
-                values = [_graph.resolved(v) for v in values]
-        if check is not None:
-            check(*values)
+        ctx = context
+        ctx.op = name  # named by the errors of checks reported later
+        if on_host:  # the graphs computing the inputs run, and their checks report, first
+            values = [_for_host(v) for v in values]
         try:
-            if deferred:
-                return _graph.call(lowered, values, extra, name=name)
+            if check is not None:
+                check(*values)
+            recorder = ctx.recorder
+            if traced and recorder is not None:
+                return recorder.record(lowered, values, extra, name)
             return lowered(*values, **extra)
-        except (IndexError, UnsupportedDtypeError, *_tracing.NEEDS_VALUES):
+        except (IndexError, UnsupportedDtypeError, torch.OutOfMemoryError, *NEEDS_VALUES):
             # already the right error: PyTorch's IndexErrors (bounds, mask shapes), or a result
             # dtype tpu does not have, which must keep its clear TypeError; or a compiled
             # program's trace reaching an op that needs values (the program names it)
             raise
         except (TypeError, ValueError) as e:
             raise _translate(op, e, args, kwargs) from e
+        except Exception as e:  # XLA's RESOURCE_EXHAUSTED becomes torch.OutOfMemoryError
+            translated = memory.translate(e)
+            if translated is e:
+                raise
+            raise translated from e
 
     return compute, binder
+
+
+def _for_host(value: Any) -> Any:
+    """A lowering input as concrete arrays whose checks have passed (a host read)."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_for_host(v) for v in value)
+    if isinstance(value, (jax.Array, Deferred)):
+        return checks.before_host_read(value)
+    return value
 
 
 def _to_meta(x: Any) -> Any:
@@ -305,7 +322,7 @@ def _translate(op, error: Exception, args: tuple, kwargs: dict) -> Exception:
 
 
 def _block(outputs) -> None:
-    if _tracing.current is None:  # a compiled program's trace has nothing to wait for
+    if context.trace is None:  # a compiled program's trace has nothing to wait for
         jax.block_until_ready(outputs)
 
 
@@ -315,30 +332,30 @@ def _wrap_output(value):
     if value is None:
         return None
     if isinstance(value, (list, tuple)):
-        return [_tensor.wrap(v) for v in value]
-    return _tensor.wrap(value)
+        return [tensor.wrap(v) for v in value]
+    return tensor.wrap(value)
 
 
 def _functional_kernel(entry: Lowering, compute: Callable) -> Callable:
     shape = _returns_shape(entry.op._schema)
-    wrap = _tensor.wrap
+    wrap = tensor.wrap
 
     if shape == "one":
         def kernel(*args, **kwargs):
             out = compute(args, kwargs)
-            if config.launch_blocking:
+            if context.launch_blocking:
                 _block(out)
             return wrap(out)
     elif shape == "list":
         def kernel(*args, **kwargs):
             outs = compute(args, kwargs)
-            if config.launch_blocking:
+            if context.launch_blocking:
                 _block(outs)
             return [wrap(o) for o in outs]
     else:
         def kernel(*args, **kwargs):
             outs = compute(args, kwargs)
-            if config.launch_blocking:
+            if context.launch_blocking:
                 _block(outs)
             return tuple(_wrap_output(o) for o in outs)
     return kernel
@@ -353,7 +370,7 @@ def _store(dst: torch.Tensor | list, value, resize: bool) -> None:
         for d, v in zip(dst, value):
             _store(d, v, resize)
         return
-    if not _tensor.is_tpu(dst):
+    if not tensor.is_tpu(dst):
         raise _device_mismatch(dst)
     result = JAX_TO_TORCH[value.dtype]
     if not torch.can_cast(result, dst.dtype):
@@ -368,7 +385,7 @@ def _store(dst: torch.Tensor | list, value, resize: bool) -> None:
                           f"{list(dst.shape)}, which does not match the required output shape "
                           f"{list(value.shape)}.", stacklevel=4)
         dst.resize_(value.shape)
-    _tensor.write(dst, value)
+    tensor.write(dst, value)
 
 
 def _mutating_kernel(compute: Callable, functional: torch._C.FunctionSchema,
@@ -398,7 +415,7 @@ def _mutating_kernel(compute: Callable, functional: torch._C.FunctionSchema,
         values = compute(args, kwargs)
         for dst, value in zip(written, (values,) if single else values):
             _store(dst, value, resize)
-        if config.launch_blocking:
+        if context.launch_blocking:
             _block(values)
         if not returns:
             return None
@@ -438,6 +455,8 @@ def _derived_variants(op: torch._ops.OpOverload):
 
 def _recording(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
     def recorded(*args, **kwargs):
+        if platform.forked_child:
+            platform.check_not_forked()
         if recorded_ops is not None:
             recorded_ops.add(op)
         return kernel(*args, **kwargs)
@@ -462,10 +481,12 @@ def check_installable(op: torch._ops.OpOverload) -> None:
 def _cpu(x):
     if isinstance(x, torch.device) and x.type == "tpu":  # factories build on CPU, then move
         return torch.device("cpu")
-    return x.cpu() if _tensor.is_tpu(x) else x
+    return x.cpu() if tensor.is_tpu(x) else x
 
 
-def _fallback(op: torch._ops.OpOverload, *args, **kwargs):
+def fallback(op: torch._ops.OpOverload, *args, **kwargs):
+    """An op with no tpu lowering: ``NotImplementedError`` naming it, or with
+    ``TORCH_TPU_CPU_FALLBACK=1`` the op run on CPU (counted)."""
     name = qualified_name(op)
     if not config.cpu_fallback:
         raise NotImplementedError(
@@ -480,7 +501,7 @@ def _fallback(op: torch._ops.OpOverload, *args, **kwargs):
     bound = dict(zip([a.name for a in schema.arguments], args), **kwargs)
     cpu_bound = dict(zip([a.name for a in schema.arguments], cpu_args), **cpu_kwargs)
     for a in schema.arguments:
-        if a.alias_info is not None and a.alias_info.is_write and _tensor.is_tpu(bound.get(a.name)):
+        if a.alias_info is not None and a.alias_info.is_write and tensor.is_tpu(bound.get(a.name)):
             bound[a.name].copy_(cpu_bound[a.name])
             if len(schema.returns) == 1 and schema.returns[0].alias_info is not None:
                 return bound[a.name]
@@ -529,6 +550,3 @@ def install() -> None:
                 continue
             DERIVED[variant] = op
             lib.impl(variant, _mutating_kernel(compute, op._schema, variant._schema, resize), "PrivateUse1")
-    fallback_lib = torch.library.Library("_", "IMPL")
-    _libraries.append(fallback_lib)
-    fallback_lib.fallback(_fallback, "PrivateUse1")

@@ -1,16 +1,16 @@
 """``torch.export`` programs as StableHLO: the portable artifact XLA (and JAX) runs anywhere.
 
 :func:`to_stablehlo` interprets an ``ExportedProgram``'s graph through the same tpu lowerings as
-eager and ``torch.compile`` (:class:`torch_tpu.compile.Program`), traced by ``jax.jit``. The
+eager and ``torch.compile`` (:class:`torch_tpu.frontends.compile.Program`), traced by ``jax.jit``. The
 result holds the StableHLO text, a serialized ``jax.export`` artifact that JAX can load and run
 without torch or torch_tpu, and the program's weights in the order the artifact takes them.
 
 Example::
 
-    >>> import torch, jax, torch_tpu.export
+    >>> import torch, jax, torch_tpu
     >>> model = torch.nn.Linear(3, 2)
     >>> x = torch.ones(1, 3)
-    >>> program = torch_tpu.export.to_stablehlo(torch.export.export(model, (x,)))
+    >>> program = torch_tpu.to_stablehlo(torch.export.export(model, (x,)))
     >>> "stablehlo.dot_general" in program.text
     True
     >>> artifact = jax.export.deserialize(program.serialized)
@@ -26,9 +26,9 @@ import dataclasses
 import jax
 import torch
 
-from . import _tensor, _transfer
-from ._dtypes import to_jax
-from .compile._program import Interpreter, traced_ops
+from ..runtime import tensor, transfer
+from ..runtime.dtypes import to_jax
+from .compile.program import Interpreter, traced_ops
 
 __all__ = ["StableHLOProgram", "to_stablehlo"]
 
@@ -53,13 +53,13 @@ class StableHLOProgram:
 
     def jax_state(self) -> list[jax.Array]:
         """``state`` as JAX arrays, the artifact's leading arguments."""
-        return [_transfer.to_device(t) for t in self.state]
+        return [transfer.to_device(t) for t in self.state]
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Run the serialized artifact through JAX on CPU tensors; returns CPU tensors."""
         artifact = jax.export.deserialize(self.serialized)
-        outputs = artifact.call(*self.jax_state(), *(_transfer.to_device(a) for a in args))
-        return tuple(_transfer.to_host(o) for o in outputs)
+        outputs = artifact.call(*self.jax_state(), *(transfer.to_device(a) for a in args))
+        return tuple(transfer.to_host(o) for o in outputs)
 
 
 def _placeholder_avals(graph_module: torch.fx.GraphModule) -> list[jax.ShapeDtypeStruct]:
@@ -74,7 +74,7 @@ def _placeholder_avals(graph_module: torch.fx.GraphModule) -> list[jax.ShapeDtyp
             raise NotImplementedError(
                 f"to_stablehlo: input {node.name} has a dynamic shape {list(value.shape)}; XLA "
                 "programs have static shapes. Export without dynamic_shapes (one program per "
-                "shape), or pad inputs to a few sizes (torch_tpu.compile.pad_to_bucket)")
+                "shape), or pad inputs to a few sizes (torch_tpu.pad_to_bucket)")
         avals.append(jax.ShapeDtypeStruct(tuple(value.shape), to_jax(value.dtype)))
     return avals
 
@@ -82,12 +82,12 @@ def _placeholder_avals(graph_module: torch.fx.GraphModule) -> list[jax.ShapeDtyp
 def _jax_function(graph_module: torch.fx.GraphModule):
     def run(*arrays):
         with traced_ops(jax.random.key(0)) as trace:
-            outputs = Interpreter(graph_module, trace).run(*map(_tensor.wrap, arrays))
+            outputs = Interpreter(graph_module, trace).run(*map(tensor.wrap, arrays))
             if trace.draws:
                 raise NotImplementedError(
                     "to_stablehlo: the program draws random numbers (dropout in training mode?); "
                     "export the model in eval mode")
-            return [_tensor.read(o) for o in torch.utils._pytree.tree_leaves(outputs)
+            return [tensor.read(o) for o in torch.utils._pytree.tree_leaves(outputs)
                     if isinstance(o, torch.Tensor)]
     return run
 

@@ -5,7 +5,7 @@ Run it with::
     python -m torch_tpu.demo                 # defaults: 300 steps on tpu
     python -m torch_tpu.demo --steps 100 --parity-steps 5
 
-It trains :class:`~torch_tpu.models.GPT` on the small corpus shipped in ``torch_tpu/data`` with a
+It trains :class:`~torch_tpu.demo.model.GPT` on the small corpus shipped in ``torch_tpu/demo/data`` with a
 progress bar, prints a sampled paragraph, replays the first steps on CPU and on the device from
 the same initial weights and batches (dropout off) to report the largest relative loss
 difference, and compares training throughput side by side. The exit status is non-zero when the
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.resources
-import sys
 import time
 from typing import Callable, Optional, Sequence
 
@@ -24,7 +23,8 @@ import torch
 from tqdm import tqdm
 
 import torch_tpu  # noqa: F401  (registers the tpu device)
-from torch_tpu.models import GPT, GPTConfig
+
+from .model import GPT, GPTConfig
 
 CORPUS = "tiny_tales.txt"
 #: A run passes when the validation loss ends below this fraction of where it started.
@@ -45,7 +45,7 @@ class CharCorpus:
 
     @classmethod
     def load(cls, name: str = CORPUS) -> "CharCorpus":
-        text = importlib.resources.files("torch_tpu").joinpath("data", name).read_text("ascii")
+        text = importlib.resources.files(__name__).joinpath("data", name).read_text("ascii")
         chars = "".join(sorted(set(text)))
         ids = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
         split = int(0.9 * len(ids))
@@ -212,7 +212,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"throughput: {device} {device_speed:,.0f} tokens/s, cpu {cpu_speed:,.0f} tokens/s, "
           f"ratio {device_speed / cpu_speed:.2f}x (measured side by side)")
     return 0 if learned and parity else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,12 +6,12 @@ on the CPU and moves it with ``storage.to("tpu")``; ``copy.deepcopy`` clones the
 uses the legacy format, which reads and writes storages through raw data pointers; sharing
 (views, tied weights) is recognized by ``data_ptr()``. A C++ backend gets all of this from its
 allocator. A tpu storage has none: its bytes are a ``jax.Array`` attached to the Python storage
-object (``_buffer``). So the few storage entry points that would reach the allocator or a host
+object (``runtime.buffer``). So the few storage entry points that would reach the allocator or a host
 pointer are redirected here, for tpu storages only (every other device runs PyTorch's code
 unchanged), and safetensors' loader learns the device name. Saved files are ordinary PyTorch
 checkpoints: a process without torch_tpu loads them with ``map_location="cpu"``.
 
-Importing this module installs the patches (``torch_tpu`` imports it once, at registration).
+:func:`install` applies the patches (``torch_tpu`` calls it once, at registration).
 """
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _buffer, _tensor
-from . import device as _device_module
+from .. import device as device_module
 
 _StorageBase = torch._C.StorageBase
 _Untyped = torch.UntypedStorage
@@ -33,7 +32,8 @@ def _is_tpu(storage: _StorageBase) -> bool:
 
 def _empty_tpu_storage(nbytes: int) -> torch.UntypedStorage:
     """A tpu storage of ``nbytes`` uninitialized bytes, made the way tpu tensors make theirs."""
-    holder = _tensor.empty([nbytes], torch.uint8)
+    from ..runtime import tensor
+    holder = tensor.empty([nbytes], torch.uint8)
     return holder.untyped_storage()  # the storage (and its value) outlives the holder tensor
 
 
@@ -46,7 +46,7 @@ def _untyped_storage_new(cls, *args, **kwargs):
     device = kwargs.get("device")
     if device is None or cls is not _Untyped or torch.device(device).type != "tpu":
         return _StorageBase.__new__(cls, *args, **kwargs)
-    _device_module.set_device(device)  # only tpu:0 exists in a process
+    device_module.set_device(device)  # only tpu:0 exists in a process
     if not args:
         return _empty_tpu_storage(0)
     if isinstance(args[0], int):
@@ -121,7 +121,7 @@ def _safetensors_device(device: Any) -> Any:
     if isinstance(device, str) and device.split(":")[0] == "tpu":
         device = torch.device(device)
     if isinstance(device, torch.device) and device.type == "tpu":
-        _device_module.set_device(device)
+        device_module.set_device(device)
         return device.index or 0
     return device
 
@@ -141,7 +141,7 @@ def _patch_safetensors() -> None:
     safetensors.safe_open = safetensors.torch.safe_open = safe_open
 
 
-def _install() -> None:
+def install() -> None:
     for name, patch in _STORAGE_PATCHES.items():
         setattr(_Untyped, name, patch)
     torch.Tensor.data_ptr = _tensor_data_ptr
@@ -151,6 +151,3 @@ def _install() -> None:
             _generate_storage_methods_for_privateuse1_backend
         _generate_storage_methods_for_privateuse1_backend("tpu")
     _patch_safetensors()
-
-
-_install()

@@ -2,7 +2,7 @@
 
 Dynamo captures FX graphs; AOTAutograd turns each into forward and backward graphs of ATen ops
 (functional, with input mutations such as an optimizer's parameter updates kept in the graph);
-:class:`~torch_tpu.compile._program.Program` traces each graph through the *same* lowerings as
+:class:`~torch_tpu.frontends.compile.program.Program` traces each graph through the *same* lowerings as
 eager into one ``jax.jit`` and calls the XLA executable from then on. Graph breaks work (each
 piece is its own graph), and compiled graphs land in the same persistent cache as fused eager.
 
@@ -27,8 +27,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .. import _graph
-from ._program import Program, tensor_text
+from ...execution import fused
+from .program import Program, tensor_text
 
 __all__ = ["backend", "Program", "bucket_size", "pad_to_bucket"]
 
@@ -79,7 +79,7 @@ def _describe_inputs(graph_module: torch.fx.GraphModule) -> list:
 
 def _graph_name(graph_module: torch.fx.GraphModule) -> str:
     """``frame 0/1``: the Dynamo frame and how many times it was compiled before; explains why a
-    frame compiled again (:func:`torch_tpu._graph.explain`)."""
+    frame compiled again (:func:`torch_tpu.execution.fused.explain`)."""
     compile_id = torch._guards.CompileContext.current_compile_id()
     if compile_id is None:
         return "graph"
@@ -92,7 +92,7 @@ def _graph_name(graph_module: torch.fx.GraphModule) -> str:
         change = next((f"{name}: {before[name]} -> {now}" for name, now in inputs
                        if name in before and before[name] != now),
                       f"inputs {[n for n, _ in previous]} -> {[n for n, _ in inputs]}")
-        _graph.explain(f"Dynamo recompiles frame {frame} (compile {attempt}): {change}")
+        fused.explain(f"Dynamo recompiles frame {frame} (compile {attempt}): {change}")
     return f"frame {frame}/{attempt}"
 
 
@@ -122,7 +122,7 @@ def bucket_size(length: int, buckets: Optional[Sequence[int]] = None, multiple: 
 
     Example::
 
-        >>> from torch_tpu.compile import bucket_size
+        >>> from torch_tpu.frontends.compile import bucket_size
         >>> bucket_size(100), bucket_size(100, buckets=(128, 256, 512)), bucket_size(600, (128, 256))
         (128, 128, 640)
     """
@@ -143,7 +143,7 @@ def pad_to_bucket(tensor: torch.Tensor, dim: int = -1, buckets: Optional[Sequenc
     Example::
 
         >>> import torch
-        >>> from torch_tpu.compile import pad_to_bucket
+        >>> from torch_tpu.frontends.compile import pad_to_bucket
         >>> ids = torch.ones(2, 100, dtype=torch.long)
         >>> pad_to_bucket(ids, buckets=(128, 256)).shape
         torch.Size([2, 128])

@@ -11,6 +11,7 @@ In-place and ``out=`` overloads are derived from the schema by the dispatcher, n
 from __future__ import annotations
 
 import dataclasses
+import enum
 import sys
 from typing import Callable, Iterable, NamedTuple, Optional
 
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Promote
 
-__all__ = ["Lowering", "LOWERINGS", "Promote", "Types", "lower", "runtime"]
+__all__ = ["Lowering", "LOWERINGS", "Promote", "Runs", "Types", "lower", "runtime"]
 
 
 class Types(NamedTuple):
@@ -26,6 +27,23 @@ class Types(NamedTuple):
 
     compute: np.dtype
     result: np.dtype
+
+
+class Runs(enum.Enum):
+    """How a lowering runs, which is also when fused eager must leave its graph for it."""
+
+    #: A pure JAX function: jitted in strict eager, recorded as a node of fused eager's graph,
+    #: traced into compiled programs. Never leaves the graph.
+    TRACED = "traced"
+    #: Python that runs at once and routes its own jitted pieces through ``buffer.apply`` (so
+    #: they are recorded in fused eager): factories that read global state such as the default
+    #: dtype, ops that look at their inputs' dtypes to choose a path. Never leaves the graph by
+    #: itself (a piece that needs host values, a boolean mask's coordinates, reads them).
+    EAGER = "eager"
+    #: Needs its inputs' values on the host (an output shape that depends on them, a
+    #: factorization that reports failures by value): the graphs computing the inputs run
+    #: first, and the op runs on concrete arrays.
+    HOST = "host"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,15 +54,13 @@ class Lowering:
     promote: Optional[Promote] = None
     promote_args: Optional[tuple[str, ...]] = None  # which arguments take part (default: all)
     random: bool = False
-    jit: bool = True               # False for data-dependent output shapes (nonzero, unique, ...)
-    fusable: bool = False          # jit=False, but takes fused eager's deferred inputs itself
+    runs: Runs = Runs.TRACED
     static: tuple[str, ...] = ()   # Scalar arguments that must be compile-time constants
     dynamic: tuple[str, ...] = ()  # float/int arguments passed as device scalars (no recompiles)
-    # Runs on the concrete arrays before the jitted lowering, for value checks XLA cannot raise
-    # (index bounds): same arguments as ``fn``, raises PyTorch's exception. In fused eager the
-    # inputs are still deferred: a check marked with :func:`fusable_check` takes them as they
-    # are (shape checks, and value checks through ``check_bounds``, which run with the graph);
-    # any other check makes the graph run first.
+    # Validates the arguments before the lowering runs (same arguments as ``fn``) and raises
+    # PyTorch's exception: shape and dtype checks directly, value checks (index bounds) through
+    # ``check_bounds``/``checks.when_ready``, which in fused eager and compiled programs run with
+    # the graph and report later. A check never needs host values itself.
     check: Optional[Callable] = None
     family: str = ""               # the ops module that registered it (docs/ops.md's sections)
 
@@ -98,12 +114,6 @@ def lower(*ops, **options) -> Callable:
             _add(Lowering(op, fn, **options))
         return fn
     return register
-
-
-def fusable_check(check: Callable) -> Callable:
-    """Mark a ``check=`` function as safe on fused eager's deferred inputs (see ``Lowering``)."""
-    check.fusable = True
-    return check
 
 
 def runtime(*ops) -> Callable:

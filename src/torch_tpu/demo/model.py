@@ -6,7 +6,7 @@ Plain PyTorch modules with nothing device-specific in them: they run unchanged o
 Example::
 
     >>> import torch
-    >>> from torch_tpu.models import GPT, GPTConfig
+    >>> from torch_tpu.demo.model import GPT, GPTConfig
     >>> _ = torch.manual_seed(0)
     >>> model = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=16))
     >>> logits, loss = model(torch.randint(0, 16, (2, 8)), targets=torch.randint(0, 16, (2, 8)))
@@ -32,7 +32,7 @@ class MLP(nn.Module):
     Example::
 
         >>> import torch
-        >>> from torch_tpu.models import MLP
+        >>> from torch_tpu.demo.model import MLP
         >>> MLP(in_features=4, hidden=(8, 8), out_features=3)(torch.zeros(5, 4)).shape
         torch.Size([5, 3])
     """
@@ -59,7 +59,7 @@ class SmallCNN(nn.Module):
     Example::
 
         >>> import torch
-        >>> from torch_tpu.models import SmallCNN
+        >>> from torch_tpu.demo.model import SmallCNN
         >>> SmallCNN(in_channels=3, num_classes=5)(torch.zeros(2, 3, 16, 16)).shape
         torch.Size([2, 5])
     """
@@ -179,7 +179,7 @@ class GPT(nn.Module):
     Example::
 
         >>> import torch
-        >>> from torch_tpu.models import GPT, GPTConfig
+        >>> from torch_tpu.demo.model import GPT, GPTConfig
         >>> _ = torch.manual_seed(0)
         >>> config = GPTConfig(vocab_size=10, block_size=8, n_layer=1, n_head=2, n_embd=16,
         ...                    norm="rmsnorm", mlp="swiglu", tie_weights=False)

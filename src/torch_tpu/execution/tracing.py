@@ -12,9 +12,11 @@ cannot be baked into that program as constants, so they become its inputs and ou
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 import jax
+
+from ..runtime.context import context
 
 
 #: What JAX raises when traced code needs a concrete value (an output shape that depends on
@@ -42,15 +44,12 @@ class Trace:
         self.checks.append((values, callback, self.origin))
 
 
-#: The trace in progress, if any.
-current: Optional[Trace] = None
-
-
 @contextlib.contextmanager
 def tracing(key: jax.Array) -> Iterator[Trace]:
-    global current
-    outer, current = current, Trace(key)
+    """Trace in this thread (``context.trace``) until the block ends; fused recording is off."""
+    outer = context.trace, context.recorder
+    context.trace, context.recorder = Trace(key), None
     try:
-        yield current
+        yield context.trace
     finally:
-        current = outer
+        context.trace, context.recorder = outer

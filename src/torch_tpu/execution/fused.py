@@ -1,0 +1,513 @@
+"""Fused eager: ops recorded into a graph, compiled once per fingerprint, run as one computation.
+
+In fused mode a jitted op does not run when called: its thread's :class:`Recorder` appends it to
+the open :class:`Graph` and returns :class:`~torch_tpu.runtime.buffer.Deferred` values (shape and
+dtype known, worked out once per op and input signature). Storages hold those like any value.
+The graph runs when something needs a concrete value (a host read, an op whose output shape
+depends on data, ``sync()``, the end of ``backward()`` or of ``optimizer.step()``, a mode
+switch) or when it reaches :data:`max_nodes`: :meth:`Graph.run` traces the recorded nodes into
+one ``jax.jit``, keyed by the graph's fingerprint (the op sequence with static arguments, how
+nodes connect, the inputs' shapes and dtypes), so a steady-state training step compiles nothing
+and XLA fuses across ops.
+
+The graph keeps no reference to the values it produces, only to its inputs: a deferred value
+that nothing references any more when the graph runs is not an output, and XLA is free to fuse
+it away.
+
+A graph either runs completely or not at all, as far as tensors can tell:
+
+- every storage it overwrites keeps its previous value in the graph's undo log, so if the graph
+  fails (an error from XLA, out of memory) each of them gets its old value back and the process
+  stays usable; only values the graph itself was to create are lost, with the error named;
+- an interrupt (Ctrl-C) while the graph compiles leaves it pending, to run at the next sync; one
+  while it runs is delivered once its results are stored.
+
+Graphs belong to threads (each thread has its own recorder, in ``runtime.context``); another
+thread that needs a value of this graph runs it, under the graph's lock.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterator, Optional
+
+import jax
+
+from ..runtime import buffer, checks, memory
+from ..runtime.buffer import Deferred
+from ..runtime.context import context
+from ..runtime.lru import LRU
+
+#: Graphs are cut at this many recorded ops even without a sync point, so a loop with no host
+#: reads stays bounded.
+max_nodes = 5000
+
+
+# ----------------------------------------------------------------------------- statistics
+class CacheStats:
+    """Graph compilation cache counters (``torch.tpu.compilation_cache_stats()``)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.requests = self.hits = self.misses = 0
+        self.compile_seconds = 0.0
+        self.graphs_run = self.ops_run = 0
+        self.disk_hits = self.donated_buffers = 0
+        self.executables_built = 0
+        self.compiled_graphs = self.compiled_runs = 0
+        self.sync_reasons: collections.Counter = collections.Counter()
+
+    def as_dict(self) -> dict:
+        return {"requests": self.requests, "hits": self.hits, "misses": self.misses,
+                "compile_seconds": self.compile_seconds, "graphs_run": self.graphs_run,
+                "ops_run": self.ops_run, "cached_graphs": len(_executables),
+                "disk_hits": self.disk_hits, "donated_buffers": self.donated_buffers,
+                "xla_compiles": self.executables_built - self.disk_hits,
+                "compiled_graphs": self.compiled_graphs,
+                "compiled_runs": self.compiled_runs, "sync_reasons": dict(self.sync_reasons)}
+
+
+stats = CacheStats()
+
+
+def _count_disk_hit(event: str, **_: object) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        stats.disk_hits += 1
+
+
+def _count_xla_compile(event: str, duration: float, **_: object) -> None:
+    # every executable JAX builds, whether XLA compiles it or the persistent cache has it
+    # (``as_dict`` subtracts the disk hits)
+    if event == "/jax/core/compile/backend_compile_duration":
+        stats.executables_built += 1
+
+
+jax.monitoring.register_event_listener(_count_disk_hit)
+jax.monitoring.register_event_duration_secs_listener(_count_xla_compile)
+#: fingerprint -> compiled graph
+_executables = LRU()
+log_recompiles = os.environ.get("TORCH_TPU_LOG_RECOMPILES", "0").lower() in ("1", "true", "on")
+_log = logging.getLogger("torch_tpu")
+
+
+def explain(message: str) -> None:
+    """Say why something compiles: on the ``torch_tpu`` logger (INFO), and on stderr under
+    ``TORCH_TPU_LOG_RECOMPILES=1``."""
+    _log.info(message)
+    if log_recompiles:
+        print(f"[torch_tpu] {message}", file=sys.stderr)
+
+
+# ----------------------------------------------------------------------------- node specs
+_LEAF, _NODE, _STATIC, _SEQ = range(4)
+#: (fn, input signature) -> (output treedef, output avals)
+_shapes = LRU()
+
+
+def _typed(x: Any) -> Any:
+    """A static argument as a cache key: 1, 1.0 and True (equal in Python, different programs)
+    kept apart, and NaN equal to itself."""
+    kind = type(x)
+    if kind is float:
+        return (kind, repr(x))
+    if kind in (tuple, list):
+        return (kind, tuple(_typed(v) for v in x))
+    return (kind, x)
+
+
+def _abstract(spec: tuple, signature_iter) -> Any:
+    kind = spec[0]
+    if kind is _STATIC:
+        next(signature_iter)
+        return spec[1]
+    if kind is _SEQ:
+        return spec[1](_abstract(s, signature_iter) for s in spec[2])
+    shape, dtype, weak = next(signature_iter)
+    return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
+
+
+def _resolve(spec: tuple, env: list, leaves: tuple) -> Any:
+    kind = spec[0]
+    if kind is _NODE:
+        return env[spec[1]][spec[2]]
+    if kind is _LEAF:
+        return leaves[spec[1]]
+    if kind is _SEQ:
+        return spec[1](_resolve(s, env, leaves) for s in spec[2])
+    return spec[1]
+
+
+def _program(nodes: list, outputs: tuple) -> Callable:
+    """The graph as one function of its leaves (traced once per fingerprint by ``jax.jit``)."""
+    def run(*leaves):
+        env: list = []
+        for fn, arg_specs, kw_specs in nodes:
+            out = fn(*(_resolve(s, env, leaves) for s in arg_specs),
+                     **{k: _resolve(s, env, leaves) for k, s in kw_specs})
+            env.append(jax.tree_util.tree_leaves(out))
+        return [env[n][i] for n, i in outputs]
+    return run
+
+
+def _uses_leaf(specs, leaf: int) -> bool:
+    return any((spec[0] is _LEAF and spec[1] == leaf)
+               or (spec[0] is _SEQ and _uses_leaf(spec[2], leaf)) for spec in specs)
+
+
+def _computed_elsewhere(args, graph: "Graph") -> None:
+    """Compute the inputs a graph other than ``graph`` still has to produce, before ``graph``'s
+    lock is taken (the other graph may belong to a thread waiting for this one)."""
+    for a in args:
+        if type(a) is Deferred:
+            if a.value is None and a.graph is not graph:
+                a.concrete()
+        elif type(a) in (list, tuple):
+            _computed_elsewhere(a, graph)
+
+
+# ----------------------------------------------------------------------------- interrupts
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) until the block ends, then deliver it: a graph that started running
+    gets its results stored first. (Signals reach only the main thread; elsewhere a no-op.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            if callable(previous):
+                previous(signal.SIGINT, received[0])
+            elif previous == signal.SIG_DFL:
+                raise KeyboardInterrupt
+
+
+# ----------------------------------------------------------------------------- graphs
+_OPEN, _DONE, _FAILED = range(3)
+#: Give XLA the buffers of inputs that die inside a graph (see :meth:`Graph._donatable`).
+donate = True
+#: why the last graph ran (for explanations and tests)
+last_flush_reason: Optional[str] = None
+_previous_by_start = LRU()
+
+
+class Graph:
+    """The ops one thread recorded since its last sync point."""
+
+    def __init__(self) -> None:
+        # (fn, arg specs, kwarg specs): the program, with no arrays in it (inputs are leaf
+        # indices), so it doubles as the node's part of the fingerprint
+        self.nodes: list[tuple] = []
+        self.leaves: list[jax.Array] = []  # concrete inputs, in first-use order
+        self.leaf_ids: dict[int, int] = {}
+        self.outputs: list[weakref.ref] = []
+        self.sources: list[str] = []      # user source line per node (only when logging)
+        self.checks: list[checks.Check] = []
+        #: (storage, the value it had before this graph first wrote it)
+        self.undo: list[tuple[weakref.ref, Any]] = []
+        self.state = _OPEN
+        self.lock = threading.RLock()
+        self._unreported = context.checks  # the recording thread's list
+
+    # ------------------------------------------------------------------ recording
+    def _spec(self, x: Any, signature: list) -> tuple:
+        """How a node argument enters the graph; appends its abstract signature."""
+        kind = type(x)
+        if kind is Deferred:
+            if x.value is None:  # (another graph's were computed first: _computed_elsewhere)
+                signature.append((x.shape, x.dtype, x.weak_type))
+                return (_NODE, x.node, x.index)
+            x = x.value
+            kind = type(x)
+        if isinstance(x, jax.Array):
+            index = self.leaf_ids.get(id(x))
+            if index is None:
+                index = self.leaf_ids[id(x)] = len(self.leaves)
+                self.leaves.append(x)
+            signature.append((x.shape, x.dtype, getattr(x, "weak_type", False)))
+            return (_LEAF, index)
+        if kind in (list, tuple) and any(type(v) is Deferred or isinstance(v, jax.Array)
+                                         for v in x):
+            return (_SEQ, kind, tuple(self._spec(v, signature) for v in x))
+        key = _typed(x)
+        signature.append(key)
+        return (_STATIC, x, key)
+
+    def record(self, fn: Callable, args: tuple, kwargs: dict, name: str) -> Any:
+        """Append ``fn(*args, **kwargs)``; its outputs as deferred values, or None if the graph
+        was run (by another thread) before the node could be added."""
+        with self.lock:
+            if self.state is not _OPEN:
+                return None
+            signature: list = []
+            arg_specs = tuple(self._spec(a, signature) for a in args)
+            kw_specs = tuple((k, self._spec(v, signature)) for k, v in kwargs.items())
+            signature_key = (fn, tuple(signature))
+            shapes = _shapes.get(signature_key)
+            if shapes is None:
+                walk = iter(signature)
+                abstract_args = [_abstract(s, walk) for s in arg_specs]
+                abstract_kwargs = {k: _abstract(s, walk) for k, s in kw_specs}
+                out = jax.eval_shape(fn, *abstract_args, **abstract_kwargs)
+                leaves, treedef = jax.tree_util.tree_flatten(out)
+                shapes = _shapes[signature_key] = (treedef, leaves)
+            treedef, avals = shapes
+            node = len(self.nodes)
+            self.nodes.append((fn, arg_specs, kw_specs))
+            if log_recompiles:
+                self.sources.append(f"{name or getattr(fn, '__name__', fn)} at "
+                                    f"{checks.user_line()}")
+            outs = [Deferred(aval, self, node, i) for i, aval in enumerate(avals)]
+            self.outputs.extend(weakref.ref(d) for d in outs)
+            return jax.tree_util.tree_unflatten(treedef, outs)
+
+    def overwrote(self, storage, old: Any) -> None:
+        """``storage`` now holds a value of this graph; ``old`` is put back if the graph fails."""
+        with self.lock:
+            if self.state is _OPEN:
+                self.undo.append((weakref.ref(storage), old))
+
+    def add_check(self, check: checks.Check) -> None:
+        with self.lock:
+            self.checks.append(check)
+
+    # ------------------------------------------------------------------ running
+    def run(self, reason: str) -> None:
+        """Compute every live value of this graph (at most once; any thread may ask)."""
+        with self.lock:
+            if self.state is not _OPEN:
+                return
+            if not self.nodes:
+                self.state = _DONE
+                return
+            self._run(reason)
+
+    def _live_outputs(self) -> tuple[list[Deferred], tuple]:
+        live = [d for ref in self.outputs if (d := ref()) is not None and d.value is None]
+        return live, tuple((d.node, d.index) for d in live)
+
+    def _donatable(self, live: list) -> tuple[int, ...]:
+        """Inputs nothing but this graph still references (a storage the graph overwrote -- an
+        updated parameter, optimizer state -- or a temporary), one per output of the same shape
+        and dtype that can reuse its buffer: XLA updates them in place instead of holding old
+        and new values at once. Any other reference (a storage, a view's value, the user's
+        ``to_jax`` result, a cache) keeps an input from being donated. Counted here: the leaf
+        list, getrefcount's argument, and the undo log's entries (which, if the run fails, find
+        a donated buffer deleted only when XLA had already consumed it)."""
+        held = collections.Counter(id(old) for _, old in self.undo)
+        free = collections.Counter((d.shape, d.dtype) for d in live)
+        leaves, chosen = self.leaves, []
+        for i in range(len(leaves)):
+            if sys.getrefcount(leaves[i]) == 2 + held[id(leaves[i])]:
+                aval = (leaves[i].shape, leaves[i].dtype)
+                if free[aval]:
+                    free[aval] -= 1
+                    chosen.append(i)
+        return tuple(chosen)
+
+    def _run(self, reason: str) -> None:
+        global last_flush_reason
+        live, outputs = self._live_outputs()
+        donated = self._donatable(live) if donate else ()
+        fingerprint = (tuple(self.nodes), outputs,
+                       tuple((x.shape, x.dtype, getattr(x, "weak_type", False))
+                             for x in self.leaves), donated)
+        stats.requests += 1
+        executable = _executables.get(fingerprint)
+        if executable is None:
+            stats.misses += 1
+            if log_recompiles:
+                self._explain_miss(fingerprint)
+            started = time.perf_counter()
+            try:  # (an interrupt here leaves the graph pending: it runs at the next sync)
+                executable = jax.jit(_program(self.nodes, outputs), donate_argnums=donated) \
+                    .lower(*self.leaves).compile()
+            except Exception as error:
+                raise self._failed(error) from error
+            stats.compile_seconds += time.perf_counter() - started
+            _executables[fingerprint] = executable
+        else:
+            stats.hits += 1
+        inherited = checks.inherited(self.leaves)
+        with interrupts_held():
+            try:
+                values = executable(*self.leaves)
+            except BaseException as error:
+                error = memory.translate(error, sum(buffer.nbytes(d) for d in live))
+                raise self._failed(error) from error
+            for d, value in zip(live, values):
+                d.value = value
+            self.state = _DONE
+            self._release()
+        last_flush_reason = reason
+        stats.sync_reasons[reason] += 1
+        stats.graphs_run += 1
+        stats.ops_run += len(self.nodes)
+        stats.donated_buffers += len(donated)
+        for check in self.checks:
+            checks.queue(check, self._unreported)
+        checks.taint(values, (*self.checks, *inherited))
+        checks.poll()
+
+    def _release(self) -> None:
+        self.leaves, self.leaf_ids, self.undo = [], {}, []
+
+    def _failed(self, error: BaseException) -> BaseException:
+        """Undo the graph: storages it overwrote get their old values back; values it was to
+        create are lost, naming ``error``. Returns the exception to raise (same type, naming
+        the graph's ops)."""
+        lost = f"the fused graph computing it failed ({type(error).__name__}: {error})"
+        for ref in self.outputs:
+            d = ref()
+            if d is not None and d.value is None:
+                d.error = lost
+        for storage_ref, old in self.undo:
+            storage = storage_ref()
+            if storage is None:
+                continue
+            current = buffer.get(storage)
+            if type(current) is not Deferred or current.graph is not self:
+                continue  # written again since, by another graph
+            if isinstance(old, jax.Array) and old.is_deleted():
+                continue  # donated and consumed before the failure: keeps the error above
+            buffer.restore(storage, old)
+        self.state = _FAILED
+        self._release()
+        if not isinstance(error, Exception):  # an interrupt: delivered as it is
+            return error
+        ops = self.sources or [getattr(fn, "__name__", str(fn)) for fn, _, _ in self.nodes]
+        try:
+            return type(error)(f"{error}\n[torch_tpu] while running a fused graph of "
+                               f"{len(self.nodes)} ops: {', '.join(ops[:20])}"
+                               f"{' ...' if len(ops) > 20 else ''} (set TPU_LAUNCH_BLOCKING=1 "
+                               f"to run op by op)")
+        except Exception:  # noqa: BLE001  (an exception type with another signature)
+            return error
+
+    def _explain_miss(self, fingerprint: tuple) -> None:
+        """Say which recorded op made this graph differ from the last one that started the same
+        way (``TORCH_TPU_LOG_RECOMPILES=1``)."""
+        keys = fingerprint[0]
+        start = keys[0] if keys else None
+        previous = _previous_by_start.get(start)
+        _previous_by_start[start] = (fingerprint, list(self.sources))
+        if previous is None:
+            explain(f"compiling a new graph of {len(keys)} ops (first graph starting with "
+                    f"{self.sources[0] if self.sources else '?'})")
+            return
+        (old_keys, old_outputs, old_avals, _), old_sources = previous
+        for i, (new, old) in enumerate(zip(keys, old_keys)):
+            if new != old:
+                explain(f"recompiling: op {i} differs from the previous graph: now "
+                        f"{self.sources[i]}, before {old_sources[i]}")
+                return
+        if len(keys) != len(old_keys):
+            explain(f"recompiling: {len(keys)} ops instead of {len(old_keys)} "
+                    f"(ends at {self.sources[-1]})")
+        elif fingerprint[2] != old_avals:
+            changed = next(i for i, (a, b) in enumerate(zip(fingerprint[2], old_avals)) if a != b)
+            user = next((self.sources[n] for n, (_, args, kwargs) in enumerate(self.nodes)
+                         if _uses_leaf((*args, *(s for _, s in kwargs)), changed)), "?")
+            (old_shape, old_dtype, _), (shape, dtype, _) = old_avals[changed], fingerprint[2][changed]
+            explain(f"recompiling: an input changed shape or dtype, {old_dtype}"
+                    f"{list(old_shape)} -> {dtype}{list(shape)}, first used by {user}")
+        else:
+            explain("recompiling: other values of the graph are used afterwards, or other "
+                    "inputs can be donated")
+
+    def stablehlo(self) -> Optional[str]:
+        with self.lock:
+            if self.state is not _OPEN or not self.nodes:
+                return None
+            _, outputs = self._live_outputs()
+            return jax.jit(_program(self.nodes, outputs)).lower(*self.leaves).as_text()
+
+
+class Recorder:
+    """One thread's fused-eager recording: the open graph, replaced once it has run."""
+
+    def __init__(self) -> None:
+        self.graph = Graph()
+
+    def record(self, fn: Callable, args: tuple, kwargs: Optional[dict] = None,
+               name: str = "") -> Any:
+        """Record ``fn(*args, **kwargs)`` (a jitted, pure function); returns its outputs as
+        deferred values in the structure ``fn`` returns."""
+        _computed_elsewhere(args, self.graph)
+        if kwargs:
+            _computed_elsewhere(kwargs.values(), self.graph)
+        while True:
+            graph = self.graph
+            if graph.state is not _OPEN:
+                graph = self.graph = Graph()
+            elif len(graph.nodes) >= max_nodes:
+                graph.run("the graph reached max_nodes")
+                continue
+            try:
+                outs = graph.record(fn, args, kwargs or {}, name)
+            except TypeError:  # an unhashable static argument: run this op eagerly
+                return fn(*(buffer.resolved(a) for a in args),
+                          **{k: buffer.resolved(v) for k, v in (kwargs or {}).items()})
+            if outs is not None:
+                return outs
+
+    def flush(self, reason: str) -> None:
+        self.graph.run(reason)
+
+    def pending(self) -> int:
+        graph = self.graph
+        return len(graph.nodes) if graph.state is _OPEN else 0
+
+    def has_checks(self) -> bool:
+        graph = self.graph
+        return graph.state is _OPEN and bool(graph.checks)
+
+
+# ----------------------------------------------------------------------------- this thread
+def active() -> bool:
+    return context.recorder is not None
+
+
+def set_active(enabled: bool) -> None:
+    """Switch this thread's fused recording on or off; a switch runs whatever is pending first
+    and reports its checks."""
+    sync()
+    context.recorder = Recorder() if enabled else None
+
+
+def flush(reason: str = "sync") -> None:
+    """Run this thread's pending graph (if any) and give every live deferred value its array."""
+    recorder = context.recorder
+    if recorder is not None:
+        recorder.flush(reason)
+
+
+def sync(reason: str = "sync") -> None:
+    """A blocking sync point: run the pending graph, then report every check of this thread."""
+    flush(reason)
+    checks.report_all()
+
+
+def pending() -> int:
+    recorder = context.recorder
+    return recorder.pending() if recorder is not None else 0
+
+
+def stablehlo() -> Optional[str]:
+    """StableHLO text of this thread's pending graph, without running it (None when nothing
+    is pending)."""
+    recorder = context.recorder
+    return recorder.graph.stablehlo() if recorder is not None else None

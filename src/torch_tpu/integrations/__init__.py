@@ -1,0 +1,12 @@
+"""The parts of PyTorch and its ecosystem taught about tpu, installed at registration (none of
+them imports JAX): ``autocast`` (per-op casting on AutocastPrivateUse1), ``modules``
+(``Module.to`` keeps shared parameters shared), ``serialization`` (save/load, deepcopy,
+safetensors), ``pin_memory`` (``DataLoader(pin_memory=True)``), ``accelerate`` (Accelerate's
+default device)."""
+from __future__ import annotations
+
+
+def install() -> None:
+    from . import accelerate, autocast, modules, pin_memory, serialization
+    for integration in (modules, serialization, pin_memory, accelerate, autocast):
+        integration.install()

@@ -1,0 +1,197 @@
+"""The device value behind a tpu storage.
+
+Every tpu tensor is a real PrivateUse1 ``TensorImpl`` whose 0-byte storage carries the data as a
+Python attribute of its ``UntypedStorage`` object (PyTorch keeps that object alive exactly as long
+as the StorageImpl, so the JAX buffer is freed with the last tensor that uses it).
+
+The value is one of:
+
+- a ``jax.Array`` holding the storage's elements (natural shape of whoever wrote it last, any
+  dtype: readers reinterpret bytes as needed);
+- :class:`Uninitialized` for ``torch.empty``, which must not allocate and zero-fill a buffer that
+  is about to be overwritten;
+- in fused eager, a :class:`Deferred` value that its graph has not computed yet.
+
+Nothing outside this module and ``runtime.tensor`` should assume which. :func:`apply` is how
+everyone runs a jitted helper on such values: recorded in fused eager, called otherwise.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import platform
+from .context import context
+
+platform.initialize()  # JAX configured (64-bit types, the platform) before any array exists
+
+_ATTR = "_tpu_value"
+
+
+class Uninitialized:
+    """Storage of ``size`` elements of ``dtype`` that nobody has written yet."""
+
+    __slots__ = ("size", "dtype")
+
+    def __init__(self, size: int, dtype: np.dtype):
+        self.size = size
+        self.dtype = dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def materialize(self) -> jax.Array:
+        return jnp.zeros((self.size,), self.dtype)
+
+
+class Deferred:
+    """One output of an op recorded in a fused graph: shape and dtype known; ``value`` is set
+    when the graph has run, ``error`` if it failed (the value then never exists).
+
+    ``graph`` is the recording graph (``torch_tpu.execution.fused.Graph``); anything that needs
+    the array asks it to run (:meth:`concrete`), whichever thread recorded it.
+    """
+
+    __slots__ = ("shape", "dtype", "size", "weak_type", "graph", "node", "index", "value",
+                 "error", "__weakref__")
+
+    def __init__(self, aval, graph, node: int, index: int):
+        self.shape, self.dtype, self.size = aval.shape, aval.dtype, math.prod(aval.shape)
+        self.weak_type = aval.weak_type
+        self.graph, self.node, self.index = graph, node, index
+        self.value: Optional[jax.Array] = None
+        self.error: Optional[str] = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def concrete(self) -> jax.Array:
+        if self.value is None:
+            if self.error is None:
+                self.graph.run("a deferred value was used directly")
+            if self.value is None:
+                raise RuntimeError(f"tpu: this tensor has no value: {self.error}")
+        return self.value
+
+    def __jax_array__(self) -> jax.Array:
+        return self.concrete()
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self.concrete(), dtype=dtype)
+
+    def __getattr__(self, name: str) -> Any:  # .astype, .reshape, .T ...: the concrete array's
+        return getattr(self.concrete(), name)
+
+    def __repr__(self) -> str:
+        state = "ready" if self.value is not None else "failed" if self.error else "pending"
+        return f"Deferred({self.shape}, {self.dtype}, {state})"
+
+
+def _delegate(name: str) -> Callable:
+    def method(self, *args):
+        return getattr(self.concrete(), name)(*args)
+    method.__name__ = name
+    return method
+
+
+for _name in ("__float__", "__int__", "__complex__", "__bool__", "__index__", "__len__",
+              "__getitem__", "__iter__", "__neg__", "__pos__", "__abs__", "__invert__",
+              "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
+              "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__",
+              "__rmod__", "__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__and__",
+              "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__lt__", "__le__",
+              "__gt__", "__ge__", "__eq__", "__ne__"):
+    setattr(Deferred, _name, _delegate(_name))
+Deferred.__hash__ = object.__hash__
+
+Value = Union[jax.Array, Uninitialized, Deferred]
+
+
+# ----------------------------------------------------------------------------- deferred values
+def is_pending(x: Any) -> bool:
+    """Whether ``x`` (a value or a list of them) holds a deferred value not computed yet."""
+    if type(x) is Deferred:
+        return x.value is None
+    return isinstance(x, (list, tuple)) and any(type(v) is Deferred and v.value is None for v in x)
+
+
+def resolved(x: Any) -> Any:
+    """``x`` with any deferred value replaced by its array (running its graph if needed)."""
+    if type(x) is Deferred:
+        return x.concrete()
+    if isinstance(x, (list, tuple)) and any(type(v) is Deferred for v in x):
+        return type(x)(v.concrete() if type(v) is Deferred else v for v in x)
+    return x
+
+
+def apply(fn: Callable, *args: Any) -> Any:
+    """``fn(*args)`` for a pure jitted helper: recorded into this thread's fused graph while one
+    is recording, else called (on the arrays of any deferred inputs)."""
+    recorder = context.recorder
+    if recorder is not None:
+        return recorder.record(fn, args)
+    for a in args:
+        if type(a) is Deferred:
+            return fn(*(resolved(x) for x in args))
+    return fn(*args)
+
+
+# ----------------------------------------------------------------------------- storages
+def get(storage) -> Value:
+    value = getattr(storage, _ATTR)
+    if type(value) is Deferred and value.value is not None:  # its graph has run
+        value = value.value
+        setattr(storage, _ATTR, value)
+    return value
+
+
+def get_array(storage) -> jax.Array | Deferred:
+    """The storage value as an array (an uninitialized storage becomes zeros, like fresh HBM);
+    in fused eager, possibly a :class:`Deferred` one."""
+    value = get(storage)
+    if type(value) is Uninitialized:
+        value = value.materialize()
+        setattr(storage, _ATTR, value)
+    return value
+
+
+_ARRAY = type(jnp.zeros(()))
+
+
+def concrete(storage) -> jax.Array:
+    """The storage value as a concrete array: the common case first (it already is one), else
+    zeros for an uninitialized storage, or a fused graph's result (running the graph)."""
+    value = getattr(storage, _ATTR)
+    if type(value) is _ARRAY:
+        return value
+    value = get_array(storage)
+    return value.concrete() if type(value) is Deferred else value
+
+
+def put(storage, value: Value) -> None:
+    """Give ``storage`` a new value. A value a fused graph has yet to compute replaces the old
+    one only tentatively: the graph keeps the old value, to put back if it fails."""
+    if type(value) is Deferred and value.value is None:
+        old = getattr(storage, _ATTR, None)
+        if old is not None and not (type(old) is Deferred and old.graph is value.graph):
+            value.graph.overwrote(storage, old)
+    setattr(storage, _ATTR, value)
+
+
+def restore(storage, value: Value) -> None:
+    """Put back a value a failed graph had replaced (no bookkeeping)."""
+    setattr(storage, _ATTR, value)
+
+
+def has_value(storage) -> bool:
+    return hasattr(storage, _ATTR)
+
+
+def nbytes(value: Value) -> int:
+    return value.nbytes if type(value) is Uninitialized else value.size * value.dtype.itemsize

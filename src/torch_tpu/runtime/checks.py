@@ -1,0 +1,229 @@
+"""Value checks XLA cannot raise (index bounds, division by zero), reported where they belong.
+
+An XLA program cannot raise: it clamps an out-of-range index and carries on. So an op whose
+inputs PyTorch validates by value computes a small check result next to its output, and a
+callback turns the host copy of that result into PyTorch's exception. In strict eager the check
+runs at once (one host sync). In fused eager and in compiled programs the result is computed
+with the graph, like a CUDA device-side assert, and reported later -- but never at an unrelated
+op:
+
+- a host read (``.item()``, ``.cpu()``, printing, an op whose output shape depends on data) of
+  a value reports the checks that value depends on, and raises there: every array a graph
+  computes is *tainted* by the graph's checks and by those of its inputs, until they pass;
+- ``torch.tpu.synchronize()`` and the end of ``backward()`` report every check of this thread;
+- a check that failed keeps failing every read of the values it taints (they are wrong).
+
+Checks belong to the thread whose ops recorded them; another thread is affected only if it
+reads a value computed from theirs.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import weakref
+from typing import Any, Callable, Iterable, Optional
+
+import jax
+
+from .buffer import Deferred, resolved
+from .context import context
+
+_PENDING, _PASSED, _FAILED = range(3)
+
+
+class Check:
+    """One deferred check: its result arrays, the callback that raises PyTorch's exception from
+    their host values, and the op and source line it came from."""
+
+    __slots__ = ("values", "callback", "origin", "state", "error", "reported")
+
+    def __init__(self, values: Any, callback: Callable[[Any], None], origin: str):
+        self.values, self.callback, self.origin = values, callback, origin
+        self.state = _PENDING
+        self.error: Optional[BaseException] = None
+        self.reported = False
+
+    def ready(self) -> bool:
+        leaves = jax.tree_util.tree_leaves(self.values)
+        return all(type(v) is not Deferred or v.value is not None for v in leaves) and \
+            all(resolved(v).is_ready() for v in leaves)
+
+    def settle(self) -> int:
+        """Run the callback on the results (waiting for them); remember how it went."""
+        if self.state == _PENDING:
+            try:
+                self.callback(jax.device_get(jax.tree_util.tree_map(resolved, self.values)))
+                self.state = _PASSED
+            except Exception as error:  # noqa: BLE001  (kept, raised where the value is read)
+                self.error, self.state = error, _FAILED
+            self.values = None
+        return self.state
+
+    def exception(self, where: str) -> BaseException:
+        """The check's exception, saying where it came from and where it is reported."""
+        error = self.error
+        message = (f"{error} (raised by {self.origin}; reported {where}: a value check runs "
+                   "with the graph that computes it and is reported when a value depending on "
+                   "it is read or at synchronize(); set TPU_LAUNCH_BLOCKING=1 to raise it at "
+                   "the op)")
+        try:
+            raised = type(error)(message)
+        except Exception:  # noqa: BLE001  (an exception type with another signature)
+            raised = RuntimeError(message)
+        raised.__cause__ = error
+        return raised
+
+
+# ----------------------------------------------------------------------------- recording checks
+_PACKAGE = os.path.dirname(os.path.dirname(__file__))
+#: torch_tpu's runtime, torch and jax: never the line to blame (the demo and testing helpers,
+#: user-level code shipped in the package, can be)
+_LIBRARY_DIRS = (_PACKAGE, os.path.dirname(jax.__file__), "<frozen")
+_USER_DIRS = tuple(os.path.join(_PACKAGE, d) for d in ("demo", "testing"))
+
+
+def user_line() -> str:
+    """The innermost caller outside torch_tpu, torch and jax: the line to blame for an op."""
+    import torch
+    skip = _LIBRARY_DIRS + (os.path.dirname(torch.__file__),)
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(skip) or name.startswith(_USER_DIRS):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+def when_ready(values: Any, callback: Callable[[Any], None]) -> None:
+    """Call ``callback`` with the host copy of ``values`` (a pytree of result arrays): now if
+    they are concrete (strict eager), else with the fused graph that computes them (reported as
+    the module docstring says). An exception from ``callback`` is PyTorch's error for the op."""
+    leaves = jax.tree_util.tree_leaves(values)
+    pending = [v for v in leaves if type(v) is Deferred and v.value is None]
+    if not pending:
+        callback(jax.device_get(jax.tree_util.tree_map(resolved, values)))
+        return
+    pending[0].graph.add_check(Check(values, callback, f"{context.op or 'an op'} at {user_line()}"))
+
+
+def deferred(values: Any, callback: Callable[[Any], None], origin: str) -> Check:
+    """A check whose results a compiled program has just computed: queued for this thread, to
+    taint the program's outputs (:func:`taint`)."""
+    check = Check(values, callback, origin)
+    queue(check)
+    return check
+
+
+_lock = threading.Lock()  # the taint table and the unreported lists
+
+#: Past this many unreported checks, the oldest are settled (waiting if needed), so memory stays
+#: bounded in a loop that never reads a value; a failure is kept for the read that needs it.
+max_unreported = 64
+
+
+def queue(check: Check, pending: Optional[list] = None) -> None:
+    """Hand a check whose results are being computed to the unreported list of a thread (the
+    one that recorded it; by default this one)."""
+    pending = context.checks if pending is None else pending
+    with _lock:
+        pending.append(check)
+    if len(pending) > max_unreported:
+        _prune(pending, block=True)
+
+
+def _prune(pending: list, block: bool) -> None:
+    """Settle what is ready (the oldest half in any case when ``block``); forget the checks
+    that passed."""
+    limit = len(pending) // 2 if block else 0
+    for i, check in enumerate(list(pending)):
+        if check.state == _PENDING and ((block and i < limit) or check.ready()):
+            check.settle()
+    with _lock:
+        pending[:] = [c for c in pending if c.state != _PASSED]
+
+
+# ----------------------------------------------------------------------------- taint
+#: id(array) -> (weak reference to it, the checks its value depends on)
+_taints: dict[int, tuple[weakref.ref, tuple[Check, ...]]] = {}
+
+
+def taint_of(array: Any) -> tuple[Check, ...]:
+    """The unsettled or failed checks ``array``'s value depends on."""
+    entry = _taints.get(id(array))
+    if entry is None or entry[0]() is not array:
+        return ()
+    return tuple(c for c in entry[1] if c.state != _PASSED)
+
+
+def inherited(arrays: Iterable[Any]) -> set[Check]:
+    """The checks any of ``arrays`` depends on (a graph's inputs: its outputs inherit them)."""
+    found: set[Check] = set()
+    if _taints:
+        for array in arrays:
+            found.update(taint_of(array))
+    return found
+
+
+def taint(arrays: Iterable[Any], checks: Iterable[Check]) -> None:
+    """Make every read of ``arrays`` report ``checks`` first."""
+    checks = tuple(c for c in checks if c.state != _PASSED)
+    if not checks:
+        return
+    with _lock:
+        if len(_taints) > _sweep_at:
+            _sweep()
+        for array in arrays:
+            _taints[id(array)] = (weakref.ref(array), checks)
+
+
+#: the taint table's size that triggers the next sweep
+_sweep_at = 4096
+
+
+def _sweep() -> None:
+    """Forget dead arrays and checks that passed (called under the lock as the table grows)."""
+    global _sweep_at
+    for key, (ref, checks) in list(_taints.items()):
+        if ref() is None or all(c.state == _PASSED for c in checks):
+            del _taints[key]
+    _sweep_at = max(4096, 4 * len(_taints))
+
+
+# ----------------------------------------------------------------------------- reporting
+def report(checks: Iterable[Check], where: str = "at a read of a value depending on it") -> None:
+    """Settle ``checks`` (waiting for their results) and raise the first failure."""
+    for check in checks:
+        if check.settle() == _FAILED:
+            check.reported = True
+            raise check.exception(where)
+
+
+def before_host_read(value: Any) -> jax.Array:
+    """The array of ``value`` for a host read: its graph has run and every check it depends on
+    has passed (else that check's exception is raised here)."""
+    array = resolved(value)
+    if _taints:
+        report(taint_of(array))
+    return array
+
+
+def report_all(where: str = "at synchronize()") -> None:
+    """Report every check of this thread (``synchronize()``, the end of ``backward()``); a
+    failure already raised at a read is not raised again."""
+    pending = context.checks
+    try:
+        for check in pending:
+            if check.settle() == _FAILED and not check.reported:
+                check.reported = True
+                raise check.exception(where)
+    finally:
+        with _lock:
+            pending[:] = [c for c in pending if c.state == _PENDING]
+
+
+def poll() -> None:
+    """Settle the checks whose results are ready, without waiting (after a graph is launched)."""
+    if context.checks:
+        _prune(context.checks, block=False)

@@ -1,0 +1,43 @@
+"""Per-thread execution state: how ops run in this thread right now.
+
+Everything that decides how an op executes lives in one thread-local object, so threads never
+see each other's mode, fused graph, trace or op: ``eager_mode("fused")`` in one thread leaves
+the others as they were, two fused threads record into two graphs, and a thread that traces a
+compiled program does not hand its tracers to another thread's ops. A new thread starts in the
+process's default mode (``TORCH_TPU_DEFER_AND_FUSE`` / ``TPU_LAUNCH_BLOCKING``).
+
+State that is shared on purpose stays elsewhere: the default generator (``runtime.random``,
+shared like PyTorch's), compiled executables and the persistent cache.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional
+
+from .. import config
+
+#: Makes this thread's fused-eager recorder (set by ``torch_tpu.execution`` at initialization,
+#: so a thread that starts in fused mode records from its first op).
+new_recorder: Optional[Callable[[], Any]] = None
+
+
+class ExecutionContext(threading.local):
+    """This thread's execution state (one instance, :data:`context`, seen per thread)."""
+
+    def __init__(self) -> None:
+        #: deferred value checks whose results exist but were not reported yet
+        #: (``runtime.checks.Check``), oldest first
+        self.checks: list = []
+        #: debug eager: wait for every op (``TPU_LAUNCH_BLOCKING=1``)
+        self.launch_blocking: bool = config.launch_blocking
+        #: fused eager's recorder while this thread is in fused mode, else None
+        self.recorder: Any = (new_recorder() if config.defer_and_fuse and new_recorder
+                              else None)
+        #: the compiled program being traced in this thread (``execution.tracing.Trace``)
+        self.trace: Any = None
+        #: the ATen op being dispatched, named by the errors of its deferred checks
+        self.op: str = ""
+
+
+context = ExecutionContext()
+

@@ -1,0 +1,48 @@
+"""Bounded caches for everything torch_tpu keeps per shape, program or frame.
+
+Each cache keeps at most ``TORCH_TPU_CACHE_ENTRIES`` entries (default 4096), dropping the least
+recently used: a loop over thousands of distinct shapes (generation over every sequence length)
+keeps memory bounded, at the price of recompiling a shape that comes back after being dropped.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Hashable, Optional
+
+from .. import config
+
+
+class LRU:
+    """A mapping that forgets its least recently used entries past ``maxsize``."""
+
+    __slots__ = ("_entries", "maxsize")
+
+    def __init__(self, maxsize: Optional[int] = None):
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self.maxsize = config.cache_entries if maxsize is None else maxsize
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        try:
+            self._entries.move_to_end(key)
+        except KeyError:
+            return default
+        return self._entries[key]
+
+    def __setitem__(self, key: Hashable, value: Any) -> None:
+        entries = self._entries
+        entries[key] = value
+        entries.move_to_end(key)
+        while len(entries) > self.maxsize:
+            entries.popitem(last=False)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def values(self):
+        return self._entries.values()

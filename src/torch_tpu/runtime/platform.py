@@ -1,0 +1,112 @@
+"""The XLA platform behind the "tpu" device: started on first use, reported truthfully.
+
+Nothing here runs at ``import torch``: JAX is imported and configured by :func:`initialize`,
+which the first use of the device calls (the first tpu op, or a ``torch.tpu`` query that needs
+the device). Two of its settings are process-wide, because JAX has no narrower scope for them:
+
+- ``jax_enable_x64``: int64/float64 tensors keep their width, as in torch. JAX code elsewhere in
+  the process then also defaults to 64-bit types where it would have used 32-bit ones.
+- JAX's persistent compilation cache points to ``TORCH_TPU_CACHE_DIR``, unless the process had
+  already chosen a cache directory of its own (which is then kept and used for tpu too).
+
+A process that forks after the device started cannot use it in the child (XLA's runtime does
+not survive ``fork()``); the child gets a clear error instead of a hang (:func:`check_not_forked`).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from .. import config
+
+_PLATFORM_ALIASES = {"gpu": "cuda", "cuda": "cuda", "tpu": "tpu", "cpu": "cpu"}
+_lock = threading.Lock()
+_device: Any = None
+#: True in a child process forked after the device had started in its parent.
+forked_child = False
+
+FORKED_MESSAGE = (
+    "Cannot use the tpu device in a forked subprocess: the parent process had already started "
+    "it, and XLA's runtime does not survive fork(). Start worker processes with the 'spawn' "
+    "method instead (DataLoader(..., multiprocessing_context='spawn'), "
+    "torch.multiprocessing.set_start_method('spawn')), or keep the workers on the CPU and move "
+    "each batch to tpu in the main process.")
+
+
+def check_not_forked() -> None:
+    if forked_child:
+        raise RuntimeError(FORKED_MESSAGE)
+
+
+def _mark_forked_child() -> None:
+    global forked_child
+    forked_child = _device is not None
+
+
+def initialize() -> None:
+    """Import and configure JAX and pick the device (once; later calls return at once)."""
+    global _device
+    if _device is not None:
+        return
+    check_not_forked()
+    with _lock:
+        if _device is not None:
+            return
+        import jax
+        jax.config.update("jax_enable_x64", True)
+        if config.platform:
+            if config.platform not in _PLATFORM_ALIASES:
+                raise ValueError("TORCH_TPU_PLATFORM must be one of cpu, gpu, tpu; got "
+                                 f"{config.platform!r}")
+            jax.config.update("jax_platforms", _PLATFORM_ALIASES[config.platform])
+        if config.cache_dir and not jax.config.jax_compilation_cache_dir:
+            # Every compiled executable (strict eager's per-op ones, fused graphs, compiled
+            # models) persists, so a second process skips XLA compilation for what it has seen.
+            jax.config.update("jax_compilation_cache_dir", config.cache_dir)
+            jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                              config.cache_min_compile_seconds)
+            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        _keep_interrupts()
+        _device = jax.devices()[0]
+    os.register_at_fork(after_in_child=_mark_forked_child)
+
+
+def _keep_interrupts() -> None:
+    """JAX collects its buffers from a ``gc`` callback. An exception raised inside a gc callback
+    is printed and dropped, so a Ctrl-C that lands while it runs would be lost: deliver it again
+    once the callback has returned."""
+    import _thread
+    import gc
+
+    from jax._src import lib
+    jax_callback = getattr(lib, "_xla_gc_callback", None)
+
+    def keeping_interrupts(*args):
+        try:
+            jax_callback(*args)
+        except KeyboardInterrupt:
+            _thread.interrupt_main()
+    gc.callbacks[:] = [keeping_interrupts if c is jax_callback else c for c in gc.callbacks]
+
+
+def is_initialized() -> bool:
+    return _device is not None
+
+
+def device():
+    """The JAX device that backs ``tpu:0`` (TPU if present, else GPU, else CPU)."""
+    if _device is None:
+        initialize()
+    return _device
+
+
+def platform() -> str:
+    return device().platform
+
+
+def device_name() -> str:
+    d = device()
+    if d.platform == "tpu":
+        return getattr(d, "device_kind", "TPU")
+    return f"XLA:{d.platform.upper()} (stand-in)"

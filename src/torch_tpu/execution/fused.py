@@ -197,11 +197,17 @@ def interrupts_held() -> Iterator[None]:
 
 # ----------------------------------------------------------------------------- graphs
 _OPEN, _DONE, _FAILED = range(3)
+_NO_CHECKS: frozenset = frozenset()
 #: Give XLA the buffers of inputs that die inside a graph (see :meth:`Graph._donatable`).
 donate = True
 #: why the last graph ran (for explanations and tests)
 last_flush_reason: Optional[str] = None
 _previous_by_start = LRU()
+
+
+def _execute(executable: Callable, leaves: list) -> list:
+    """Run a compiled graph (the one place XLA runs it: tests make it fail here)."""
+    return executable(*leaves)
 
 
 class Graph:
@@ -216,6 +222,9 @@ class Graph:
         self.outputs: list[weakref.ref] = []
         self.sources: list[str] = []      # user source line per node (only when logging)
         self.checks: list[checks.Check] = []
+        #: per node, the checks its outputs depend on (its op's own, and its inputs')
+        self.taints: list[frozenset] = []
+        self._unclaimed: list[checks.Check] = []  # added by the op being recorded
         #: (storage, the value it had before this graph first wrote it)
         self.undo: list[tuple[weakref.ref, Any]] = []
         self.state = _OPEN
@@ -223,12 +232,14 @@ class Graph:
         self._unreported = context.checks  # the recording thread's list
 
     # ------------------------------------------------------------------ recording
-    def _spec(self, x: Any, signature: list) -> tuple:
-        """How a node argument enters the graph; appends its abstract signature."""
+    def _spec(self, x: Any, signature: list, depends: set) -> tuple:
+        """How a node argument enters the graph; appends its abstract signature, and adds the
+        checks its value depends on to ``depends``."""
         kind = type(x)
         if kind is Deferred:
             if x.value is None:  # (another graph's were computed first: _computed_elsewhere)
                 signature.append((x.shape, x.dtype, x.weak_type))
+                depends.update(self.taints[x.node])
                 return (_NODE, x.node, x.index)
             x = x.value
             kind = type(x)
@@ -238,10 +249,11 @@ class Graph:
                 index = self.leaf_ids[id(x)] = len(self.leaves)
                 self.leaves.append(x)
             signature.append((x.shape, x.dtype, getattr(x, "weak_type", False)))
+            depends.update(checks.taint_of(x))
             return (_LEAF, index)
         if kind in (list, tuple) and any(type(v) is Deferred or isinstance(v, jax.Array)
                                          for v in x):
-            return (_SEQ, kind, tuple(self._spec(v, signature) for v in x))
+            return (_SEQ, kind, tuple(self._spec(v, signature, depends) for v in x))
         key = _typed(x)
         signature.append(key)
         return (_STATIC, x, key)
@@ -253,8 +265,9 @@ class Graph:
             if self.state is not _OPEN:
                 return None
             signature: list = []
-            arg_specs = tuple(self._spec(a, signature) for a in args)
-            kw_specs = tuple((k, self._spec(v, signature)) for k, v in kwargs.items())
+            depends: set = set(self._unclaimed)
+            arg_specs = tuple(self._spec(a, signature, depends) for a in args)
+            kw_specs = tuple((k, self._spec(v, signature, depends)) for k, v in kwargs.items())
             signature_key = (fn, tuple(signature))
             shapes = _shapes.get(signature_key)
             if shapes is None:
@@ -267,6 +280,8 @@ class Graph:
             treedef, avals = shapes
             node = len(self.nodes)
             self.nodes.append((fn, arg_specs, kw_specs))
+            self.taints.append(frozenset(depends) if depends else _NO_CHECKS)
+            self._unclaimed.clear()
             if log_recompiles:
                 self.sources.append(f"{name or getattr(fn, '__name__', fn)} at "
                                     f"{checks.user_line()}")
@@ -281,8 +296,10 @@ class Graph:
                 self.undo.append((weakref.ref(storage), old))
 
     def add_check(self, check: checks.Check) -> None:
+        """A check of the op being recorded: the outputs of its next node depend on it."""
         with self.lock:
             self.checks.append(check)
+            self._unclaimed.append(check)
 
     # ------------------------------------------------------------------ running
     def run(self, reason: str) -> None:
@@ -341,10 +358,9 @@ class Graph:
             _executables[fingerprint] = executable
         else:
             stats.hits += 1
-        inherited = checks.inherited(self.leaves)
         with interrupts_held():
             try:
-                values = executable(*self.leaves)
+                values = _execute(executable, self.leaves)
             except BaseException as error:
                 error = memory.translate(error, sum(buffer.nbytes(d) for d in live))
                 raise self._failed(error) from error
@@ -359,7 +375,10 @@ class Graph:
         stats.donated_buffers += len(donated)
         for check in self.checks:
             checks.queue(check, self._unreported)
-        checks.taint(values, (*self.checks, *inherited))
+        for d in live:
+            if self.taints[d.node]:
+                checks.taint([d.value], self.taints[d.node])
+        self.taints = []
         checks.poll()
 
     def _release(self) -> None:

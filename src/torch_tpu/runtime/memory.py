@@ -9,6 +9,7 @@ device's total. ``torch.empty`` allocates lazily, so an impossible size is refus
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 
@@ -27,6 +28,7 @@ def device_stats() -> dict[str, int]:
     return stats or {}
 
 
+@functools.lru_cache(maxsize=None)
 def total_memory() -> int:
     """Bytes the device can hold: its memory limit, or the host's RAM on the CPU stand-in."""
     total = device_stats().get("bytes_limit", 0)

@@ -14,7 +14,10 @@ not survive ``fork()``); the child gets a clear error instead of a hang (:func:`
 """
 from __future__ import annotations
 
+import gc
 import os
+import signal
+import sys
 import threading
 from typing import Any
 
@@ -67,27 +70,41 @@ def initialize() -> None:
             jax.config.update("jax_persistent_cache_min_compile_time_secs",
                               config.cache_min_compile_seconds)
             jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-        _keep_interrupts()
+        keep_interrupts()
         _device = jax.devices()[0]
     os.register_at_fork(after_in_child=_mark_forked_child)
 
 
-def _keep_interrupts() -> None:
-    """JAX collects its buffers from a ``gc`` callback. An exception raised inside a gc callback
-    is printed and dropped, so a Ctrl-C that lands while it runs would be lost: deliver it again
-    once the callback has returned."""
-    import _thread
-    import gc
+def keep_interrupts() -> None:
+    """Make Ctrl-C survive garbage collection. JAX frees buffers from a ``gc`` callback, and
+    CPython prints and drops any exception raised inside a gc callback: a Ctrl-C whose handler
+    runs there is lost. This SIGINT handler (installed in place of Python's default one, from
+    the main thread) defers such an interrupt to the first event outside the collection."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        signal.signal(signal.SIGINT, _interrupt)
 
-    from jax._src import lib
-    jax_callback = getattr(lib, "_xla_gc_callback", None)
 
-    def keeping_interrupts(*args):
-        try:
-            jax_callback(*args)
-        except KeyboardInterrupt:
-            _thread.interrupt_main()
-    gc.callbacks[:] = [keeping_interrupts if c is jax_callback else c for c in gc.callbacks]
+def _inside_gc_callback(frame) -> bool:
+    callbacks = {getattr(c, "__code__", None) for c in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _interrupt(signum, frame) -> None:
+    if not _inside_gc_callback(frame):
+        raise KeyboardInterrupt
+    previous = sys.getprofile()
+
+    def raise_once_outside(frame, event, arg):
+        if frame.f_code is raise_once_outside.__code__ or _inside_gc_callback(frame):
+            return
+        sys.setprofile(previous)
+        raise KeyboardInterrupt
+    sys.setprofile(raise_once_outside)
 
 
 def is_initialized() -> bool:

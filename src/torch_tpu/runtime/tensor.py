@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import buffer
+from . import buffer, memory
 from .buffer import Deferred, apply
 from .dtypes import JAX_TO_TORCH, to_jax, unsupported
 
@@ -68,6 +68,7 @@ def empty(shape, dtype: torch.dtype, strides=None) -> torch.Tensor:
     else:
         size = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides))
         strides = list(strides)
+    memory.check_allocation(size * jdtype.itemsize)  # here, not at the first use
     return _new_tensor(list(shape), dtype, buffer.Uninitialized(size, jdtype), strides)
 
 

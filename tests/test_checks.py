@@ -1,0 +1,112 @@
+"""Value checks XLA cannot raise (index bounds...), in fused eager and compiled programs: reported
+by the host read that depends on them, never by an unrelated op, and a failed step leaves
+``.grad`` as it was."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+from torch_tpu import execution
+
+
+def _bad_select():
+    """An index_select reading index 9 of 4 elements (CPU raises "index out of range")."""
+    return torch.index_select(torch.arange(4, device="tpu"), 0, torch.tensor([9], device="tpu"))
+
+
+@pytest.mark.parametrize("read", [
+    lambda t: t.cpu(), lambda t: t.item(), lambda t: t.tolist(), repr,
+    lambda t: (t + 1).sum().item(),          # a value computed from the bad one
+    lambda t: torch.nonzero(t),              # an op that reads values on the host
+    lambda t: torch.tpu.synchronize(),
+], ids=["cpu", "item", "tolist", "print", "derived", "nonzero", "synchronize"])
+def test_every_host_read_of_a_checked_value_raises_there(read):
+    with torch_tpu.eager_mode("fused"):
+        selected = _bad_select()
+        with pytest.raises(IndexError, match=r"index out of range in self \(raised by "
+                                             r"aten\.index_select\.default at .*test_checks"):
+            read(selected)
+
+
+def test_an_unrelated_op_or_read_never_raises_the_error():
+    with torch_tpu.eager_mode("fused"):
+        selected = _bad_select()
+        other = torch.ones(3, device="tpu") * 2
+        torch_tpu.execution.fused.flush("test")  # the failing graph has run
+        assert other.sum().item() == 6.0          # unrelated: no error
+        assert (other + 1).tolist() == [3.0, 3.0, 3.0]
+        with pytest.raises(IndexError):
+            selected.cpu()
+        with pytest.raises(IndexError):          # the value stays wrong: it keeps raising
+            selected.item()
+    torch.tpu.synchronize()  # reported once already: synchronize does not raise it again
+
+
+def test_synchronize_reports_a_check_nobody_read():
+    with torch_tpu.eager_mode("fused"):
+        _bad_select()  # dropped at once: its check still runs with the graph
+        torch.ones(2, device="tpu").sum().item()
+        with pytest.raises(IndexError, match="reported at synchronize"):
+            torch.tpu.synchronize()
+        torch.tpu.synchronize()
+
+
+def test_index_ops_stay_in_the_fused_graph():
+    """index_select & co. check their indices with the graph instead of ending it."""
+    x = torch.arange(12.0, device="tpu").reshape(3, 4)
+    index = torch.tensor([2, 0], device="tpu")
+    calls = {
+        "index_select": lambda: torch.index_select(x, 0, index),
+        "index_add": lambda: x.index_add(0, index, torch.ones(2, 4, device="tpu")),
+        "index_copy": lambda: x.index_copy(0, index, torch.ones(2, 4, device="tpu")),
+        "index_fill": lambda: x.index_fill(1, index, -1.0),
+        "take": lambda: torch.take(x, index),
+        "put": lambda: x.put(index, torch.tensor([7.0, 8.0], device="tpu")),
+        "scatter_reduce": lambda: x.scatter_reduce(0, index.reshape(2, 1).expand(2, 4),
+                                                   torch.ones(2, 4, device="tpu"), "sum"),
+        "index_reduce": lambda: x.index_reduce(0, index, torch.ones(2, 4, device="tpu"), "prod"),
+    }
+    for name, call in calls.items():
+        expected = call().cpu()
+        with torch_tpu.eager_mode("fused"):
+            torch.tpu.reset_compilation_cache_stats()
+            before = execution.pending_ops()
+            result = call()
+            assert execution.pending_ops() > before, f"{name} ran outside the graph"
+            assert not torch.tpu.compilation_cache_stats()["sync_reasons"], name
+            torch.testing.assert_close(result.cpu(), expected, msg=name)
+
+
+def test_a_failed_step_leaves_the_gradients_as_they_were():
+    """The embedding's out-of-range index is reported at the end of backward(); as on CPU (where
+    the forward raises), .grad keeps what it had before the step, so stepping on is harmless."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 1)).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torch_tpu.eager_mode("fused"):
+        model(torch.tensor([1, 2], device="tpu")).sum().backward()  # a good step: grads exist
+        before = {name: p.grad.cpu().clone() for name, p in model.named_parameters()}
+        with pytest.raises(IndexError, match="index out of range.*end of backward"):
+            model(torch.tensor([1, 7], device="tpu")).sum().backward()
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(p.grad.cpu(), before[name], rtol=0, atol=0, msg=name)
+        optimizer.zero_grad(set_to_none=True)
+        with pytest.raises(IndexError):
+            model(torch.tensor([9], device="tpu")).sum().backward()
+        assert all(p.grad is None for p in model.parameters())
+        weights = [p.cpu().clone() for p in model.parameters()]
+        optimizer.step()  # nothing to apply
+        for p, w in zip(model.parameters(), weights):
+            torch.testing.assert_close(p.cpu(), w, rtol=0, atol=0)
+
+
+def test_compiled_program_checks_report_at_the_read():
+    f = torch.compile(lambda w, i: F.embedding(i, w) * 2, backend="tpu")
+    weight = torch.randn(5, 3, device="tpu")
+    good = f(weight, torch.tensor([1, 2], device="tpu"))
+    bad = f(weight, torch.tensor([1, 7], device="tpu"))
+    assert good.sum().item() == pytest.approx((weight[1:3] * 2).sum().item())
+    with pytest.raises(IndexError, match="index out of range"):
+        bad.cpu()

@@ -69,6 +69,9 @@ def _register_device() -> None:
         from . import execution
 
         execution.install()
+        from . import _trace_rules
+
+        _trace_rules.install()  # last: it may import the lazily loaded runtime modules
         _initialized = True
 
 

@@ -37,14 +37,6 @@ __all__ = ["backend", "Program", "bucket_size", "pad_to_bucket"]
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def _skip_backend_frames() -> None:
-    """Keep Dynamo out of torch_tpu's and JAX's own Python: after a graph break, eager ops reach
-    our kernels as new Python frames, which Dynamo would otherwise try to compile."""
-    from torch._dynamo import trace_rules
-    for package in ("torch_tpu", "jax", "jaxlib"):
-        trace_rules.add(package)
-
-
 def _boxed(program: Program) -> Callable:
     """AOTAutograd's calling convention: one list of arguments, which the callee empties so the
     caller's references (saved activations) die as early as possible."""
@@ -107,7 +99,6 @@ def backend(graph_module: torch.fx.GraphModule, example_inputs: list, *,
         raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(MODES)}")
     if options:
         raise RuntimeError(f"torch.compile(backend='tpu') takes no options; got {sorted(options)}")
-    _skip_backend_frames()
     name = _graph_name(graph_module)
     return aot_autograd(fw_compiler=_compiler(name, "forward"),
                         bw_compiler=_compiler(name, "backward"),

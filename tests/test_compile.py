@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,6 +80,141 @@ def test_autocast_and_activation_checkpointing():
     checkpointed(x_tpu).backward()
     torch.utils.checkpoint.checkpoint(model, x_cpu, use_reentrant=False).sum().backward()
     torch.testing.assert_close(x_tpu.grad.cpu(), x_cpu.grad)
+
+
+class _LocalModel(torch.nn.Module):
+    """A model defined outside torch_tpu, next to the package's own GPT."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(32, 16)
+        self.norm = torch.nn.LayerNorm(16)
+        self.head = torch.nn.Linear(16, 32)
+
+    def forward(self, idx):
+        return self.head(self.norm(self.embedding(idx)))
+
+
+def _package_gpt():
+    return GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=1, n_head=2, n_embd=16))
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _max_error(actual: torch.Tensor, exact: torch.Tensor) -> float:
+    return (actual.cpu().double() - exact).abs().max().item()
+
+
+@pytest.mark.parametrize("make_model", [_package_gpt, _LocalModel], ids=["package", "local"])
+def test_switching_autocast_compiles_one_graph_per_state(make_model):
+    """Switching ``torch.autocast("tpu")`` on and off between calls compiles one graph per state
+    and runs every call compiled, for torch_tpu's own demo GPT as for a model defined here (the
+    GPT used to fall back to eager for good: its file sat in Dynamo's skip list from the first
+    compile on). Each result is as close to a float64 CPU reference as eager's under the same
+    state, within a factor 2 (the two round at different points)."""
+    torch.manual_seed(0)
+    model = make_model().eval()
+    tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
+    exact = _first(copy.deepcopy(model).double()(tokens)).detach()
+    tpu = model.to("tpu")
+    compiled = torch.compile(tpu, backend="tpu")
+    torch.tpu.reset_compilation_cache_stats()
+    for enabled in (False, True, False, True):
+        with torch.autocast("tpu", enabled=enabled):
+            out, eager = _first(compiled(tokens.to("tpu"))), _first(tpu(tokens.to("tpu")))
+        assert out.dtype == eager.dtype == (torch.bfloat16 if enabled else torch.float32)
+        assert _max_error(out, exact) <= 2 * _max_error(eager, exact)
+    stats = torch.tpu.compilation_cache_stats()
+    assert stats["compiled_runs"] == 4 and stats["compiled_graphs"] == 2
+
+
+_DYNAMO_RULES = """
+import sys, torch, torch_tpu
+from torch_tpu.integrations import autocast
+from torch_tpu.demo.model import GPT
+from torch_tpu.testing import hf_zoo
+assert "torch._dynamo" not in sys.modules  # import torch_tpu leaves Dynamo unimported
+assert "jax" not in sys.modules            # nor JAX
+from torch._dynamo import trace_rules  # the rules are in place from here, before any compile
+torch.tpu.init()
+from torch_tpu.frontends.compile import Program
+runtime = [autocast._policy_kernel("lower", torch.ops.aten.mm.default), torch_tpu.sync,
+           torch.tpu.synchronize, torch.tpu.current_device, Program.__call__]
+user_code = [GPT.forward, hf_zoo.build]
+print([trace_rules.check(f) for f in runtime], [trace_rules.check(f) for f in user_code])
+"""
+
+
+def test_dynamo_skips_the_runtime_but_not_models_in_the_package():
+    """From the moment Dynamo is imported, it skips torch_tpu's runtime (kernels, the device
+    module, the compile backend) and traces the package's user-level code (the demo GPT, the
+    test helpers) like any model."""
+    out = subprocess.run([sys.executable, "-c", _DYNAMO_RULES], check=True, capture_output=True,
+                         text=True).stdout
+    assert out.split("\n")[0] == "[True, True, True, True, True] [False, False]"
+
+
+def _codes_dynamo_saw() -> list:
+    """The code of every frame handed to Dynamo since the last ``torch._dynamo.reset()`` (skipped
+    ones included)."""
+    from torch._dynamo import convert_frame
+    return [code for code in (ref() for ref in convert_frame.input_codes.seen) if code is not None]
+
+
+def test_eager_ops_between_graphs_never_reach_dynamo():
+    """Between two graph pieces, eager ops run torch_tpu's kernels (here the autocast kernel of a
+    matmul, and a host read); neither they nor what they call (JAX, ml_dtypes, logging) is ever
+    handed to Dynamo, which would otherwise compile such frames one by one."""
+    import jax
+    import ml_dtypes
+
+    @torch._dynamo.disable(recursive=False)  # skips this frame only, as a graph break does
+    def eager_matmul(a, b):
+        return a @ b
+
+    def f(x):
+        y = eager_matmul(x, x)
+        return y.sin() * y.sum().item()
+
+    x = torch.randn(4, 4).to("tpu")
+    with torch.autocast("tpu"):
+        torch.compile(f, backend="tpu")(x)
+    ours = tuple(os.path.dirname(m.__file__) for m in (torch_tpu, jax, ml_dtypes, logging))
+    assert not sorted({code.co_filename for code in _codes_dynamo_saw()
+                       if code.co_filename.startswith(ours)})
+
+
+def test_backward_hooks_stay_visible_to_dynamo():
+    """``backward()`` runs through torch_tpu's autograd engine, yet the hooks it calls reach
+    Dynamo as they do without torch_tpu: only the engine's own frame is skipped."""
+    def doubling_hook(grad):
+        return grad * 2
+
+    w = torch.ones(3, requires_grad=True)
+    w.register_hook(doubling_hook)
+
+    @torch.compile(backend="eager")
+    def step(w):
+        loss = (w * 3).sum()
+        loss.backward()
+        return loss
+
+    step(w)
+    assert torch.equal(w.grad, torch.full((3,), 6.0))
+    assert doubling_hook.__code__ in _codes_dynamo_saw()
+
+
+def test_every_package_file_is_runtime_or_user_code():
+    """``RUNTIME_PATHS`` names files that exist, and every other file of the package is code
+    Dynamo may trace on purpose: a moved or new file has to be classified."""
+    from torch_tpu.integrations import dynamo
+    root = Path(torch_tpu.__file__).parent
+    assert all((root / path).exists() for path in dynamo.RUNTIME_PATHS)
+    traced = {f.relative_to(root).as_posix() for f in root.rglob("*.py")
+              if not dynamo.is_runtime(str(f))}
+    assert traced and all(f.startswith(("demo/", "testing/")) for f in traced)
 
 
 def test_one_executable_per_graph_and_no_recompile_on_repeat():

@@ -111,6 +111,8 @@ def _initialize() -> None:
         dispatch.install()
         modes.install()
         _initialized = True
+    from .integrations import dynamo
+    dynamo.refresh()  # the modules just loaded are runtime too
 
 
 _register()

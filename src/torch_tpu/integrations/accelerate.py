@@ -10,13 +10,9 @@ when tpu is the current accelerator. The patch is applied when ``accelerate.stat
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import sys
-
 import torch
 
-_TARGET = "accelerate.state"
+from .import_hooks import after_import
 
 
 def _patch(state_module) -> None:
@@ -37,30 +33,5 @@ def _patch(state_module) -> None:
     cls.default_device = property(default_device)
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds ``accelerate.state`` through the other finders and patches it once executed."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _TARGET:
-            return None
-        sys.meta_path.remove(self)  # one shot; also keeps find_spec below from finding us
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        self._loader = spec.loader
-        spec.loader = self
-        return spec
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        _patch(module)
-
-
 def install() -> None:
-    if _TARGET in sys.modules:
-        _patch(sys.modules[_TARGET])
-    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport())
+    after_import("accelerate.state", _patch)

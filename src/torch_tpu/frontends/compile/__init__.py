@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ...execution import fused
+from ...integrations import dynamo
 from .program import Program, tensor_text
 
 __all__ = ["backend", "Program", "bucket_size", "pad_to_bucket"]
@@ -35,14 +36,6 @@ __all__ = ["backend", "Program", "bucket_size", "pad_to_bucket"]
 #: ``torch.compile`` modes: XLA always optimizes fully and each graph is already one launch (what
 #: "reduce-overhead" gets from CUDA graphs), so every mode compiles the same way.
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-
-def _skip_backend_frames() -> None:
-    """Keep Dynamo out of torch_tpu's and JAX's own Python: after a graph break, eager ops reach
-    our kernels as new Python frames, which Dynamo would otherwise try to compile."""
-    from torch._dynamo import trace_rules
-    for package in ("torch_tpu", "jax", "jaxlib"):
-        trace_rules.add(package)
 
 
 def _boxed(program: Program) -> Callable:
@@ -107,7 +100,7 @@ def backend(graph_module: torch.fx.GraphModule, example_inputs: list, *,
         raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(MODES)}")
     if options:
         raise RuntimeError(f"torch.compile(backend='tpu') takes no options; got {sorted(options)}")
-    _skip_backend_frames()
+    dynamo.refresh()  # (this module and the program's loaded after the device started)
     name = _graph_name(graph_module)
     return aot_autograd(fw_compiler=_compiler(name, "forward"),
                         bw_compiler=_compiler(name, "backward"),

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import jax
 import torch
 
-from . import _graph, _random, _tensor, _tracing, _transfer, config
+from . import _graph, _overlap, _random, _tensor, _tracing, _transfer, config
 from ._dtypes import JAX_TO_TORCH, TORCH_TO_JAX, UnsupportedDtypeError, to_jax, type_name
 from ._registry import LOWERINGS, Lowering, Types, qualified_name
 
@@ -379,6 +379,7 @@ def _mutating_kernel(compute: Callable, functional: torch._C.FunctionSchema,
     names = [a.name for a in schema.arguments]
     targets = [(names.index(a.name), a.name) for a in schema.arguments if _is_written(a)]
     outs = {a.name for a in schema.arguments if _is_out(a)}
+    check_overlap = _overlap.writes_checker(schema)
     single = len(targets) == 1
     returns = len(schema.returns)
     # PyTorch leaves out arguments equal to *this* schema's defaults, which the functional schema
@@ -390,6 +391,7 @@ def _mutating_kernel(compute: Callable, functional: torch._C.FunctionSchema,
 
     def kernel(*args, **kwargs):
         written = [args[i] if i < len(args) else kwargs[name] for i, name in targets]
+        check_overlap(written, args, kwargs)
         if outs:
             kwargs = {k: v for k, v in kwargs.items() if k not in outs}
         for i, name, default in own_defaults:

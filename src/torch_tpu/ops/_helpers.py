@@ -1,7 +1,8 @@
 """Family helpers: most lowerings are one line built from these."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import functools
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,23 @@ def result_dtype(*dtypes) -> jnp.dtype:
     return np.dtype(to_jax(result))
 
 
+def has_values(array) -> bool:
+    """Whether a value check can look at ``array``: not under a JAX transformation (``jax.vmap``...)
+    other than a compiled program's trace (:mod:`torch_tpu._tracing`), whose results it reports."""
+    return _tracing.current is not None or not isinstance(array, jax.core.Tracer)
+
+
+def report_values(results, report: Callable[[Any], None]) -> None:
+    """Call ``report`` with the host values of ``results`` (small arrays a value check computed
+    with :func:`_graph.apply`), which raises PyTorch's error if they show one: at once in strict
+    eager; with the graph in fused eager, reported at the next sync point; after the call in a
+    compiled program, whose extra outputs they become."""
+    if _tracing.current is not None:
+        _tracing.current.check(results, report)
+    else:
+        _graph.when_ready(results, report)
+
+
 @jax.jit
 def _first_out_of_bounds(index: jax.Array, low, high) -> tuple[jax.Array, jax.Array]:
     flat = index.reshape(-1)
@@ -66,15 +84,12 @@ def check_bounds(checks: Sequence[tuple[jax.Array, int, bool]],
                   error: Callable[[int, int, int], Exception]) -> None:
     """Raise ``error(position, value, size)`` for the first index outside its dimension.
 
-    ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync.
-    In fused eager the check runs with the graph and reports at the next sync point; in a
-    compiled program (:mod:`torch_tpu._tracing`) its result is an output reported after the call.
-    Skipped under any other trace (``jax.vmap``...), where indices have no values.
+    ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync
+    (:func:`report_values`).
     """
-    traced = _tracing.current is not None
     pending = [(position, index, size, negative_ok)
                for position, (index, size, negative_ok) in enumerate(checks)
-               if index.size and (traced or not isinstance(index, jax.core.Tracer))]
+               if index.size and has_values(index)]
     results = [_graph.apply(_first_out_of_bounds, index, -size if negative_ok else 0, size)
                for _, index, size, negative_ok in pending]
 
@@ -82,7 +97,30 @@ def check_bounds(checks: Sequence[tuple[jax.Array, int, bool]],
         for (position, _, size, _), (any_bad, value) in zip(pending, results):
             if any_bad:
                 raise error(position, int(value), size)
-    if traced:
-        _tracing.current.check(results, report)
-    else:
-        _graph.when_ready(results, report)
+    report_values(results, report)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _has_zero(divisor: jax.Array, dtype) -> jax.Array:
+    return jnp.any(jnp.asarray(divisor, dtype) == 0)
+
+
+def _zero_division(has_zero) -> None:
+    if has_zero:
+        raise RuntimeError("ZeroDivisionError")  # CPU's exception, message and all
+
+
+def check_nonzero(divisor, dtype) -> None:
+    """Raise CPU's error for an integer division whose ``divisor``, converted to the integer
+    ``dtype`` it divides in, holds a zero (XLA would return an arbitrary value).
+
+    A Python number, or the weakly typed device copy the dispatcher made of one (JAX keeps its
+    host value), is checked at once, even in fused eager; a tensor as :func:`check_bounds` does.
+    """
+    python_scalar = isinstance(divisor, (int, float)) or (
+        getattr(divisor, "weak_type", False) and isinstance(divisor, jax.Array)
+        and not isinstance(divisor, jax.core.Tracer))
+    if python_scalar and _tracing.current is None:
+        _zero_division(np.asarray(divisor).astype(dtype) == 0)
+    elif has_values(divisor):
+        report_values(_graph.apply(_has_zero, divisor, np.dtype(dtype)), _zero_division)

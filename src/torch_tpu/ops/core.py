@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from .. import _buffer, _graph, _tensor, _transfer
-from .._dtypes import TORCH_TO_JAX, to_jax
+from .. import _buffer, _graph, _overlap, _tensor, _transfer
+from .._dtypes import TORCH_TO_JAX, cast, check_scalar, to_jax
 from .._registry import lower, runtime
 
 aten = torch.ops.aten
@@ -116,17 +116,24 @@ def _host_to_device(host: torch.Tensor, dtype: torch.dtype) -> jax.Array:
     return _transfer.to_device(host)
 
 
+def _discards_imaginary(source: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether converting ``source`` to ``dtype`` drops an imaginary part (warned, as on CPU)."""
+    if source.is_complex() and not dtype.is_complex:
+        warnings.warn("Casting complex values to real discards the imaginary part",
+                      UserWarning, stacklevel=3)
+        return True
+    return False
+
+
 @runtime(aten.copy_)
 def copy_(self, src, non_blocking=False):
     if _tensor.is_tpu(self):
-        if src.is_complex() and not self.is_complex():
-            warnings.warn("Casting complex values to real discards the imaginary part",
-                          UserWarning, stacklevel=2)
+        if _discards_imaginary(src, self.dtype):
             src = src.real
         value = _tensor.read_resolved(src) if _tensor.is_tpu(src) else _host_to_device(src, self.dtype)
         if tuple(src.shape) != tuple(self.shape):
             torch.broadcast_shapes(src.shape, self.shape)  # PyTorch's error for bad shapes
-        _tensor._check_no_internal_overlap(self)
+        _overlap.check_writes([self], [src], copy=True)
         _tensor.write(self, value)
     else:
         self.copy_(_transfer.to_host(_tensor.read_resolved(src)))
@@ -139,6 +146,7 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     dtype = self.dtype if dtype is None else dtype
     target = torch.device(device) if device is not None else self.device
     if target.type == "tpu":
+        _discards_imaginary(self, dtype)  # (the cast keeps the real part)
         value = _tensor.read_resolved(self) if _tensor.is_tpu(self) else _host_to_device(self, dtype)
         target_dtype = to_jax(dtype)
         if value.dtype != target_dtype:  # (values are immutable: a new storage may share one)
@@ -148,7 +156,7 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     return host.to(dtype=dtype, device=target)
 
 
-_astype = jax.jit(lambda value, dtype: value.astype(dtype), static_argnums=1)
+_astype = jax.jit(cast, static_argnums=1)
 
 
 @runtime(aten._local_scalar_dense)
@@ -170,6 +178,8 @@ def fill_(self, value):
             raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor "
                                f"with {value.dim()} dimensions.")
         value = _tensor.read(value) if _tensor.is_tpu(value) else value.item()
+    else:  # a Python number is converted as CPU converts it (a 0-dim tensor is cast instead)
+        check_scalar(value, to_jax(self.dtype), self.numel())
     _tensor.write(self, value)
     return self
 

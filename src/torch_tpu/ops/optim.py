@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .._dispatch import _promoted
+from .._dtypes import cast
 from .._registry import LOWERINGS, Types, fusable_check, lower
 from ._helpers import accumulator, to_torch, type_name
 from .elementwise import lerp
@@ -165,12 +166,9 @@ def foreach_clone(xs, memory_format=None):
 
 
 def _copied(value, like):
-    """``like.copy_(value)``'s result: ``value`` broadcast to ``like``'s shape, in its dtype
-    (a complex value copied into a real tensor keeps its real part, as copy_ does)."""
-    value = jnp.asarray(value)
-    if jnp.iscomplexobj(value) and not jnp.iscomplexobj(like):
-        value = jnp.real(value)
-    return jnp.broadcast_to(value.astype(like.dtype), like.shape)
+    """``like.copy_(value)``'s result: ``value`` broadcast to ``like``'s shape, converted to its
+    dtype as ``copy_`` converts."""
+    return jnp.broadcast_to(cast(value, like.dtype), like.shape)
 
 
 @lower(aten._foreach_copy.default, check=_list_checks(aten._foreach_copy.default))

@@ -129,6 +129,95 @@ def test_index_errors_like_cpu(fn, shape):
     assert_raises_like_cpu(fn, torch.arange(float(torch.Size(shape).numel())).reshape(shape))
 
 
+# ----------------------------------------------------------------------------- integer division
+# Each division of a tensor ``x`` by a divisor ``d`` that is zero somewhere (PyTorch CPU raises
+# ``RuntimeError("ZeroDivisionError")``; XLA would return an arbitrary integer).
+DIVISIONS = {
+    "floor_divide": torch.floor_divide,
+    "remainder": torch.remainder,
+    "fmod": torch.fmod,
+    "div_trunc": lambda x, d: torch.div(x, d, rounding_mode="trunc"),
+    "div_floor": lambda x, d: torch.div(x, d, rounding_mode="floor"),
+    "floordiv_operator": lambda x, d: x // d,
+    "mod_operator": lambda x, d: x % d,
+    # (on a copy: CPU writes the elements before the zero, tpu nothing)
+    "in_place": lambda x, d: x.clone().floor_divide_(d),
+    "in_place_fmod": lambda x, d: x.clone().fmod_(d),
+    "in_place_div_trunc": lambda x, d: x.clone().div_(d, rounding_mode="trunc"),
+    "out": lambda x, d: torch.remainder(x, d, out=torch.empty_like(x)),
+}
+ZERO_DIVISORS = {  # the divisor, built on the device of x
+    "tensor": lambda x: torch.tensor([1, 0, 2], dtype=x.dtype, device=x.device),
+    "broadcast_tensor": lambda x: torch.tensor([[3], [0]], dtype=x.dtype, device=x.device)[1],
+    "zero_dim_tensor": lambda x: torch.tensor(0, device=x.device),
+    "cpu_scalar_tensor": lambda x: torch.tensor(0),
+    "python_scalar": lambda x: 0,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int64], ids=str)
+@pytest.mark.parametrize("divisor", ZERO_DIVISORS)
+@pytest.mark.parametrize("op", DIVISIONS)
+def test_integer_division_by_zero_raises_like_cpu(op, divisor, dtype):
+    error = assert_raises_like_cpu(lambda x: DIVISIONS[op](x, ZERO_DIVISORS[divisor](x)),
+                                   torch.tensor([7, 4, 9], dtype=dtype))
+    assert str(error) == "ZeroDivisionError"
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8], ids=str)
+def test_divisor_is_checked_in_the_dtype_it_divides_in(dtype):
+    """256 converts to 0 in an 8-bit division, and CPU raises."""
+    for divisor in (256, torch.tensor(256)):
+        error = assert_raises_like_cpu(lambda x: x // divisor, torch.tensor([7, 4], dtype=dtype))
+        assert str(error) == "ZeroDivisionError"
+
+
+def test_scalar_divided_by_a_tensor_with_a_zero_raises_like_cpu():
+    for fn in (lambda d: 7 // d, lambda d: 7 % d, lambda d: torch.remainder(7, d)):
+        assert str(assert_raises_like_cpu(fn, torch.tensor([1, 0, 2]))) == "ZeroDivisionError"
+
+
+DIVISION_VALUES = {  # results CPU defines, which the checks must leave alone
+    "signs": (torch.tensor([-7, 7, -7, 7]), torch.tensor([2, -2, -2, 2])),
+    "int8_min_by_minus_one": (torch.tensor([-128, 5], dtype=torch.int8),
+                              torch.tensor([-1, 3], dtype=torch.int8)),
+    "float_by_zero": (torch.tensor([5.0, -5.0, 0.0]), torch.tensor([0.0, 0.0, 0.0])),
+    "int_by_float_zero": (torch.tensor([5, -5, 0]), torch.tensor(0.0)),
+    "empty_by_zero": (torch.tensor([], dtype=torch.int64), torch.tensor(0)),
+}
+
+
+@pytest.mark.parametrize("case", DIVISION_VALUES)
+@pytest.mark.parametrize("op", ["floor_divide", "remainder", "fmod", "div_floor"])
+def test_integer_division_values_match_cpu(op, case):
+    x, d = DIVISION_VALUES[case]
+    expected = DIVISIONS[op](x, d)
+    got = DIVISIONS[op](x.to(TPU), d.to(TPU) if d.dim() else d).cpu()
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, equal_nan=True, rtol=0, atol=0)
+
+
+def test_bool_division_is_not_implemented_like_cpu():
+    for op in ("floor_divide", "remainder", "fmod", "div_trunc"):
+        error = assert_raises_like_cpu(DIVISIONS[op], torch.tensor([True, False]),
+                                       torch.tensor([True, True]))
+        assert "not implemented for 'Bool'" in str(error)
+
+
+def test_division_by_zero_in_fused_eager():
+    """A Python scalar divisor raises at the op; a tensor's zero, known only when its graph has
+    run, is reported at the next sync point, naming the op (as an index out of range is)."""
+    with torch_tpu.eager_mode("fused"):
+        x = torch.tensor([7, 4, 9], device=TPU)
+        with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):
+            x // 0
+        quotient = x // (x - 4)
+        with pytest.raises(RuntimeError, match=r"^ZeroDivisionError \(raised by "
+                                               r"aten\.floor_divide\.default at .*test_errors"):
+            quotient.cpu()
+        assert (x // 2).cpu().tolist() == [3, 2, 4]
+
+
 # ----------------------------------------------------------------------------- unsupported ops
 # Ops with CPU kernels and (today) no tpu lowering, each as an expression of a 1-d tensor ``x``;
 # the tests use the first one still unlowered.

@@ -138,14 +138,15 @@ class TouchesTpu(Dataset):
     def __len__(self): return 2
     def __getitem__(self, i): return torch.ones(2, device="tpu").sum().cpu()
 
-if sys.argv[1] == "started":
-    torch.ones(1, device="tpu").item()   # the parent has started the device
-loader = DataLoader(TouchesTpu(), batch_size=1, num_workers=1,
-                    multiprocessing_context=sys.argv[2])
-try:
-    print("values", [b.item() for b in loader])
-except RuntimeError as error:
-    print("error", str(error).replace(chr(10), " "))
+if __name__ == "__main__":
+    if sys.argv[1] == "started":
+        torch.ones(1, device="tpu").item()   # the parent has started the device
+    loader = DataLoader(TouchesTpu(), batch_size=1, num_workers=1,
+                        multiprocessing_context=sys.argv[2])
+    try:
+        print("values", [b.item() for b in loader])
+    except RuntimeError as error:
+        print("error", str(error).replace(chr(10), " "))
 """
 
 

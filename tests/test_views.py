@@ -234,13 +234,99 @@ def test_write_through_one_view_is_visible_in_another():
     assert_same(tpu, cpu)
 
 
-def test_write_through_expanded_view_is_an_error():
+# ----------------------------------------------------------------------------- overlapping writes
+# Writes whose target shares memory with itself or with what they read, on a 3x4 base ``x``.
+# CPU raises for what it can see ("partial" overlap of dense views, stride-0 targets) and
+# computes the rest in its loop order.
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.view(12)
+
+
+def _windows(x: torch.Tensor) -> torch.Tensor:
+    """Overlapping 3-element windows of x's first 5 elements (each interior element in several)."""
+    return x.view(12).as_strided((3, 3), (1, 1))
+
+
+OVERLAP_ERRORS = {  # CPU raises; so must tpu, with CPU's message, writing nothing
+    "copy_shifted_right": lambda x: _flat(x)[1:].copy_(_flat(x)[:-1]),
+    "copy_shifted_left": lambda x: _flat(x)[:-1].copy_(_flat(x)[1:]),
+    "copy_through_dtype_views": lambda x: _flat(x).view(torch.int32)[2:].copy_(
+        _flat(x).view(torch.int32)[:-2]),
+    "setitem_rows_shifted": lambda x: x.__setitem__(slice(1, None), x[:-1]),
+    "copy_into_expanded": lambda x: x[:1].expand(3, 4).copy_(torch.ones(3, 4, device=x.device)),
+    "out_shifted": lambda x: torch.add(_flat(x)[:-1], 1, out=_flat(x)[1:]),
+    "unary_out_shifted": lambda x: torch.neg(_flat(x)[:-1], out=_flat(x)[1:]),
+    "in_place_shifted": lambda x: _flat(x)[1:].add_(_flat(x)[:-1]),
+    "in_place_ternary_shifted": lambda x: _flat(x)[1:].addcmul_(_flat(x)[:-1], _flat(x)[:-1]),
+    "in_place_by_own_row": lambda x: x.mul_(x[0]),
+    "in_place_by_own_element": lambda x: x.add_(x[1, 2]),
+    "out_into_expanded": lambda x: torch.add(x[1], 1, out=x[0, :1].expand(4)),
+    "in_place_on_expanded": lambda x: x[:1].expand(3, 4).add_(1),
+    "foreach_shifted": lambda x: torch._foreach_add_([_flat(x)[1:]], [_flat(x)[:-1]]),
+    "cat_out_is_input": lambda x: torch.cat([x[0]], out=x[0]),  # no overlap at all allowed
+    "index_copy_from_itself": lambda x: x.index_copy_(0, torch.tensor([2, 1, 0], device=x.device),
+                                                      x),
+}
+OVERLAPS_ALLOWED = {  # CPU computes these, and its result is also the clone's: tpu matches it
+    "in_place_with_itself": lambda x: x.add_(x),
+    "in_place_with_same_view": lambda x: x[:2].add_(x[:2]),
+    "out_is_the_input": lambda x: torch.mul(x, 2, out=x),
+    "copy_itself": lambda x: x.copy_(x),
+    "copy_interleaved": lambda x: _flat(x)[0::2].copy_(_flat(x)[1::2]),
+    "copy_other_column": lambda x: x[:, 0].copy_(x[:, 1]),
+    "in_place_by_other_column": lambda x: x[:, 1].add_(x[:, 0]),
+    "setitem_columns_shifted_left": lambda x: x.__setitem__((slice(None), slice(None, -1)),
+                                                            x[:, 1:]),
+    "copy_transposed_shifted_left": lambda x: x.t()[:-1].copy_(x.t()[1:]),
+    "copy_first_column_everywhere": lambda x: x.copy_(x[:, :1]),
+    "fill_expanded": lambda x: x[:1].expand(3, 4).fill_(7),
+    "zero_expanded": lambda x: x[:1].expand(3, 4).zero_(),
+    "fill_overlapping_windows": lambda x: _windows(x).fill_(-1),
+}
+ORDER_DEPENDENT = {  # CPU computes these in its loop order, not as a clone would: tpu refuses
+    "setitem_columns_shifted_right": (lambda x: x.__setitem__((slice(None), slice(1, None)),
+                                                              x[:, :-1]), "input"),
+    "in_place_columns_shifted_right": (lambda x: x[:, 1:].add_(x[:, :-1]), "input"),
+    "reduction_out_into_own_row": (lambda x: torch.sum(x, 0, out=x[1]), "input"),
+    "in_place_on_overlapping_windows": (lambda x: _windows(x).add_(1), "written-to tensor"),
+    "copy_into_overlapping_windows": (lambda x: _windows(x).copy_(torch.ones(3, 3)),
+                                      "written-to tensor"),
+    "in_place_on_overlapping_unfold": (lambda x: _flat(x).unfold(0, 3, 1).mul_(2),
+                                       "written-to tensor"),
+}
+_OVERLAP_MESSAGES = {"input": "some elements of the input tensor and the written-to tensor refer "
+                              "to a single memory location",
+                     "written-to tensor": "more than one element of the written-to tensor "
+                                          "refers to a single memory location"}
+
+
+@pytest.mark.parametrize("name", OVERLAP_ERRORS)
+def test_overlapping_write_raises_like_cpu(name):
     cpu, tpu = _base(), _base().to(TPU)
     with pytest.raises(RuntimeError, match="single memory location") as cpu_error:
-        cpu[:1].expand(3, 4).add_(1)
-    with pytest.raises(type(cpu_error.value), match="single memory location"):
-        tpu[:1].expand(3, 4).add_(1)
+        OVERLAP_ERRORS[name](cpu)
+    with pytest.raises(RuntimeError) as tpu_error:
+        OVERLAP_ERRORS[name](tpu)
+    assert str(tpu_error.value) == str(cpu_error.value)
+    assert_same(tpu, _base())
+
+
+@pytest.mark.parametrize("name", OVERLAPS_ALLOWED)
+def test_overlapping_write_cpu_allows_matches_cpu(name):
+    cpu, tpu = _base(), _base().to(TPU)
+    OVERLAPS_ALLOWED[name](cpu)
+    OVERLAPS_ALLOWED[name](tpu)
     assert_same(tpu, cpu)
+
+
+@pytest.mark.parametrize("name", ORDER_DEPENDENT)
+def test_overlapping_write_cpu_computes_in_loop_order_raises(name):
+    fn, kind = ORDER_DEPENDENT[name]
+    fn(_base())  # CPU does not raise
+    tpu = _base().to(TPU)
+    with pytest.raises(RuntimeError, match=f"^unsupported operation: {_OVERLAP_MESSAGES[kind]}"):
+        fn(tpu)
+    assert_same(tpu, _base())
 
 
 def test_version_counter_is_shared_by_views():

@@ -1,7 +1,8 @@
 """Family helpers: most lowerings are one line built from these."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import functools
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +58,23 @@ def result_dtype(*dtypes) -> jnp.dtype:
     return np.dtype(to_jax(result))
 
 
+def has_values(array) -> bool:
+    """Whether a value check can look at ``array``: not under a JAX transformation (``jax.vmap``...)
+    other than a compiled program's trace (``context.trace``), whose results it reports."""
+    return context.trace is not None or not isinstance(array, jax.core.Tracer)
+
+
+def report_values(results, report: Callable[[Any], None]) -> None:
+    """Call ``report`` with the host values of ``results`` (small arrays a value check computed
+    with ``apply``), which raises PyTorch's error if they show one: at once in strict eager; in
+    fused eager and compiled programs, with the graph or program that computes them, reported
+    where a value depending on them is read (``runtime.checks``)."""
+    if context.trace is not None:
+        context.trace.check(results, report)
+    else:
+        checks.when_ready(results, report)
+
+
 @jax.jit
 def _first_out_of_bounds(index: jax.Array, low, high) -> tuple[jax.Array, jax.Array]:
     flat = index.reshape(-1)
@@ -64,33 +82,16 @@ def _first_out_of_bounds(index: jax.Array, low, high) -> tuple[jax.Array, jax.Ar
     return jnp.any(bad), flat[jnp.argmax(bad)]
 
 
-def _report_when_computed(results, report: Callable) -> None:
-    """``report(host results)`` now (strict eager), with the graph (fused eager) or after the
-    program (a compiled program's trace): see ``runtime.checks``."""
-    if context.trace is not None:
-        context.trace.check(results, report)
-    else:
-        checks.when_ready(results, report)
-
-
-def _has_values(x, traced: bool) -> bool:
-    """Whether a check can look at ``x``: it has elements, and is not a tracer of some other
-    trace (``jax.vmap``...), which has no values to check."""
-    return x.size and (traced or not isinstance(x, jax.core.Tracer))
-
-
 def check_bounds(checks: Sequence[tuple[jax.Array, int, bool]],
                  error: Callable[[int, int, int], Exception]) -> None:
     """Raise ``error(position, value, size)`` for the first index outside its dimension.
 
-    ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync in
-    strict eager; in fused eager and compiled programs the check runs with the graph and is
-    reported when a value depending on it is read.
+    ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync
+    (:func:`report_values`).
     """
-    traced = context.trace is not None
     pending = [(position, index, size, negative_ok)
                for position, (index, size, negative_ok) in enumerate(checks)
-               if _has_values(index, traced)]
+               if index.size and has_values(index)]
     results = [apply(_first_out_of_bounds, index, -size if negative_ok else 0, size)
                for _, index, size, negative_ok in pending]
 
@@ -98,7 +99,33 @@ def check_bounds(checks: Sequence[tuple[jax.Array, int, bool]],
         for (position, _, size, _), (any_bad, value) in zip(pending, results):
             if any_bad:
                 raise error(position, int(value), size)
-    _report_when_computed(results, report)
+    report_values(results, report)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _has_zero(divisor: jax.Array, dtype) -> jax.Array:
+    return jnp.any(jnp.asarray(divisor, dtype) == 0)
+
+
+def _zero_division(has_zero) -> None:
+    if has_zero:
+        raise RuntimeError("ZeroDivisionError")  # CPU's exception, message and all
+
+
+def check_nonzero(divisor, dtype) -> None:
+    """Raise CPU's error for an integer division whose ``divisor``, converted to the integer
+    ``dtype`` it divides in, holds a zero (XLA would return an arbitrary value).
+
+    A Python number, or the weakly typed device copy the dispatcher made of one (JAX keeps its
+    host value), is checked at once, even in fused eager; a tensor as :func:`check_bounds` does.
+    """
+    python_scalar = isinstance(divisor, (int, float)) or (
+        getattr(divisor, "weak_type", False) and isinstance(divisor, jax.Array)
+        and not isinstance(divisor, jax.core.Tracer))
+    if python_scalar and context.trace is None:
+        _zero_division(np.asarray(divisor).astype(dtype) == 0)
+    elif has_values(divisor):
+        report_values(apply(_has_zero, divisor, np.dtype(dtype)), _zero_division)
 
 
 def check_values(holds: Callable[..., jax.Array], values: Sequence[jax.Array],
@@ -106,11 +133,10 @@ def check_values(holds: Callable[..., jax.Array], values: Sequence[jax.Array],
     """Raise ``error()`` unless ``holds(*values)`` (a jitted function returning a boolean
     scalar) is true: checked like :func:`check_bounds`. Values that are Python numbers were
     already checked by the caller."""
-    traced = context.trace is not None
-    if not all(hasattr(v, "size") and _has_values(v, traced) for v in values):
+    if not all(hasattr(v, "size") and v.size and has_values(v) for v in values):
         return
 
     def report(ok) -> None:
         if not ok:
             raise error()
-    _report_when_computed(apply(holds, *values), report)
+    report_values(apply(holds, *values), report)

@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from ..runtime import buffer, checks, tensor, transfer
+from ..runtime import buffer, checks, overlap, tensor, transfer
 from ..runtime.buffer import apply
-from ..runtime.dtypes import TORCH_TO_JAX, to_jax
+from ..runtime.dtypes import TORCH_TO_JAX, cast, check_scalar, to_jax
 from .registry import lower, runtime
 
 aten = torch.ops.aten
@@ -117,17 +117,24 @@ def _host_to_device(host: torch.Tensor, dtype: torch.dtype) -> jax.Array:
     return transfer.to_device(host)
 
 
+def _discards_imaginary(source: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether converting ``source`` to ``dtype`` drops an imaginary part (warned, as on CPU)."""
+    if source.is_complex() and not dtype.is_complex:
+        warnings.warn("Casting complex values to real discards the imaginary part",
+                      UserWarning, stacklevel=3)
+        return True
+    return False
+
+
 @runtime(aten.copy_)
 def copy_(self, src, non_blocking=False):
     if tensor.is_tpu(self):
-        if src.is_complex() and not self.is_complex():
-            warnings.warn("Casting complex values to real discards the imaginary part",
-                          UserWarning, stacklevel=2)
+        if _discards_imaginary(src, self.dtype):
             src = src.real
         value = tensor.read_resolved(src) if tensor.is_tpu(src) else _host_to_device(src, self.dtype)
         if tuple(src.shape) != tuple(self.shape):
             torch.broadcast_shapes(src.shape, self.shape)  # PyTorch's error for bad shapes
-        tensor.check_no_internal_overlap(self)
+        overlap.check_writes([self], [src], copy=True)
         tensor.write(self, value)
     else:
         self.copy_(transfer.to_host(tensor.read_resolved(src)))
@@ -140,6 +147,7 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     dtype = self.dtype if dtype is None else dtype
     target = torch.device(device) if device is not None else self.device
     if target.type == "tpu":
+        _discards_imaginary(self, dtype)  # (the cast keeps the real part)
         value = tensor.read_resolved(self) if tensor.is_tpu(self) else _host_to_device(self, dtype)
         target_dtype = to_jax(dtype)
         if value.dtype != target_dtype:  # (values are immutable: a new storage may share one)
@@ -149,7 +157,7 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
     return host.to(dtype=dtype, device=target)
 
 
-_astype = jax.jit(lambda value, dtype: value.astype(dtype), static_argnums=1)
+_astype = jax.jit(cast, static_argnums=1)
 
 
 @runtime(aten._local_scalar_dense)
@@ -171,6 +179,8 @@ def fill_(self, value):
             raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor "
                                f"with {value.dim()} dimensions.")
         value = tensor.read(value) if tensor.is_tpu(value) else value.item()
+    else:  # a Python number is converted as CPU converts it (a 0-dim tensor is cast instead)
+        check_scalar(value, to_jax(self.dtype), self.numel())
     tensor.write(self, value)
     return self
 

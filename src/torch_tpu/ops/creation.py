@@ -16,7 +16,7 @@ import torch
 
 from jax.scipy.special import i0
 
-from ..runtime.dtypes import to_jax, to_torch
+from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
 from .registry import Runs, lower, runtime
 from ._helpers import accumulator
 
@@ -89,38 +89,9 @@ def range_default(start, end, dtype=None, layout=None, device=None, pin_memory=N
 
 
 # ----------------------------------------------------------------------------- fills
-#: The C++ names PyTorch's overflow message uses.
-_CPP_NAMES = {jnp.bool_: "bool", jnp.uint8: "uint8_t", jnp.int8: "int8_t", jnp.int16: "int16_t",
-              jnp.int32: "int", jnp.int64: "int64_t", jnp.float16: "c10::Half",
-              jnp.bfloat16: "c10::BFloat16", jnp.float32: "float", jnp.float64: "double",
-              jnp.complex64: "c10::complex<float>"}
-
-
-def _overflows(value, dtype) -> bool:
-    """PyTorch's ``checked_convert``: would ``value`` overflow ``dtype``? (Negative integers wrap
-    into unsigned types, infinities fit floating types, an imaginary part needs a complex one.)"""
-    if jnp.issubdtype(dtype, jnp.complexfloating) or dtype == jnp.bool_:
-        return False
-    if isinstance(value, complex):
-        if value.imag != 0:
-            return True
-        value = value.real
-    if jnp.issubdtype(dtype, jnp.integer):
-        if not math.isfinite(value):
-            return True
-        info = jnp.iinfo(dtype)
-        magnitude_limit = info.max if info.min == 0 else None
-        if magnitude_limit is not None:
-            return value > info.max or -value > info.max
-        return not info.min <= value <= info.max
-    return math.isfinite(value) and abs(value) > float(jnp.finfo(dtype).max)
-
-
 def _checked_full(shape, value, dtype) -> jax.Array:
-    if _overflows(value, dtype):
-        raise RuntimeError(f"value cannot be converted to type {_CPP_NAMES[dtype.type]} "
-                           "without overflow")
-    return jnp.full(shape, value, dtype)
+    check_scalar(value, dtype, math.prod(shape))
+    return jnp.broadcast_to(cast(value, dtype), shape)
 
 
 def _fill_dtype(value) -> np.dtype:

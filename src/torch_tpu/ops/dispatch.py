@@ -18,7 +18,7 @@ import torch
 
 from .. import config
 from ..execution.tracing import NEEDS_VALUES
-from ..runtime import checks, memory, platform, random, transfer
+from ..runtime import checks, memory, overlap, platform, random, transfer
 from ..runtime import tensor
 from ..runtime.buffer import Deferred
 from ..runtime.context import context
@@ -396,6 +396,7 @@ def _mutating_kernel(compute: Callable, functional: torch._C.FunctionSchema,
     names = [a.name for a in schema.arguments]
     targets = [(names.index(a.name), a.name) for a in schema.arguments if _is_written(a)]
     outs = {a.name for a in schema.arguments if _is_out(a)}
+    check_overlap = overlap.writes_checker(schema)
     single = len(targets) == 1
     returns = len(schema.returns)
     # PyTorch leaves out arguments equal to *this* schema's defaults, which the functional schema
@@ -407,6 +408,7 @@ def _mutating_kernel(compute: Callable, functional: torch._C.FunctionSchema,
 
     def kernel(*args, **kwargs):
         written = [args[i] if i < len(args) else kwargs[name] for i, name in targets]
+        check_overlap(written, args, kwargs)
         if outs:
             kwargs = {k: v for k, v in kwargs.items() if k not in outs}
         for i, name, default in own_defaults:

@@ -1,14 +1,17 @@
 """Elementwise lowerings: unary math, binary arithmetic, comparisons, ternary ops, activations."""
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from .registry import Promote, lower, runtime
-from ._helpers import accumulator, binary, predicate, result_dtype, unary
+from ..runtime.buffer import apply
+from .registry import Promote, Runs, Types, lower, runtime
+from ._helpers import accumulator, binary, check_nonzero, predicate, result_dtype, unary
 from ._nn_helpers import require
 
 aten = __import__("torch").ops.aten
@@ -281,28 +284,43 @@ def _floor_divide(x, y):
     return jnp.floor(x / y)
 
 
-def _remainder(x, y):
-    return jnp.remainder(x, y)
+def _trunc_divide(x, y):
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return lax.div(*jnp.broadcast_arrays(x, y))  # C-style truncation
+    return jnp.trunc(x / y)
 
 
-def _fmod(x, y):
-    return jnp.fmod(x, y)
+def _true_divide(x, y):
+    return x / y
+
+
+def _size(x) -> int:
+    return math.prod(getattr(x, "shape", ()))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _divided(x, y, divide, types):
+    return divide(jnp.asarray(x, types.compute), jnp.asarray(y, types.compute)).astype(types.result)
+
+
+def _division(divide, kernel: str):
+    """The lowering of a division ``op(self, other)`` (``binary``'s promotion) that checks an
+    integer divisor for zeros first, as CPU does (:func:`check_nonzero`). Not jitted itself, so
+    the check sees the promoted dtype; the division is. ``kernel`` names CPU's kernel, which
+    has no bool version."""
+    def lowering(x, y, *, types):
+        if types.compute == jnp.bool_:
+            raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\'')
+        if jnp.issubdtype(types.compute, jnp.integer) and _size(x) and _size(y):
+            check_nonzero(y, types.compute)
+        return apply(_divided, x, y, divide, types)
+    return lowering
 
 
 def _lcm(x, y):
     """PyTorch's ``|x / gcd * y|`` in the integer dtype itself, wrapping on overflow as it does."""
     divisor = jnp.gcd(x, y)
     return jnp.where(divisor == 0, 0, jnp.abs(x // jnp.where(divisor == 0, 1, divisor) * y))
-
-
-def _divide(x, y, rounding_mode):
-    if rounding_mode is None:
-        return x / y
-    if rounding_mode == "floor":
-        return _floor_divide(x, y)
-    if jnp.issubdtype(x.dtype, jnp.integer):
-        return lax.div(*jnp.broadcast_arrays(x, y))  # C-style truncation
-    return jnp.trunc(x / y)
 
 
 def _tensor_binaries(name: str):
@@ -322,13 +340,18 @@ def _tensor_binaries(name: str):
 for _names, _fn in [(("mul",), jnp.multiply), (("maximum",), jnp.maximum),
                     (("minimum",), jnp.minimum), (("fmax",), jnp.fmax), (("fmin",), jnp.fmin),
                     (("bitwise_and",), jnp.bitwise_and), (("bitwise_or",), jnp.bitwise_or),
-                    (("bitwise_xor",), jnp.bitwise_xor), (("remainder",), _remainder),
-                    (("fmod",), _fmod), (("floor_divide",), _floor_divide), (("gcd",), jnp.gcd),
+                    (("bitwise_xor",), jnp.bitwise_xor), (("gcd",), jnp.gcd),
                     (("lcm",), _lcm), (("bitwise_left_shift", "__lshift__"), jnp.left_shift),
                     (("bitwise_right_shift", "__rshift__"), jnp.right_shift)]:
     for _name in _names:
         for _op in _tensor_binaries(_name):
             binary(_op, _fn)
+
+for _name, _fn, _kernel in [("remainder", jnp.remainder, "remainder_cpu"),
+                            ("fmod", jnp.fmod, "fmod_cpu"),
+                            ("floor_divide", _floor_divide, "div_floor_cpu")]:
+    for _op in _tensor_binaries(_name):
+        lower(_op, promote=Promote.DEFAULT, promote_args=("self", "other"), runs=Runs.EAGER)(_division(_fn, _kernel))
 
 def _shift_in_place(shift):
     """``x <<= y``/``x >>= y``: the shift, written back into ``x`` in its own dtype."""
@@ -403,14 +426,18 @@ binary(aten.div.Tensor, lambda x, y: x / y, promote=INT_TO_FLOAT)
 binary(aten.div.Scalar, lambda x, y: x / y, promote=INT_TO_FLOAT)
 
 
+_ROUNDED_DIVISIONS = {"trunc": _division(_trunc_divide, "div_trunc_cpu"),
+                      "floor": _division(_floor_divide, "div_floor_cpu")}
+
+
 @lower(aten.div.Tensor_mode, aten.div.Scalar_mode, promote=Promote.DEFAULT,
-       promote_args=("self", "other"))
+       promote_args=("self", "other"), runs=Runs.EAGER)
 def div_mode(x, y, rounding_mode=None, *, types):
-    compute = types.compute
-    if rounding_mode is None and not jnp.issubdtype(compute, jnp.inexact):
-        compute = jnp.float32
-    out = _divide(jnp.asarray(x, compute), jnp.asarray(y, compute), rounding_mode)
-    return out.astype(types.result if rounding_mode is not None else out.dtype)
+    if rounding_mode is None:  # true division, in float32 for integers
+        if not jnp.issubdtype(types.compute, jnp.inexact):
+            types = Types(np.dtype(jnp.float32), np.dtype(jnp.float32))
+        return apply(_divided, x, y, _true_divide, types)
+    return _ROUNDED_DIVISIONS[rounding_mode](x, y, types=types)
 
 
 @lower(aten.pow.Tensor_Scalar, promote=Promote.DEFAULT, promote_args=("self", "exponent"),

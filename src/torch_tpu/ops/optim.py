@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..runtime.dtypes import cast
 from .dispatch import promoted
 from .registry import LOWERINGS, Types, lower
 from ._helpers import accumulator, to_torch, type_name
@@ -165,12 +166,9 @@ def foreach_clone(xs, memory_format=None):
 
 
 def _copied(value, like):
-    """``like.copy_(value)``'s result: ``value`` broadcast to ``like``'s shape, in its dtype
-    (a complex value copied into a real tensor keeps its real part, as copy_ does)."""
-    value = jnp.asarray(value)
-    if jnp.iscomplexobj(value) and not jnp.iscomplexobj(like):
-        value = jnp.real(value)
-    return jnp.broadcast_to(value.astype(like.dtype), like.shape)
+    """``like.copy_(value)``'s result: ``value`` broadcast to ``like``'s shape, converted to its
+    dtype as ``copy_`` converts."""
+    return jnp.broadcast_to(cast(value, like.dtype), like.shape)
 
 
 @lower(aten._foreach_copy.default, check=_list_checks(aten._foreach_copy.default))

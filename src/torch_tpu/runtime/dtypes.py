@@ -1,6 +1,10 @@
-"""The dtypes tpu tensors support, and their torch <-> JAX mapping."""
+"""The dtypes tpu tensors support, their torch <-> JAX mapping, and conversions between them
+(with torch CPU's results where XLA's differ)."""
 from __future__ import annotations
 
+import math
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -57,3 +61,75 @@ def type_name(dtype) -> str:
     if not isinstance(dtype, torch.dtype):
         dtype = to_torch(dtype)
     return _SCALAR_TYPE_NAMES[dtype]
+
+
+# ----------------------------------------------------------------------------- conversions
+def _low_bits(value, dtype: np.dtype):
+    """The two's complement low bits of a wider integer ``value`` as ``dtype`` (spelled out:
+    XLA leaves an out-of-range integer conversion undefined)."""
+    bits = 8 * dtype.itemsize
+    low = value & ((1 << bits) - 1)
+    if jnp.issubdtype(dtype, jnp.signedinteger):
+        low = jnp.where(low >= 1 << (bits - 1), low - (1 << bits), low)
+    return low.astype(dtype)
+
+
+def cast(value, dtype) -> jax.Array:
+    """``value.astype(dtype)`` with torch CPU's (x86) results where XLA's differ.
+
+    XLA saturates a float converted to an integer; CPU truncates with ``cvttsd2si``, which turns
+    NaN, infinities and out-of-range values into the most negative int64 (int32 for int32
+    results). int16/int8 take the low bits of that int32 and uint8 those of the int64, so
+    300.0 -> uint8 is 44 and NaN -> int8 is 0. A complex value keeps its real part (``copy_``).
+    """
+    dtype = np.dtype(dtype)
+    value = jnp.asarray(value)
+    if jnp.issubdtype(value.dtype, jnp.complexfloating) and \
+            not jnp.issubdtype(dtype, jnp.complexfloating):
+        value = jnp.real(value)
+    if not (jnp.issubdtype(value.dtype, jnp.floating) and jnp.issubdtype(dtype, jnp.integer)):
+        return value.astype(dtype)
+    wide = np.dtype(jnp.int64 if dtype in (np.dtype(jnp.int64), np.dtype(jnp.uint8))
+                    else jnp.int32)
+    if value.dtype.itemsize < 4:  # half types: compare with the limits exactly
+        value = value.astype(jnp.float32)
+    limit = 2.0 ** (8 * wide.itemsize - 1)
+    fits = (value >= -limit) & (value < limit)  # False for NaN
+    whole = jnp.where(fits, jnp.where(fits, value, 0).astype(wide), jnp.iinfo(wide).min)
+    return whole if wide == dtype else _low_bits(whole, dtype)
+
+
+#: The C++ names PyTorch's overflow message uses.
+_CPP_NAMES = {torch.bool: "bool", torch.uint8: "uint8_t", torch.int8: "int8_t",
+              torch.int16: "int16_t", torch.int32: "int", torch.int64: "int64_t",
+              torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16", torch.float32: "float",
+              torch.float64: "double", torch.complex64: "c10::complex<float>"}
+
+
+def _overflows(value, dtype: np.dtype, numel: int) -> bool:
+    """c10's ``overflows`` as ``fill_`` and ``full`` apply it to their Python number."""
+    if jnp.issubdtype(dtype, jnp.complexfloating) or dtype == jnp.bool_ or isinstance(value, bool):
+        return False
+    if isinstance(value, complex):
+        if value.imag != 0:
+            return True
+        value = value.real
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = jnp.iinfo(dtype)
+        if isinstance(value, int):  # negative integers may wrap into an unsigned type
+            return value > info.max or (-value > info.max if info.min == 0 else value < info.min)
+        # a float compares with the limits as doubles (so 2.0**63 passes for int64), NaN fails
+        return not float(info.min) <= value <= float(info.max)
+    if dtype in (jnp.float16, jnp.bfloat16) and numel == 1:
+        return False  # CPU fills one half-precision element without the check (rounding to inf)
+    return (dtype != jnp.float64 and math.isfinite(value)
+            and abs(value) > float(jnp.finfo(dtype).max))
+
+
+def check_scalar(value, dtype, numel: int) -> None:
+    """Raise PyTorch's error for a Python number that ``dtype`` cannot hold, filling ``numel``
+    elements (``fill_``, ``full``)."""
+    dtype = np.dtype(dtype)
+    if _overflows(value, dtype, numel):
+        raise RuntimeError(f"value cannot be converted to type {_CPP_NAMES[to_torch(dtype)]} "
+                           "without overflow")

@@ -17,7 +17,7 @@ from jax import lax
 
 from . import buffer, memory
 from .buffer import Deferred, apply
-from .dtypes import JAX_TO_TORCH, to_jax, unsupported
+from .dtypes import JAX_TO_TORCH, cast, to_jax, unsupported
 
 _create = torch._C._acc.create_empty_tensor
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -193,7 +193,7 @@ _conj, _negative = jax.jit(jnp.conj), jax.jit(jnp.negative)
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _strided_write(buf: jax.Array, value: jax.Array, shape, strides, offset) -> jax.Array:
     flat = buf.reshape(-1)
-    value = jnp.broadcast_to(value.astype(buf.dtype), shape)
+    value = jnp.broadcast_to(cast(value, buf.dtype), shape)
     if _permutation_of_dense(shape, strides) == list(range(len(shape))):
         return lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
     return flat.at[_flat_indices(shape, strides, offset).reshape(-1)].set(value.reshape(-1))
@@ -201,14 +201,7 @@ def _strided_write(buf: jax.Array, value: jax.Array, shape, strides, offset) -> 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _fill(value: jax.Array, shape, dtype) -> jax.Array:
-    return jnp.broadcast_to(value.astype(dtype), shape)
-
-
-def check_no_internal_overlap(t: torch.Tensor) -> None:
-    if any(s == 0 and n > 1 for n, s in zip(t.shape, t.stride())):
-        raise RuntimeError(
-            "unsupported operation: more than one element of the written-to tensor refers to a "
-            "single memory location. Please clone() the tensor before performing the operation.")
+    return jnp.broadcast_to(cast(value, dtype), shape)
 
 
 def write(t: torch.Tensor, value) -> None:
@@ -226,7 +219,6 @@ def write(t: torch.Tensor, value) -> None:
             value = apply(_fill, value, shape, dtype)
         buffer.put(storage, value)
         return
-    check_no_internal_overlap(t)
     buf = storage_array(storage, dtype)
     buffer.put(storage, apply(_strided_write, buf, value, shape, t.stride(),
                                       t.storage_offset()))

@@ -52,10 +52,15 @@ def test_the_mode_belongs_to_the_thread():
     assert torch_tpu.get_eager_mode() == "strict"
 
 
+_init_lock = threading.Lock()  # parameter init draws from torch's one global CPU generator
+
+
 def _train(seed: int, steps: int = 6) -> list[float]:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
-                                torch.nn.Linear(16, 1)).to("tpu")
+    with _init_lock:
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                    torch.nn.Linear(16, 1))
+    model = model.to("tpu")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(seed)
     losses = []

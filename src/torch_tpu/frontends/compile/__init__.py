@@ -29,6 +29,7 @@ import torch
 
 from ...execution import fused
 from ...integrations import dynamo
+from ...runtime.lru import LRU
 from .program import Program, tensor_text
 
 __all__ = ["backend", "Program", "bucket_size", "pad_to_bucket"]
@@ -56,7 +57,7 @@ def _compiler(name: str, kind: str) -> Callable:
 
 
 # Dynamo frame id -> the placeholders (name, shape, dtype) of its last compiled graph
-_last_inputs_by_frame: dict[int, list] = {}
+_last_inputs_by_frame = LRU()
 
 
 def _describe_inputs(graph_module: torch.fx.GraphModule) -> list:

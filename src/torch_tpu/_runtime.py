@@ -5,7 +5,7 @@ import functools
 
 import jax
 
-from . import config
+from . import _compilation_cache, config
 
 jax.config.update("jax_enable_x64", True)  # int64/float64 tensors keep their width, like torch
 
@@ -19,9 +19,7 @@ if config.platform:
 if config.cache_dir:
     # Every compiled executable (strict eager's per-op ones, fused graphs, later compiled
     # models) persists, so a second process skips XLA compilation for what it has seen before.
-    jax.config.update("jax_compilation_cache_dir", config.cache_dir)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", config.cache_min_compile_seconds)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    _compilation_cache.enable(config.cache_dir, config.cache_min_compile_seconds)
 
 
 @functools.lru_cache(maxsize=None)

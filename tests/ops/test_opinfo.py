@@ -5,6 +5,11 @@ and dtypes must match (``torch.testing.assert_close``), the derived in-place var
 float32 the gradients (``torch.autograd.grad``) as well. Samples that reach an op with no tpu
 lowering are skipped (the coverage table in docs/ops.md tracks them); a mismatch fails unless
 ``expectations.py`` says why.
+
+Tolerances come from a float64 reference (``torch_tpu.testing.reference``): a float32, complex64
+or half-precision sample runs once more on CPU widened to float64 (complex128), and tpu may
+differ from CPU by a few times CPU's own distance from that result, so tpu must be about as
+close to the exact answer as CPU is, whatever the machine's rounding.
 """
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_map
 
 import torch_tpu
+
+from torch_tpu.testing.reference import WIDER, derived_tolerance, widened
 
 from .expectations import (CPU_ARGUMENT_OPS, RANDOM_OPS, RANDOM_SAMPLES, SIGN_FREE_OPS,
                            TIE_BREAK_OPS, TOLERANCES, XFAILS)
@@ -53,6 +60,10 @@ def _to_tpu(x):
     return x
 
 
+def _cloned(x):
+    return x.clone() if isinstance(x, torch.Tensor) else x
+
+
 def _host_copy(x):
     return x.cpu() if isinstance(x, torch.Tensor) else x
 
@@ -71,28 +82,48 @@ def _call(fn, sample, move, name=None):
     return fn(args[0], *args[1], **args[2]), args
 
 
-def _tolerance(name, dtype):
+def _reference(fn, sample, op, dtype):
+    """``fn(sample)`` computed on CPU with float32/half (complex64) tensors and dtypes widened
+    to float64 (complex128): what the comparisons measure CPU's rounding against. None where
+    the op does not take the wider dtype or fails with it."""
+    if dtype not in WIDER or WIDER[dtype] not in op.supported_dtypes("cpu"):
+        return None
+    try:
+        return fn(sample, widened)
+    except Exception:  # noqa: BLE001  (the comparison then uses the plain tolerance)
+        return None
+
+
+def _tolerance(name, dtype, expected, reference=None):
+    """The ``assert_close`` tolerance for one result leaf: the table's entry for the op (or
+    ``assert_close``'s default for the leaf's dtype) as the unit, scaled by how far CPU's result
+    is from the float64 ``reference``."""
     entries = TOLERANCES.get(name, ())
     entries = entries if isinstance(entries, tuple) else (entries,)
     for tolerance in (*entries, TOLERANCES["default-half"]):
         if tolerance.dtypes is None or dtype in tolerance.dtypes:
-            return {"atol": tolerance.atol, "rtol": tolerance.rtol}
-    return {}
+            return derived_tolerance(expected, reference, tolerance.atol, tolerance.rtol)
+    return derived_tolerance(expected, reference)
 
 
 def _random(name, sample) -> bool:
     return name in RANDOM_OPS or (name in RANDOM_SAMPLES and RANDOM_SAMPLES[name](sample))
 
 
-def _compare(actual, expected, name, dtype, what, random=False):
+def _compare(actual, expected, name, dtype, what, random=False, reference=None):
+    """tpu's ``actual`` against CPU's ``expected`` leaf by leaf, each with the tolerance derived
+    from the matching leaf of the float64 ``reference`` (None: the plain tolerance)."""
     actual_leaves, _ = tree_flatten(actual)
     expected_leaves, _ = tree_flatten(expected)
+    reference_leaves, _ = tree_flatten(reference)
     assert len(actual_leaves) == len(expected_leaves), f"{what}: output structure differs"
-    for a, e in zip(actual_leaves, expected_leaves):
+    if len(reference_leaves) != len(expected_leaves):
+        reference_leaves = [None] * len(expected_leaves)
+    for a, e, r in zip(actual_leaves, expected_leaves, reference_leaves):
         if not isinstance(e, torch.Tensor):
             if isinstance(e, (int, float, bool, complex)) and isinstance(a, type(e)):
                 torch.testing.assert_close(a, e, equal_nan=True, msg=lambda m: f"{what}: {m}",
-                                           **_tolerance(name, dtype))
+                                           **_tolerance(name, dtype, e, r))
             continue
         assert isinstance(a, torch.Tensor), f"{what}: expected a tensor, got {type(a)}"
         assert a.device.type == "tpu" or e.device.type == "cpu", f"{what}: result on {a.device}"
@@ -100,7 +131,7 @@ def _compare(actual, expected, name, dtype, what, random=False):
             assert (a.shape, a.dtype) == (e.shape, e.dtype), f"{what}: shape/dtype differ"
             continue
         torch.testing.assert_close(a.cpu(), e, equal_nan=True, msg=lambda m: f"{what}: {m}",
-                                   **_tolerance(name, dtype))
+                                   **_tolerance(name, dtype, e, r))
 
 
 def _gathered(source, indices, dim):
@@ -187,11 +218,13 @@ def _check_inplace(op, sample, name, dtype, random) -> bool:
     if inplace is None or not isinstance(sample.input, torch.Tensor):
         return True
     try:
-        expected, _ = _call(inplace, sample, lambda x: x.clone() if isinstance(x, torch.Tensor) else x)
+        expected, _ = _call(inplace, sample, _cloned)
     except Exception:  # noqa: BLE001
         return False
     actual, _ = _run_or_skip(lambda: _call(inplace, sample, _to_tpu, name))
-    _compare(actual, expected, name, dtype, f"{name} in-place", random)
+    reference = None if random else _reference(
+        lambda s, widen: _call(inplace, s, lambda x: widen(_cloned(x)))[0], sample, op, dtype)
+    _compare(actual, expected, name, dtype, f"{name} in-place", random, reference)
     return True
 
 
@@ -206,14 +239,18 @@ def _check_forward(op, dtype, samples=None):
             continue
         actual, _ = _run_or_skip(lambda: _call(op, sample, _to_tpu, name))
         _run_or_skip(lambda: tree_map(_host_copy, actual))  # views can make unsupported dtypes
+        random = _random(name, sample)
+        # ties resolve differently in float64: their values are compared exactly anyway
+        reference = None if random or name in TIE_BREAK_OPS else _reference(
+            lambda s, widen: _call(op, s, widen)[0], sample, op, dtype)
         if name in SIGN_FREE_OPS:
             sign_free = sample.output_process_fn_grad
             actual, expected = sign_free(actual), sign_free(expected)
+            reference = None if reference is None else sign_free(reference)
         if name in TIE_BREAK_OPS:
             actual, expected = _resolve_ties(actual, expected, sample, TIE_BREAK_OPS[name],
                                              f"{name} forward")
-        random = _random(name, sample)
-        _compare(actual, expected, name, dtype, f"{name} forward", random)
+        _compare(actual, expected, name, dtype, f"{name} forward", random, reference)
         ran += 1
         if not inplace_checked:  # derived by the dispatcher: one sample per dtype suffices
             inplace_checked = _check_inplace(op, sample, name, dtype, random)
@@ -234,8 +271,9 @@ def _grads(op, sample, move):
     inputs = _grad_inputs(args)
     if not outputs or not inputs:
         return None
-    # a fixed, non-uniform cotangent catches more than ones_like
-    cotangents = [torch.linspace(-1, 1, o.numel(), dtype=o.dtype).reshape(o.shape).to(o.device)
+    # a fixed, non-uniform cotangent catches more than ones_like (built in float32, so the
+    # float64 reference's is the same numbers)
+    cotangents = [torch.linspace(-1, 1, o.numel()).to(o.dtype).reshape(o.shape).to(o.device)
                   for o in outputs]
     return torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
 
@@ -261,13 +299,15 @@ def _check_backward(op):
         if expected is None:
             continue
         actual = _run_or_skip(lambda: _grads(op, sample, _to_tpu))
-        for a, e in zip(actual, expected):
+        reference = _reference(lambda s, widen: _grads(op, s, widen), sample, op, torch.float32)
+        for i, (a, e) in enumerate(zip(actual, expected)):
             if e is None:
                 continue
             assert a is not None, f"{name}: tpu produced no gradient where CPU did"
+            r = None if reference is None else reference[i]
             torch.testing.assert_close(a.cpu(), e, equal_nan=True,
                                        msg=lambda m: f"{name} backward: {m}",
-                                       **_tolerance(name, torch.float32))
+                                       **_tolerance(name, torch.float32, e, r))
         ran += 1
     if not ran:
         pytest.skip("no differentiable sample")

@@ -5,11 +5,17 @@ Run it with::
     python -m torch_tpu.demo                 # defaults: 300 steps on tpu
     python -m torch_tpu.demo --steps 100 --parity-steps 5
 
-It trains :class:`~torch_tpu.demo.model.GPT` on the small corpus shipped in ``torch_tpu/demo/data`` with a
+It trains :class:`~torch_tpu.demo.model.GPT` on the small corpus in ``torch_tpu/demo/data`` with a
 progress bar, prints a sampled paragraph, replays the first steps on CPU and on the device from
-the same initial weights and batches (dropout off) to report the largest relative loss
-difference, and compares training throughput side by side. The exit status is non-zero when the
-loss did not fall or the parity check failed, so the demo doubles as a smoke test.
+the same initial weights and batches (dropout off) to compare their losses, and compares
+training throughput side by side. The exit status is non-zero when the loss did not fall or the
+parity check failed, so the demo doubles as a smoke test.
+
+Neither check sits on a knife edge. "Learned" asks the validation loss to fall well below where
+it started (an untrained model sits at ~log(vocabulary size); 150 steps reach 0.55-0.6 of that,
+300 steps 0.37), not to cross a value tuned to one run. Parity allows the device's losses to differ
+from CPU's by a few times CPU's own float32 rounding error, measured by replaying the same steps
+on CPU in float64 (:mod:`torch_tpu.testing.reference`), whatever the machine.
 """
 from __future__ import annotations
 
@@ -23,14 +29,14 @@ import torch
 from tqdm import tqdm
 
 import torch_tpu  # noqa: F401  (registers the tpu device)
+from torch_tpu.testing.reference import derived_tolerance
 
 from .model import GPT, GPTConfig
 
 CORPUS = "tiny_tales.txt"
-#: A run passes when the validation loss ends below this fraction of where it started.
-LOSS_DROP_REQUIRED = 0.6
-#: A run passes when CPU and device losses agree to this relative tolerance over the parity steps.
-PARITY_RTOL = 1e-3
+#: A run passes when the validation loss ends below this fraction of where it started: far from
+#: both an untrained model (1.0) and what 150 steps reach (0.55-0.6).
+LOSS_DROP_REQUIRED = 0.8
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (input ids, target ids), each (batch, block_size)
 
@@ -127,8 +133,14 @@ def synchronize(device: str) -> None:
         torch.tpu.synchronize()
 
 
-def max_relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs() / b.abs().clamp_min(1e-12)).max().item()
+def losses_match(device_losses: torch.Tensor, cpu_losses: torch.Tensor,
+                 float64_losses: torch.Tensor) -> tuple[bool, float, float]:
+    """Whether the device's per-step losses match CPU's within a few times CPU's own distance
+    from the float64 run of the same steps; also the largest difference and what was allowed."""
+    tolerance = derived_tolerance(cpu_losses, float64_losses)
+    difference = (device_losses - cpu_losses).abs()
+    allowed = tolerance["atol"] + tolerance["rtol"] * cpu_losses.abs()
+    return bool((difference <= allowed).all()), difference.max().item(), allowed.min().item()
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -199,11 +211,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parity_data = train_data[:args.parity_steps]
     cpu_losses = train(cpu_model, parity_data, "cpu", lr)
     device_losses = train(device_model, parity_data, device, lr)
-    difference = max_relative_difference(device_losses, cpu_losses)
-    parity = difference <= PARITY_RTOL
-    print(f"parity over {args.parity_steps} steps (same init, same batches): max relative loss "
-          f"difference {device} vs cpu = {difference:.2e} "
-          f"[{'ok' if parity else f'FAILED: above {PARITY_RTOL:.0e}'}]")
+    float64_losses = train(build(config, initial_state, "cpu").double(), parity_data, "cpu", lr)
+    parity, difference, allowed = losses_match(device_losses, cpu_losses, float64_losses)
+    print(f"parity over {args.parity_steps} steps (same init, same batches): max loss difference "
+          f"{device} vs cpu {difference:.1e}, allowed {allowed:.1e} (cpu float32 vs float64 "
+          f"{(cpu_losses - float64_losses).abs().max().item():.1e}) "
+          f"[{'ok' if parity else 'FAILED'}]")
 
     # -- throughput ------------------------------------------------------------------------
     speed_data = train_data[:args.throughput_steps]

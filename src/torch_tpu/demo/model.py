@@ -56,6 +56,10 @@ class SmallCNN(nn.Module):
     """An image classifier touching the common vision ops: conv2d, batch norm, ReLU, max pool,
     average pool and adaptive average pool.
 
+    ``activation`` and ``first_pool`` replace the ReLUs and the max pool (with ``nn.GELU`` and
+    ``nn.AvgPool2d``, every layer is smooth: a training run then depends continuously on rounding,
+    which comparing two devices' runs step by step needs).
+
     Example::
 
         >>> import torch
@@ -64,16 +68,17 @@ class SmallCNN(nn.Module):
         torch.Size([2, 5])
     """
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 8):
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 8,
+                 activation: type[nn.Module] = nn.ReLU, first_pool: type[nn.Module] = nn.MaxPool2d):
         super().__init__()
 
         def conv_block(cin: int, cout: int) -> nn.Sequential:
             # bias=False: batch norm's shift makes a conv bias redundant (the usual ResNet choice)
             return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False),
-                                 nn.BatchNorm2d(cout), nn.ReLU())
+                                 nn.BatchNorm2d(cout), activation())
 
         self.features = nn.Sequential(
-            conv_block(in_channels, width), nn.MaxPool2d(2),
+            conv_block(in_channels, width), first_pool(2),
             conv_block(width, 2 * width), nn.AvgPool2d(2),
             conv_block(2 * width, 4 * width), nn.AdaptiveAvgPool2d(1),
         )

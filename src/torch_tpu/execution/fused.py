@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import jax
 
-from ..runtime import buffer, checks, memory
+from ..runtime import buffer, checks, memory, platform
 from ..runtime.buffer import Deferred
 from ..runtime.context import context
 from ..runtime.lru import LRU
@@ -55,23 +55,27 @@ class CacheStats:
     """Graph compilation cache counters (``torch.tpu.compilation_cache_stats()``)."""
 
     def __init__(self) -> None:
-        self.reset()
+        self._zero()  # (executables built before this module was imported still count)
 
     def reset(self) -> None:
+        self._zero()
+        platform.compile_events.clear()
+
+    def _zero(self) -> None:
         self.requests = self.hits = self.misses = 0
         self.compile_seconds = 0.0
         self.graphs_run = self.ops_run = 0
-        self.disk_hits = self.donated_buffers = 0
-        self.executables_built = 0
+        self.donated_buffers = 0
         self.compiled_graphs = self.compiled_runs = 0
         self.sync_reasons: collections.Counter = collections.Counter()
 
     def as_dict(self) -> dict:
+        disk_hits = platform.compile_events["disk_hits"]
         return {"requests": self.requests, "hits": self.hits, "misses": self.misses,
                 "compile_seconds": self.compile_seconds, "graphs_run": self.graphs_run,
                 "ops_run": self.ops_run, "cached_graphs": len(_executables),
-                "disk_hits": self.disk_hits, "donated_buffers": self.donated_buffers,
-                "xla_compiles": self.executables_built - self.disk_hits,
+                "disk_hits": disk_hits, "donated_buffers": self.donated_buffers,
+                "xla_compiles": platform.compile_events["executables_built"] - disk_hits,
                 "compiled_graphs": self.compiled_graphs,
                 "compiled_runs": self.compiled_runs, "sync_reasons": dict(self.sync_reasons)}
 
@@ -79,20 +83,6 @@ class CacheStats:
 stats = CacheStats()
 
 
-def _count_disk_hit(event: str, **_: object) -> None:
-    if event == "/jax/compilation_cache/cache_hits":
-        stats.disk_hits += 1
-
-
-def _count_xla_compile(event: str, duration: float, **_: object) -> None:
-    # every executable JAX builds, whether XLA compiles it or the persistent cache has it
-    # (``as_dict`` subtracts the disk hits)
-    if event == "/jax/core/compile/backend_compile_duration":
-        stats.executables_built += 1
-
-
-jax.monitoring.register_event_listener(_count_disk_hit)
-jax.monitoring.register_event_duration_secs_listener(_count_xla_compile)
 #: fingerprint -> compiled graph
 _executables = LRU()
 log_recompiles = os.environ.get("TORCH_TPU_LOG_RECOMPILES", "0").lower() in ("1", "true", "on")

@@ -14,6 +14,7 @@ not survive ``fork()``); the child gets a clear error instead of a hang (:func:`
 """
 from __future__ import annotations
 
+import collections
 import gc
 import os
 import signal
@@ -28,6 +29,9 @@ _lock = threading.Lock()
 _device: Any = None
 #: True in a child process forked after the device had started in its parent.
 forked_child = False
+#: "executables_built" (every executable JAX builds: compiled by XLA or read from the persistent
+#: cache) and "disk_hits" (read from the cache), counted from the device's start.
+compile_events: collections.Counter = collections.Counter()
 
 FORKED_MESSAGE = (
     "Cannot use the tpu device in a forked subprocess: the parent process had already started "
@@ -66,13 +70,23 @@ def initialize() -> None:
         if config.cache_dir and not jax.config.jax_compilation_cache_dir:
             # Every compiled executable (strict eager's per-op ones, fused graphs, compiled
             # models) persists, so a second process skips XLA compilation for what it has seen.
-            jax.config.update("jax_compilation_cache_dir", config.cache_dir)
-            jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                              config.cache_min_compile_seconds)
-            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+            from . import compilation_cache
+            compilation_cache.enable(config.cache_dir, config.cache_min_compile_seconds)
         keep_interrupts()
+        jax.monitoring.register_event_listener(_count_disk_hit)
+        jax.monitoring.register_event_duration_secs_listener(_count_executable)
         _device = jax.devices()[0]
     os.register_at_fork(after_in_child=_mark_forked_child)
+
+
+def _count_disk_hit(event: str, **_: object) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        compile_events["disk_hits"] += 1
+
+
+def _count_executable(event: str, duration: float, **_: object) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        compile_events["executables_built"] += 1
 
 
 def keep_interrupts() -> None:

@@ -67,6 +67,14 @@ def test_cpu_scalar_tensor_joins_device_ops():
     assert tpu.cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
+def test_host_only_scalar_argument_refuses_a_device_tensor():
+    """``randint_like``'s tensor ``high`` is read on the host: PyTorch takes a CPU scalar only."""
+    x = torch.zeros(3, device=TPU)
+    with pytest.raises(RuntimeError, match="high must be a scalar tensor and on CPU"):
+        aten.randint_like.Tensor(x, torch.tensor(4, device=TPU))
+    assert aten.randint_like.Tensor(x, torch.tensor(4)).max().item() < 4
+
+
 # ----------------------------------------------------------------------------- shapes and dtypes
 SHAPE_ERRORS = {
     "broadcast": (lambda a, b: a + b, (torch.ones(3), torch.ones(4))),

@@ -26,3 +26,7 @@ cache_min_compile_seconds: float = float(os.environ.get("TORCH_TPU_CACHE_MIN_COM
 cpu_fallback: bool = _flag("TORCH_TPU_CPU_FALLBACK")
 #: ``TORCH_TPU_PLATFORM=cpu|gpu|tpu``: force the XLA platform instead of the best available one.
 platform: str | None = os.environ.get("TORCH_TPU_PLATFORM") or None
+#: ``TORCH_TPU_CHECK_META=1``: a test tool: every tpu kernel call is replayed on meta tensors and
+#: its outputs' shapes, dtypes and strides are checked against PyTorch's Meta kernel (slow; see
+#: ``torch_tpu.ops.meta_check``). Tests may also set ``config.check_meta = True`` at runtime.
+check_meta: bool = _flag("TORCH_TPU_CHECK_META")

@@ -697,11 +697,8 @@ def cdist_backward(grad, x1, x2, p, distances):
     x1b, x2b = _batched_pairs(x1, x2)
     differences = x1b[..., :, None, :] - x2b[..., None, :, :]
     slope = _p_norm_gradient(differences, distances[..., None], p)
-    gradient = jnp.sum(grad[..., None] * slope, -2)
-    extra = gradient.ndim - x1.ndim
-    summed = jnp.sum(gradient, tuple(range(extra))) if extra else gradient
-    keep = tuple(i for i, n in enumerate(x1.shape[:-2]) if n == 1 and summed.shape[i] != 1)
-    return jnp.sum(summed, keep, keepdims=True).astype(x1.dtype)
+    # in the broadcast batch shape, as PyTorch's kernel returns it (autograd sums it to x1's)
+    return jnp.sum(grad[..., None] * slope, -2).astype(x1.dtype)
 
 
 def _pairs(rows: int):

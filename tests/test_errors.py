@@ -67,6 +67,14 @@ def test_cpu_scalar_tensor_joins_device_ops():
     assert tpu.cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
+def test_host_only_scalar_argument_refuses_a_device_tensor():
+    """``randint_like``'s tensor ``high`` is read on the host: PyTorch takes a CPU scalar only."""
+    x = torch.zeros(3, device=TPU)
+    with pytest.raises(RuntimeError, match="high must be a scalar tensor and on CPU"):
+        aten.randint_like.Tensor(x, torch.tensor(4, device=TPU))
+    assert aten.randint_like.Tensor(x, torch.tensor(4)).max().item() < 4
+
+
 # ----------------------------------------------------------------------------- shapes and dtypes
 SHAPE_ERRORS = {
     "broadcast": (lambda a, b: a + b, (torch.ones(3), torch.ones(4))),
@@ -77,10 +85,7 @@ SHAPE_ERRORS = {
     "view_incompatible_strides": (lambda a: a.t().view(12), (torch.ones(3, 4),)),
     "copy_": (lambda a, b: a.copy_(b), (torch.ones(3), torch.ones(4))),
     "cat": (lambda a, b: torch.cat([a, b]), (torch.ones(2, 3), torch.ones(2, 4))),
-    "mm": pytest.param(
-        lambda a, b: a @ b, (torch.ones(5, 1), torch.ones(2, 3)),
-        marks=pytest.mark.xfail(strict=True, reason="linalg's mm lowering (einsum) broadcasts a "
-                                                    "size-1 inner dimension instead of raising")),
+    "mm": (lambda a, b: a @ b, (torch.ones(5, 1), torch.ones(2, 3))),
     "expand": (lambda a: a.expand(2, 4), (torch.ones(3),)),
     "reshape": (lambda a: a.reshape(-1, 5), (torch.ones(12),)),
 }
@@ -89,6 +94,37 @@ SHAPE_ERRORS = {
 @pytest.mark.parametrize("fn,args", SHAPE_ERRORS.values(), ids=SHAPE_ERRORS.keys())
 def test_shape_errors_like_cpu(fn, args):
     assert_raises_like_cpu(fn, *args)
+
+
+# Products whose inner (or batch) sizes differ by a size-1 dimension, which einsum would broadcast
+# (a 5x1 by 2x3 mm once returned a 5x3 tensor of 2s): CPU's exception and message.
+PRODUCT_SIZE_ERRORS = {
+    "mm": (torch.mm, (5, 1), (2, 3)),
+    "matmul_batched": (torch.matmul, (2, 5, 1), (2, 3)),
+    "matmul_vector": (torch.matmul, (5, 1), (3,)),
+    "mv": (torch.mv, (5, 1), (3,)),
+    "bmm_inner": (torch.bmm, (2, 5, 1), (2, 2, 3)),
+    "bmm_batch": (torch.bmm, (1, 5, 2), (2, 2, 3)),
+    "addmm": (lambda a, b, c: torch.addmm(a, b, c), (5, 3), (5, 1), (2, 3)),
+    "addmm_inplace": (lambda a, b, c: a.addmm_(b, c), (5, 3), (5, 1), (2, 3)),
+    "mm_out": (lambda a, b, c: torch.mm(b, c, out=a), (5, 3), (5, 1), (2, 3)),
+    "addmv": (torch.addmv, (5,), (5, 1), (3,)),
+    "addmv_input_length": (torch.addmv, (2,), (5, 3), (3,)),
+    "baddbmm_inner": (torch.baddbmm, (2, 5, 3), (2, 5, 1), (2, 2, 3)),
+    "baddbmm_batch": (torch.baddbmm, (5, 3), (1, 5, 2), (2, 2, 3)),
+    "addbmm_inner": (torch.addbmm, (5, 3), (2, 5, 1), (2, 2, 3)),
+    "addbmm_batch": (torch.addbmm, (5, 3), (1, 5, 2), (2, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("fn,shapes", [(c[0], c[1:]) for c in PRODUCT_SIZE_ERRORS.values()],
+                         ids=PRODUCT_SIZE_ERRORS.keys())
+def test_product_size_errors_like_cpu(fn, shapes):
+    cpu = [torch.ones(s) for s in shapes]
+    with pytest.raises(RuntimeError) as cpu_error:
+        fn(*cpu)
+    error = assert_raises_like_cpu(fn, *cpu)
+    assert str(error) == str(cpu_error.value)
 
 
 CAST_ERRORS = {

@@ -29,3 +29,7 @@ platform: str | None = os.environ.get("TORCH_TPU_PLATFORM") or None
 #: ``TORCH_TPU_CACHE_ENTRIES``: how many entries each in-process cache keeps (compiled graphs and
 #: programs, per-op shape signatures, scalar constants), least recently used dropped first.
 cache_entries: int = int(os.environ.get("TORCH_TPU_CACHE_ENTRIES", "4096"))
+#: ``TORCH_TPU_CHECK_META=1``: a test tool: every tpu kernel call is replayed on meta tensors and
+#: its outputs' shapes, dtypes and strides are checked against PyTorch's Meta kernel (slow; see
+#: ``torch_tpu.ops.meta_check``). Tests may also set ``config.check_meta = True`` at runtime.
+check_meta: bool = _flag("TORCH_TPU_CHECK_META")

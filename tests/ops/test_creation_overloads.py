@@ -126,7 +126,7 @@ def _random_calls(d):
             aten.randint_like.low_generator_dtype(x, 2, 5, generator=None), 2, 4),
         "randint_like.Tensor": (aten.randint_like.Tensor(x, torch.tensor(4)), 0, 3),
         "randint_like.Tensor_generator": (
-            aten.randint_like.Tensor_generator(x, torch.tensor(4).to(d), generator=None), 0, 3),
+            aten.randint_like.Tensor_generator(x, torch.tensor(4), generator=None), 0, 3),
         "normal.float_float": (torch.normal(2.0, 0.5, (6,), device=d), -10, 10),
         "normal.Tensor_float": (torch.normal(torch.zeros(3, device=d), 0.5), -10, 10),
         "normal.float_Tensor": (torch.normal(1.0, torch.ones(3, device=d)), -10, 10),

@@ -29,7 +29,11 @@ def _target_dtype(dtype):
 
 @runtime(aten.empty.memory_format)
 def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return tensor.empty(size, _target_dtype(dtype))
+    strides = None
+    if memory_format not in (None, torch.contiguous_format):  # channels-last strides (or the
+        # error PyTorch raises for the formats ``empty`` does not take) from the Meta kernel
+        strides = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    return tensor.empty(size, _target_dtype(dtype), strides=strides)
 
 
 @runtime(aten.empty_strided)
@@ -144,6 +148,7 @@ def copy_(self, src, non_blocking=False):
 @runtime(aten._to_copy)
 def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
             memory_format=None):
+    """A copy laid out as ``empty_like(self, memory_format=memory_format)``, as PyTorch's."""
     dtype = self.dtype if dtype is None else dtype
     target = torch.device(device) if device is not None else self.device
     if target.type == "tpu":
@@ -152,9 +157,12 @@ def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blo
         target_dtype = to_jax(dtype)
         if value.dtype != target_dtype:  # (values are immutable: a new storage may share one)
             value = apply(_astype, value, target_dtype)
-        return tensor.wrap(value)
-    host = transfer.to_host(tensor.read_resolved(self))
-    return host.to(dtype=dtype, device=target)
+        return tensor.wrap_like(value, self, memory_format)
+    host = transfer.to_host(tensor.read_resolved(self)).to(dtype=dtype, device=target)
+    strides = tensor.like_strides(self, memory_format)
+    if strides is None:
+        return host
+    return torch.empty_strided(host.shape, strides, dtype=dtype, device=target).copy_(host)
 
 
 _astype = jax.jit(cast, static_argnums=1)

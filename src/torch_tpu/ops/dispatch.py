@@ -341,11 +341,13 @@ def _functional_kernel(entry: Lowering, compute: Callable) -> Callable:
     wrap = tensor.wrap
 
     if shape == "one":
+        elementwise = entry.promote is not None  # laid out like its inputs, as TensorIterator does
+
         def kernel(*args, **kwargs):
             out = compute(args, kwargs)
             if context.launch_blocking:
                 _block(out)
-            return wrap(out)
+            return tensor.wrap_elementwise(out, args) if elementwise else wrap(out)
     elif shape == "list":
         def kernel(*args, **kwargs):
             outs = compute(args, kwargs)
@@ -536,19 +538,24 @@ def _elsewhere_to_cpu(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
 def install() -> None:
     """Register every lowering (and its derived variants) on PrivateUse1. Strict: errors on
     lowerings of CompositeImplicitAutograd ops (autograd would bypass them) or of non-ATen ops."""
+    from .meta_check import checked  # TORCH_TPU_CHECK_META (a no-op unless switched on)
+
     lib = torch.library.Library("aten", "IMPL")
     _libraries.append(lib)
     explicit = set(LOWERINGS)
     for op, entry in LOWERINGS.items():
         check_installable(op)
         if entry.runtime:
-            lib.impl(op, _recording(op, entry.fn), "PrivateUse1")
+            lib.impl(op, checked(op, _recording(op, entry.fn)), "PrivateUse1")
             continue
         # one compute (and so one set of compiled executables) serves the op and its variants
         compute, _ = _compute_fn(entry)
-        lib.impl(op, _elsewhere_to_cpu(op, _functional_kernel(entry, compute)), "PrivateUse1")
+        lib.impl(op, checked(op, _elsewhere_to_cpu(op, _functional_kernel(entry, compute))),
+                 "PrivateUse1")
         for variant, resize in _derived_variants(op):
             if variant in explicit or variant in DERIVED:
                 continue
             DERIVED[variant] = op
-            lib.impl(variant, _mutating_kernel(compute, op._schema, variant._schema, resize), "PrivateUse1")
+            lib.impl(variant, checked(variant, _mutating_kernel(compute, op._schema,
+                                                                variant._schema, resize)),
+                     "PrivateUse1")

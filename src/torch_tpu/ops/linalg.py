@@ -65,29 +65,69 @@ def _check_operands(name: str, ranks: tuple[int, int], a, b, bias=None) -> None:
     _check_dtypes(name, *([a, b] if bias is None else [bias, a, b]))
 
 
-def _matmul_op(name: str, spec: str, ranks: tuple[int, int]):
+# Inner (and batch) sizes must match exactly, with CPU's messages: einsum would broadcast a size-1
+# dimension instead (a 5x1 by 2x3 mm gave a 5x3 tensor of 2s).
+def _sizes(shape) -> str:
+    return "x".join(map(str, shape))
+
+
+def _check_mm(a, b, bias=None) -> None:
+    if a.shape[1] != b.shape[0]:
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({_sizes(a.shape)} and "
+                           f"{_sizes(b.shape)})")
+
+
+def _check_bmm(a, b, bias=None) -> None:
+    expected = [a.shape[0], a.shape[2]]
+    if list(b.shape[:2]) != expected:
+        raise RuntimeError(f"Expected size for first two dimensions of batch2 tensor to be: "
+                           f"{expected} but got: {list(b.shape[:2])}.")
+
+
+def _check_addbmm(a, b, bias=None) -> None:
+    if a.shape[0] != b.shape[0]:
+        raise RuntimeError(f"batch1 and batch2 must have same number of batches, got "
+                           f"{a.shape[0]} and {b.shape[0]}")
+    if a.shape[2] != b.shape[1]:
+        raise RuntimeError(f"Incompatible matrix sizes for bmm ({_sizes(a.shape[1:])} and "
+                           f"{_sizes(b.shape[1:])})")
+
+
+def _check_mv(a, b, bias=None) -> None:
+    """``bias`` (addmv's input) has the output's length, or 1 (it broadcasts)."""
+    length = a.shape[0] if bias is None or bias.ndim != 1 else bias.shape[0]
+    if a.shape[1] != b.shape[0] or length not in (1, a.shape[0]):
+        raise RuntimeError(f"size mismatch, got input ({length}), mat ({_sizes(a.shape)}), "
+                           f"vec ({b.shape[0]})")
+
+
+def _matmul_op(name: str, spec: str, ranks: tuple[int, int], check_sizes):
     """``op(a, b) = einsum(spec, a, b)``."""
     def product(a, b):
         _check_operands(name, ranks, a, b)
+        check_sizes(a, b)
         return _product(spec, a, b).astype(a.dtype)
     return product
 
 
-def _scaled_matmul_op(name: str, spec: str, ranks: tuple[int, int]):
+def _scaled_matmul_op(name: str, spec: str, ranks: tuple[int, int], check_sizes):
     """``op(bias, a, b, beta, alpha) = beta * bias + alpha * einsum(spec, a, b)``."""
     def scaled(bias, a, b, beta=1, alpha=1):
         _check_operands(name, ranks, a, b, bias)
+        check_sizes(a, b, bias)
         return _scaled_sum(bias, _product(spec, a, b), beta, alpha, a.dtype)
     return scaled
 
 
-mm = lower(aten.mm.default)(_matmul_op("mm", "nk,km->nm", (2, 2)))
-bmm = lower(aten.bmm.default)(_matmul_op("bmm", "bnk,bkm->bnm", (3, 3)))
-mv = lower(aten.mv.default)(_matmul_op("mv", "nk,k->n", (2, 1)))
-addmm = lower(aten.addmm.default)(_scaled_matmul_op("addmm", "nk,km->nm", (2, 2)))
-baddbmm = lower(aten.baddbmm.default)(_scaled_matmul_op("baddbmm", "bnk,bkm->bnm", (3, 3)))
-addmv = lower(aten.addmv.default)(_scaled_matmul_op("addmv", "nk,k->n", (2, 1)))
-addbmm = lower(aten.addbmm.default)(_scaled_matmul_op("addbmm", "bnk,bkm->nm", (3, 3)))
+mm = lower(aten.mm.default)(_matmul_op("mm", "nk,km->nm", (2, 2), _check_mm))
+bmm = lower(aten.bmm.default)(_matmul_op("bmm", "bnk,bkm->bnm", (3, 3), _check_bmm))
+mv = lower(aten.mv.default)(_matmul_op("mv", "nk,k->n", (2, 1), _check_mv))
+addmm = lower(aten.addmm.default)(_scaled_matmul_op("addmm", "nk,km->nm", (2, 2), _check_mm))
+baddbmm = lower(aten.baddbmm.default)(
+    _scaled_matmul_op("baddbmm", "bnk,bkm->bnm", (3, 3), _check_bmm))
+addmv = lower(aten.addmv.default)(_scaled_matmul_op("addmv", "nk,k->n", (2, 1), _check_mv))
+addbmm = lower(aten.addbmm.default)(
+    _scaled_matmul_op("addbmm", "bnk,bkm->nm", (3, 3), _check_addbmm))
 
 
 @runtime(aten.addbmm_.default)
@@ -658,11 +698,8 @@ def cdist_backward(grad, x1, x2, p, distances):
     x1b, x2b = _batched_pairs(x1, x2)
     differences = x1b[..., :, None, :] - x2b[..., None, :, :]
     slope = _p_norm_gradient(differences, distances[..., None], p)
-    gradient = jnp.sum(grad[..., None] * slope, -2)
-    extra = gradient.ndim - x1.ndim
-    summed = jnp.sum(gradient, tuple(range(extra))) if extra else gradient
-    keep = tuple(i for i, n in enumerate(x1.shape[:-2]) if n == 1 and summed.shape[i] != 1)
-    return jnp.sum(summed, keep, keepdims=True).astype(x1.dtype)
+    # in the broadcast batch shape, as PyTorch's kernel returns it (autograd sums it to x1's)
+    return jnp.sum(grad[..., None] * slope, -2).astype(x1.dtype)
 
 
 def _pairs(rows: int):

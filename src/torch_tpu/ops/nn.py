@@ -414,7 +414,8 @@ lower(aten.glu_backward.default)(
 
 @lower(aten.log_sigmoid_forward.default)
 def log_sigmoid_forward(x):
-    """(output, buffer); PyTorch's CPU kernel leaves the buffer empty."""
+    """(output, buffer). The buffer stays empty, as on CUDA (CPU's kernel fills one as large as
+    the input for its backward, which tpu's backward does not read)."""
     compute = compute_dtype(x.dtype)
     return jax.nn.log_sigmoid(x.astype(compute)).astype(x.dtype), jnp.zeros((0,), x.dtype)
 

@@ -601,7 +601,9 @@ def randint_like(x, low, high, generator=None, dtype=None, layout=None, device=N
 
 
 def _check_scalar_high(x, high, *rest) -> None:
-    if jnp.ndim(high) != 0:
+    """PyTorch reads ``high`` on the host: a 0-dim CPU tensor (the dispatcher hands its value
+    over as a number), never a device tensor (an array here)."""
+    if not isinstance(high, (bool, int, float)):
         raise RuntimeError("high must be a scalar tensor and on CPU")
 
 

@@ -57,6 +57,114 @@ def wrap(value: jax.Array) -> torch.Tensor:
     return _new_tensor(value.shape, dtype, value)
 
 
+def wrap_strided(value: jax.Array, strides) -> torch.Tensor:
+    """``wrap(value)`` as a tensor with these strides, a permutation of a dense row-major layout:
+    the storage holds ``value`` in memory order (:func:`read` transposes it back)."""
+    order = _permutation_of_dense(value.shape, strides)
+    if order is None:
+        raise ValueError(f"strides {tuple(strides)} are not a dense layout of {value.shape}")
+    try:
+        dtype = JAX_TO_TORCH[value.dtype]
+    except KeyError:
+        raise unsupported(value.dtype) from None
+    stored = apply(_transpose, value, tuple(order))
+    return _new_tensor(list(value.shape), dtype, stored, list(strides))
+
+
+_transpose = jax.jit(jnp.transpose, static_argnums=1)
+
+
+def wrap_elementwise(value: jax.Array, inputs) -> torch.Tensor:
+    """``wrap(value)`` laid out as PyTorch lays out an elementwise op's output: like its tensor
+    ``inputs`` (``x.t() + 1`` is transposed, a channels-last input gives a channels-last output);
+    contiguous when they all are. Other values in ``inputs`` are ignored."""
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    if all(t.is_contiguous() for t in tensors):
+        return wrap(value)
+    strides = _elementwise_strides(tuple(value.shape), tuple(
+        (tuple(t.shape), t.stride(), t.element_size()) for t in tensors))
+    return wrap(value) if strides is None else wrap_strided(value, strides)
+
+
+def like_strides(t: torch.Tensor, memory_format=None) -> tuple | None:
+    """The strides of ``torch.empty_like(t, memory_format=memory_format)`` (``None`` means
+    preserve: a dense ``t``'s own strides, else its suggested format), or None for contiguous."""
+    if t.is_contiguous() and memory_format in (None, torch.preserve_format, torch.contiguous_format):
+        return None
+    return _like_strides(tuple(t.shape), t.stride(), memory_format or torch.preserve_format)
+
+
+@functools.lru_cache(maxsize=1024)
+def _like_strides(shape: tuple, strides: tuple, memory_format) -> tuple | None:
+    like = torch.empty_like(torch.empty_strided(shape, strides, device="meta"),
+                            memory_format=memory_format)
+    return None if like.is_contiguous() else like.stride()
+
+
+def wrap_like(value: jax.Array, t: torch.Tensor, memory_format=None) -> torch.Tensor:
+    """``wrap(value)`` laid out as ``torch.empty_like(t, memory_format=memory_format)`` would be."""
+    strides = like_strides(t, memory_format)
+    return wrap(value) if strides is None else wrap_strided(value, strides)
+
+
+@functools.lru_cache(maxsize=4096)
+def _elementwise_strides(shape: tuple, operands: tuple) -> tuple | None:
+    """The strides TensorIterator gives the output of ``shape`` computed from ``operands``
+    ((shape, strides, itemsize) each; those that do not broadcast to ``shape`` take no part), or
+    None for contiguous. Mirrors ``TensorIteratorBase``'s fast setup (inputs of the output's
+    shape all contiguous, all channels-last, or all dense with equal strides), else
+    ``compute_strides`` + ``reorder_dimensions`` + ``allocate_or_resize_outputs``."""
+    ndim = len(shape)
+    operands = [o for o in operands if len(o[0]) <= ndim and all(
+        n in (1, m) for n, m in zip(o[0], shape[ndim - len(o[0]):]))]
+    if ndim <= 1 or not operands:
+        return None
+    if all(o[0] == shape for o in operands):
+        layouts = [torch.empty_strided(o[0], o[1], device="meta") for o in operands]
+        if all(t.is_contiguous() for t in layouts):
+            return None
+        if all(t.is_contiguous(memory_format=torch.channels_last) for t in layouts):
+            return torch.empty(shape, device="meta", memory_format=torch.channels_last).stride()
+        if len({o[1] for o in operands}) == 1 and _permutation_of_dense(shape, operands[0][1]):
+            return operands[0][1]
+    # byte strides after broadcasting (a broadcast dimension's is 0: it orders nothing)
+    byte_strides = []
+    for op_shape, op_strides, itemsize in operands:
+        offset = ndim - len(op_shape)
+        byte_strides.append([0] * offset + [
+            0 if n == 1 and shape[offset + i] != 1 else s * itemsize
+            for i, (n, s) in enumerate(zip(op_shape, op_strides))])
+
+    def should_swap(dim0: int, dim1: int) -> int:
+        for strides in byte_strides:
+            s0, s1 = strides[dim0], strides[dim1]
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 != s1:
+                return -1 if s0 < s1 else 1
+            if shape[dim0] > shape[dim1]:
+                return 1
+        return 0
+
+    perm = list(reversed(range(ndim)))  # fastest-moving dimension first
+    for i in range(1, ndim):  # insertion sort that tolerates ambiguous comparisons
+        dim1 = i
+        for dim0 in reversed(range(i)):
+            comparison = should_swap(perm[dim0], perm[dim1])
+            if comparison > 0:
+                perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+                dim1 = dim0
+            elif comparison < 0:
+                break
+    if perm == list(reversed(range(ndim))):
+        return None
+    strides, step = [0] * ndim, 1
+    for d in perm:
+        strides[d] = step
+        step *= shape[d]
+    return tuple(strides)
+
+
 def empty(shape, dtype: torch.dtype, strides=None) -> torch.Tensor:
     """A tpu tensor whose storage is not allocated until something reads it."""
     jdtype = to_jax(dtype)

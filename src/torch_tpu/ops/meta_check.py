@@ -1,0 +1,194 @@
+"""``TORCH_TPU_CHECK_META=1``: every tpu kernel call checked against PyTorch's Meta kernel.
+
+A test tool (it costs a meta replay per op; the suite runs under it to find lowerings whose
+outputs or errors differ from PyTorch's). While ``config.check_meta`` is on, each call of a tpu
+kernel (functional lowerings, their derived in-place and ``out=`` variants, runtime kernels) is
+first replayed on meta tensors of the same shapes, strides and dtypes (factories on
+``device="meta"``). Then:
+
+- PyTorch rejects the arguments (the meta kernel raises): the tpu kernel must raise the same
+  exception type. Accepting them is a silent wrong answer (``mm`` of a 5x1 by a 2x3 matrix once
+  returned a 5x3 tensor of 2s): :class:`MetaMismatch` says so, with PyTorch's error chained.
+- PyTorch accepts them: every tensor the tpu kernel returns, and every tensor it writes (in-place
+  targets, ``out=``), must have the meta result's shape, dtype and strides, else
+  :class:`MetaMismatch`. Only the strides of dimensions longer than 1 are compared: the others
+  never address memory. The tpu kernel may still raise: value checks (an index out of range, a
+  singular matrix) and dtypes tpu lacks are beyond meta tensors.
+
+Ops in :data:`UNCHECKED` are not replayed (no meta kernel, or one known to differ, each with why).
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch.utils import _pytree
+
+from .. import config
+from .registry import qualified_name
+
+__all__ = ["MetaMismatch", "UNCHECKED", "checked"]
+
+_META = torch.device("meta")
+
+#: Ops (packet ``aten::x``, or one overload ``aten::x.overload``) whose calls are not replayed on
+#: meta, each with the reason. A lowering of an op with no meta kernel belongs here: the checker
+#: reports its calls (as arguments PyTorch rejects) until it is listed.
+UNCHECKED: dict[str, str] = {
+    # output shape depends on the values: PyTorch has no meta kernel (or one that raises)
+    **dict.fromkeys(["aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2",
+                     "aten::unique_dim", "aten::unique_consecutive",
+                     "aten::unique_dim_consecutive", "aten::bincount",
+                     "aten::_ctc_loss.Tensor"], "output shape depends on values"),
+    # return values, which meta tensors do not have
+    "aten::_local_scalar_dense": "returns a tensor's value",
+    "aten::equal": "returns whether values are equal",
+    # their arguments are storages, which have no meta stand-in
+    "aten::set_.source_Storage": "takes a storage",
+    "aten::set_.source_Storage_storage_offset": "takes a storage",
+    # no meta kernel in PyTorch (nor a fake one)
+    **dict.fromkeys([
+        "aten::glu_jvp", "aten::glu_backward_jvp", "aten::_add_relu.Scalar", "aten::_add_relu.out",
+        "aten::_logcumsumexp", "aten::_compute_linear_combination", "aten::geqrf",
+        "aten::multi_margin_loss_backward", "aten::multilabel_margin_loss_backward",
+        "aten::_ctc_loss_backward", "aten::batch_norm_update_stats", "aten::_masked_softmax",
+        "aten::_masked_softmax_backward", "aten::fractional_max_pool3d_backward",
+        "aten::binomial", "aten::_sample_dirichlet", "aten::_standard_gamma_grad",
+        "aten::_dirichlet_grad", "aten::_native_batch_norm_legit.no_stats_out",
+        "aten::_fused_adam_.tensor_lr", "aten::_fused_adamw_.tensor_lr", "aten::_fused_sgd_",
+        "aten::_fused_adagrad_",
+        "aten::linalg_lstsq",  # (its composite kernel calls linalg_lstsq.out, which has none)
+    ], "no meta kernel"),
+    # meta kernels known to differ from CPU's (tpu follows CPU, or CUDA where said)
+    "aten::_grouped_mm": "meta requires bfloat16 inputs (CUDA's limit); CPU takes float32",
+    "aten::_embedding_bag": "meta's offset2bag/max_indices shapes are not CPU's",
+    "aten::_embedding_bag_forward_only": "meta's offset2bag/max_indices shapes are not CPU's",
+    "aten::_weight_norm_interface": "CPU returns the norms in float32 for half inputs, meta not",
+    "aten::log_sigmoid_forward": "tpu leaves the buffer empty, like CUDA (meta sizes it as CPU)",
+}
+
+
+class MetaMismatch(AssertionError):
+    """A tpu kernel disagrees with PyTorch's Meta kernel (raised only under ``check_meta``)."""
+
+
+def _unchecked(op: torch._ops.OpOverload) -> bool:
+    return qualified_name(op) in UNCHECKED or op._schema.name in UNCHECKED
+
+
+def checked(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
+    """``kernel`` (the tpu kernel of ``op``), checked against ``op``'s Meta kernel on every call
+    made while ``config.check_meta`` is on (see the module docstring)."""
+    if _unchecked(op):
+        return kernel
+    written = [(i, a.name) for i, a in enumerate(op._schema.arguments)
+               if a.alias_info is not None and a.alias_info.is_write]
+
+    @functools.wraps(kernel)
+    def run(*args, **kwargs):
+        if not config.check_meta:
+            return kernel(*args, **kwargs)
+        return _checked_call(op, kernel, written, args, kwargs)
+    return run
+
+
+# ----------------------------------------------------------------------------- replay
+def _to_meta(x: Any) -> Any:
+    """A meta stand-in for a kernel argument: tensors keep shape, strides and dtype (CPU scalars
+    stay: they join any device's op, and some arguments must be one, like ``randint_like``'s
+    ``high``); devices become meta, so factories build meta tensors; generators are dropped."""
+    if isinstance(x, torch.Tensor):
+        if x.is_cpu and x.dim() == 0:
+            return x
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=_META)
+    if isinstance(x, torch.device):
+        return _META
+    if isinstance(x, torch.Generator):
+        return None
+    return x
+
+
+def _replay(op, args: tuple, kwargs: dict):
+    """(meta arguments, meta result, None) or (meta arguments, None, PyTorch's exception)."""
+    meta_args, meta_kwargs = _pytree.tree_map(_to_meta, (args, kwargs))
+    with warnings.catch_warnings():  # the tpu kernel warns, once
+        warnings.simplefilter("ignore")
+        try:
+            return (meta_args, meta_kwargs), op(*meta_args, **meta_kwargs), None
+        except Exception as error:  # noqa: BLE001  (whatever PyTorch raises is the reference)
+            return (meta_args, meta_kwargs), None, error
+
+
+def _checked_call(op, kernel: Callable, written, args: tuple, kwargs: dict):
+    meta_arguments, expected, rejection = _replay(op, args, kwargs)
+    if rejection is not None:
+        try:
+            kernel(*args, **kwargs)
+        except Exception as error:
+            if type(error) is not type(rejection):
+                raise MetaMismatch(
+                    f"{op} raised {type(error).__name__} on tpu, PyTorch raises "
+                    f"{type(rejection).__name__} ({rejection}); arguments: {_describe(args, kwargs)}"
+                ) from error
+            raise
+        raise MetaMismatch(
+            f"{op} accepted arguments PyTorch rejects with {type(rejection).__name__}: "
+            f"{rejection} (an op with no meta kernel belongs in meta_check.UNCHECKED); "
+            f"arguments: {_describe(args, kwargs)}") from rejection
+    result = kernel(*args, **kwargs)
+    context = functools.partial(_describe, args, kwargs)
+    _compare(op, "output", _leaves(result), _leaves(expected), context)
+    for position, name in written:
+        _compare(op, f"argument '{name}'", _leaves(_argument(args, kwargs, position, name)),
+                 _leaves(_argument(*meta_arguments, position, name)), context)
+    return result
+
+
+def _argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
+    return args[position] if position < len(args) else kwargs.get(name)
+
+
+def _leaves(value: Any) -> list:
+    return _pytree.tree_leaves(value, is_leaf=lambda x: x is None)
+
+
+# ----------------------------------------------------------------------------- comparison
+def _significant_strides(t: torch.Tensor) -> tuple:
+    """Strides of the dimensions longer than 1 (the only ones that address memory); none for an
+    empty tensor."""
+    if t.numel() == 0:
+        return ()
+    return tuple(s for n, s in zip(t.shape, t.stride()) if n > 1)
+
+
+def _compare(op, what: str, actual: list, expected: list, context: Callable[[], str]) -> None:
+    if len(actual) != len(expected):
+        raise MetaMismatch(f"{op}: {len(actual)} {what} values on tpu, PyTorch gives "
+                           f"{len(expected)}; arguments: {context()}")
+    for index, (tpu, meta) in enumerate(zip(actual, expected)):
+        if not isinstance(meta, torch.Tensor) or (tpu is None and meta.numel() == 0):
+            continue  # numbers (meta's are placeholders), undefined outputs (meta: empty ones)
+        name = f"{what} {index}" if len(expected) > 1 else what
+        if not isinstance(tpu, torch.Tensor):
+            raise MetaMismatch(f"{op} {name}: {type(tpu).__name__} on tpu, PyTorch gives a tensor; "
+                               f"arguments: {context()}")
+        for field, get in (("shape", lambda t: tuple(t.shape)), ("dtype", lambda t: t.dtype),
+                           ("strides", _significant_strides)):
+            if get(tpu) != get(meta):
+                detail = (f" (all strides: {tpu.stride()} on tpu, {meta.stride()} in PyTorch)"
+                          if field == "strides" else "")
+                raise MetaMismatch(f"{op} {name}: {field} {get(tpu)} on tpu, PyTorch's meta "
+                                   f"kernel gives {get(meta)}{detail}; arguments: {context()}")
+
+
+def _describe(args: tuple, kwargs: dict) -> str:
+    """The arguments with tensors as ``dtype[shape]`` (``@strides`` if not contiguous)."""
+    def text(x):
+        if isinstance(x, torch.Tensor):
+            layout = "" if x.is_contiguous() else f"@{tuple(x.stride())}"
+            return f"{str(x.dtype).replace('torch.', '')}{list(x.shape)}{layout}"
+        return x
+    shown = _pytree.tree_map(text, (args, kwargs))
+    return ", ".join([*map(str, shown[0]), *(f"{k}={v}" for k, v in shown[1].items())])

@@ -4,6 +4,7 @@ Each pytest process (xdist workers included) records the ATen overloads that hit
 writes them to a shared folder; the controlling process merges them and fails the run if a
 lowering in the table was never exercised (an untested lowering is an unvalidated one).
 """
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,8 @@ _DIR_VAR = "TORCH_TPU_REACHED_OPS_DIR"
 
 
 def _runs_whole_suite(config) -> bool:
-    if config.option.keyword or config.option.markexpr or getattr(config.option, "lf", False):
+    option = config.option
+    if option.keyword or option.markexpr or getattr(option, "lf", False) or option.collectonly:
         return False
     args = config.args or [str(_TESTS)]
     return all(Path(config.rootpath, a).resolve() == _TESTS.resolve() for a in args)
@@ -50,8 +52,9 @@ def pytest_sessionfinish(session, exitstatus):
     missing = sorted(str(op) for op in LOWERINGS if str(op) not in reached)
     if missing:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        message = (f"{len(missing)} tpu lowerings were never exercised by the test suite:\n  "
-                   + "\n  ".join(missing))
+        message = f"{len(missing)} tpu lowerings were never exercised by the test suite:\n  " + "\n  ".join(
+            missing
+        )
         if reporter:
             reporter.write_sep("=", "unexercised lowerings", red=True)
             reporter.write_line(message)

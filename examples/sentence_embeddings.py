@@ -8,15 +8,15 @@ non-zero). Then, when the ``sentence_transformers`` package is installed, the sa
 
     python examples/sentence_embeddings.py
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 import transformers
-
 from _common import minilm_dir, minilm_tokenizer, report
 
 SENTENCES = [
@@ -47,7 +47,7 @@ def print_similarities(embeddings: torch.Tensor) -> None:
         print(f"{i:4d}  " + " ".join(f"{value:6.3f}" for value in row.tolist()))
 
 
-def sentence_transformers_embeddings(path: str) -> Optional[torch.Tensor]:
+def sentence_transformers_embeddings(path: str) -> torch.Tensor | None:
     """The same embeddings through ``sentence_transformers`` on tpu; None if not installed."""
     try:
         from sentence_transformers import SentenceTransformer
@@ -58,10 +58,11 @@ def sentence_transformers_embeddings(path: str) -> Optional[torch.Tensor]:
     return model.encode(SENTENCES, convert_to_tensor=True, normalize_embeddings=True).cpu()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--skip-sentence-transformers", action="store_true",
-                        help="only the plain transformers part")
+    parser.add_argument(
+        "--skip-sentence-transformers", action="store_true", help="only the plain transformers part"
+    )
     args = parser.parse_args(argv)
     path = minilm_dir()
     tokenizer = minilm_tokenizer()
@@ -77,8 +78,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     agreement = (tpu_embeddings * embed(cpu_model, batch)).sum(dim=-1)
     print("cosine(tpu, cpu) per sentence: " + " ".join(f"{v:.6f}" for v in agreement.tolist()))
-    status = report(bool((agreement >= MIN_AGREEMENT).all()),
-                    f"min cosine(tpu, cpu) = {agreement.min():.6f} (need >= {MIN_AGREEMENT})")
+    status = report(
+        bool((agreement >= MIN_AGREEMENT).all()),
+        f"min cosine(tpu, cpu) = {agreement.min():.6f} (need >= {MIN_AGREEMENT})",
+    )
 
     if not args.skip_sentence_transformers:
         library = sentence_transformers_embeddings(path)
@@ -86,9 +89,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print("sentence_transformers is not installed; skipped")
         else:
             agreement = (library * tpu_embeddings).sum(dim=-1)
-            status |= report(bool((agreement >= MIN_AGREEMENT).all()),
-                             f"SentenceTransformer(device='tpu') vs the recipe above: min cosine "
-                             f"{agreement.min():.6f}")
+            status |= report(
+                bool((agreement >= MIN_AGREEMENT).all()),
+                f"SentenceTransformer(device='tpu') vs the recipe above: min cosine {agreement.min():.6f}",
+            )
     return status
 
 

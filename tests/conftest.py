@@ -1,5 +1,6 @@
 """Shared fixtures: ``import torch_tpu`` once, and a way to run code in a fresh interpreter (for
 environment switches read at import, and for processes that must not load torch_tpu)."""
+
 from __future__ import annotations
 
 import os
@@ -8,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+
 import torch_tpu  # noqa: F401  (registers the tpu device)
 
 
@@ -16,10 +18,17 @@ def run_python(tmp_path):
     """``run_python(code, **env)``: run ``code`` in a new Python process with ``env`` added to
     the environment (cwd ``tmp_path``); returns its stdout (and its stderr too, as a pair, with
     ``capture_stderr=True``), failing the test if it fails."""
+
     def run(code: str, *, capture_stderr: bool = False, **env: str):
-        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=tmp_path,
-                              env={**os.environ, **env}, capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            cwd=tmp_path,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, f"subprocess failed:\n{done.stdout}\n{done.stderr}"
         return (done.stdout, done.stderr) if capture_stderr else done.stdout
+
     return run

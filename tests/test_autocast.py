@@ -1,4 +1,5 @@
 """``torch.autocast("tpu")``: bfloat16 by default, CUDA's per-op cast lists, and GradScaler."""
+
 from __future__ import annotations
 
 import copy
@@ -77,16 +78,16 @@ def test_promote_and_explicit_dtype_and_untouched_inputs():
     low = _randn(4, dtype=torch.bfloat16)
     full = _randn(4)
     with torch.autocast("tpu"):
-        assert torch.addcmul(full, low, low).dtype == torch.float32   # widest input wins
+        assert torch.addcmul(full, low, low).dtype == torch.float32  # widest input wins
         assert torch.addcmul(low, low, low).dtype == torch.bfloat16
         assert torch.softmax(low, 0, dtype=torch.float16).dtype == torch.float16  # caller's choice
         # cross_entropy passes log_softmax the input's dtype explicitly (so it stays bfloat16,
         # as on CUDA); the nll_loss after it runs in float32.
         assert F.cross_entropy(low[None], torch.tensor([1], device="tpu")).dtype == torch.float32
         assert (full.double() @ full.double()).dtype == torch.float64  # float64 is never cast
-        assert (full + full).dtype == torch.float32                   # not on any list
+        assert (full + full).dtype == torch.float32  # not on any list
         cpu = torch.ones(2, 2)
-        assert (cpu @ cpu).dtype == torch.float32                     # other devices untouched
+        assert (cpu @ cpu).dtype == torch.float32  # other devices untouched
     with torch.autocast("tpu", dtype=torch.float16):
         assert (a @ b).dtype == torch.float16
     with torch.autocast("tpu", enabled=False):
@@ -139,9 +140,9 @@ def test_bfloat16_training_tracks_float32():
     """The tiny Llama trained 10 steps under bf16 autocast follows the float32 run's losses."""
     pytest.importorskip("transformers")
     from torch_tpu.testing import hf_zoo
+
     start = hf_zoo.build("llama").to("tpu").train()
-    feed = {k: v.to("tpu") for k, v in hf_zoo.inputs("llama", batch=4, seq=16,
-                                                       with_labels=True).items()}
+    feed = {k: v.to("tpu") for k, v in hf_zoo.inputs("llama", batch=4, seq=16, with_labels=True).items()}
 
     def losses(autocast: bool) -> list[float]:
         model = copy.deepcopy(start)

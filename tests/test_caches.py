@@ -1,5 +1,6 @@
 """In-process caches are bounded (``TORCH_TPU_CACHE_ENTRIES``): a loop over ever new shapes keeps
 a fixed number of compiled graphs, programs, shape signatures and constants."""
+
 from __future__ import annotations
 
 import json
@@ -10,13 +11,14 @@ from torch_tpu.runtime.lru import LRU
 def test_lru_forgets_the_least_recently_used():
     cache = LRU(maxsize=2)
     cache["a"], cache["b"] = 1, 2
-    assert cache.get("a") == 1      # "a" is now the most recent
+    assert cache.get("a") == 1  # "a" is now the most recent
     cache["c"] = 3
     assert "b" not in cache and cache.get("a") == 1 and cache.get("c") == 3 and len(cache) == 2
 
 
 def test_a_loop_over_new_lengths_keeps_the_caches_bounded(run_python):
-    out = run_python("""
+    out = run_python(
+        """
         import json, torch, torch_tpu
         from torch_tpu.execution import fused
         from torch_tpu.ops import dispatch
@@ -33,6 +35,8 @@ def test_a_loop_over_new_lengths_keeps_the_caches_bounded(run_python):
         print(json.dumps({"graphs": len(fused._executables), "shapes": len(fused._shapes),
                           "scalars": len(dispatch._scalar_arrays),
                           "program": max(programs, default=0)}))
-    """, TORCH_TPU_CACHE_ENTRIES="8")
+    """,
+        TORCH_TPU_CACHE_ENTRIES="8",
+    )
     sizes = json.loads(out)
     assert all(0 < n <= 8 for n in sizes.values()), sizes

@@ -2,21 +2,54 @@
 tensors and fills give x86 CPU's results, where XLA would saturate (NaN, infinities and
 out-of-range values become the most negative int64/int32, and narrower types keep its low bits);
 fills with a Python number raise PyTorch's overflow error where CPU does."""
+
 from __future__ import annotations
 
 import warnings
 
 import pytest
 import torch
+
 import torch_tpu
 
 TPU = torch.device("tpu")
 FLOATS = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 TARGETS = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
-VALUES = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 0.5, -0.5, 2.7, -2.7, 127.5,
-          -128.5, 255.9, 300.0, -1.0, -129.0, 32767.9, -32768.9, 65535.0, 70000.0, -70000.5,
-          2.0**31 - 1, 2.0**31, -2.0**31, -2.0**31 - 1, 2.0**32 + 5, 1e10, -(2.0**40 + 7),
-          2.0**62 + 2.0**20, 2.0**63 - 1024, 2.0**63, -2.0**63, 1e20, -1e20]
+VALUES = [
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    0.0,
+    -0.0,
+    0.5,
+    -0.5,
+    2.7,
+    -2.7,
+    127.5,
+    -128.5,
+    255.9,
+    300.0,
+    -1.0,
+    -129.0,
+    32767.9,
+    -32768.9,
+    65535.0,
+    70000.0,
+    -70000.5,
+    2.0**31 - 1,
+    2.0**31,
+    -(2.0**31),
+    -(2.0**31) - 1,
+    2.0**32 + 5,
+    1e10,
+    -(2.0**40 + 7),
+    2.0**62 + 2.0**20,
+    2.0**63 - 1024,
+    2.0**63,
+    -(2.0**63),
+    1e20,
+    -1e20,
+]
 
 
 @pytest.fixture(autouse=True, params=["strict", "fused"])
@@ -67,8 +100,7 @@ def test_float_to_integer_matches_cpu(how, source, target):
 def test_fill_with_a_float_tensor_matches_cpu(target):
     for value in VALUES:
         expected = torch.zeros(2, dtype=target).fill_(torch.tensor(value))
-        assert_same(torch.zeros(2, dtype=target, device=TPU).fill_(torch.tensor(value, device=TPU)),
-                    expected)
+        assert_same(torch.zeros(2, dtype=target, device=TPU).fill_(torch.tensor(value, device=TPU)), expected)
 
 
 def test_complex_to_integer_keeps_the_real_part_like_cpu():
@@ -85,12 +117,30 @@ SCALAR_FILLS = {
     "fill_": lambda value, dtype, device: torch.zeros(2, dtype=dtype, device=device).fill_(value),
     "full": lambda value, dtype, device: torch.full((2,), value, dtype=dtype, device=device),
     # (CPU fills one half-precision element unchecked, rounding to inf)
-    "fill_one": lambda value, dtype, device: torch.zeros(1, dtype=dtype, device=device).fill_(
-        value),
+    "fill_one": lambda value, dtype, device: torch.zeros(1, dtype=dtype, device=device).fill_(value),
     "full_0_dim": lambda value, dtype, device: torch.full((), value, dtype=dtype, device=device),
 }
-SCALARS = [float("nan"), float("inf"), -1.0, -0.5, 0.7, 255.9, 300.0, 65519.0, 2.0**31, 2.0**63,
-           1e20, 1e39, -1, -255, -256, 256, 70000, 2**40, True]
+SCALARS = [
+    float("nan"),
+    float("inf"),
+    -1.0,
+    -0.5,
+    0.7,
+    255.9,
+    300.0,
+    65519.0,
+    2.0**31,
+    2.0**63,
+    1e20,
+    1e39,
+    -1,
+    -255,
+    -256,
+    256,
+    70000,
+    2**40,
+    True,
+]
 
 
 @pytest.mark.parametrize("dtype", TARGETS + FLOATS, ids=str)

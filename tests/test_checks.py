@@ -1,6 +1,7 @@
 """Value checks XLA cannot raise (index bounds...), in fused eager and compiled programs: reported
 by the host read that depends on them, never by an unrelated op, and a failed step leaves
 ``.grad`` as it was."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,17 +17,27 @@ def _bad_select():
     return torch.index_select(torch.arange(4, device="tpu"), 0, torch.tensor([9], device="tpu"))
 
 
-@pytest.mark.parametrize("read", [
-    lambda t: t.cpu(), lambda t: t.item(), lambda t: t.tolist(), repr,
-    lambda t: (t + 1).sum().item(),          # a value computed from the bad one
-    lambda t: torch.nonzero(t),              # an op that reads values on the host
-    lambda t: torch.tpu.synchronize(),
-], ids=["cpu", "item", "tolist", "print", "derived", "nonzero", "synchronize"])
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda t: t.cpu(),
+        lambda t: t.item(),
+        lambda t: t.tolist(),
+        repr,
+        lambda t: (t + 1).sum().item(),  # a value computed from the bad one
+        lambda t: torch.nonzero(t),  # an op that reads values on the host
+        lambda t: torch.tpu.synchronize(),
+    ],
+    ids=["cpu", "item", "tolist", "print", "derived", "nonzero", "synchronize"],
+)
 def test_every_host_read_of_a_checked_value_raises_there(read):
     with torch_tpu.eager_mode("fused"):
         selected = _bad_select()
-        with pytest.raises(IndexError, match=r"index out of range in self \(raised by "
-                                             r"aten\.index_select\.default at .*test_checks"):
+        with pytest.raises(
+            IndexError,
+            match=r"index out of range in self \(raised by "
+            r"aten\.index_select\.default at .*test_checks",
+        ):
             read(selected)
 
 
@@ -35,11 +46,11 @@ def test_an_unrelated_op_or_read_never_raises_the_error():
         selected = _bad_select()
         other = torch.ones(3, device="tpu") * 2
         torch_tpu.execution.fused.flush("test")  # the failing graph has run
-        assert other.sum().item() == 6.0          # unrelated: no error
+        assert other.sum().item() == 6.0  # unrelated: no error
         assert (other + 1).tolist() == [3.0, 3.0, 3.0]
         with pytest.raises(IndexError):
             selected.cpu()
-        with pytest.raises(IndexError):          # the value stays wrong: it keeps raising
+        with pytest.raises(IndexError):  # the value stays wrong: it keeps raising
             selected.item()
     torch.tpu.synchronize()  # reported once already: synchronize does not raise it again
 
@@ -64,8 +75,9 @@ def test_index_ops_stay_in_the_fused_graph():
         "index_fill": lambda: x.index_fill(1, index, -1.0),
         "take": lambda: torch.take(x, index),
         "put": lambda: x.put(index, torch.tensor([7.0, 8.0], device="tpu")),
-        "scatter_reduce": lambda: x.scatter_reduce(0, index.reshape(2, 1).expand(2, 4),
-                                                   torch.ones(2, 4, device="tpu"), "sum"),
+        "scatter_reduce": lambda: x.scatter_reduce(
+            0, index.reshape(2, 1).expand(2, 4), torch.ones(2, 4, device="tpu"), "sum"
+        ),
         "index_reduce": lambda: x.index_reduce(0, index, torch.ones(2, 4, device="tpu"), "prod"),
     }
     for name, call in calls.items():

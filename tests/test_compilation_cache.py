@@ -4,6 +4,7 @@ an entry is used only for its own key, and a copied or moved directory still hit
 Each test runs small programs in fresh processes (the cache is read and written across
 processes) against its own temporary cache directory.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,13 +31,16 @@ def run_ops(run_python):
     """``run_ops(cache_dir, *ops)``: run ``ops`` on tpu in a new process using ``cache_dir``;
     returns (its disk hits, its XLA compilations, the cache warnings it logged), after checking
     the values."""
+
     def run(cache_dir, *ops):
-        out, err = run_python(_PROGRAM.format(ops=ops), capture_stderr=True,
-                              TORCH_TPU_CACHE_DIR=str(cache_dir))
+        out, err = run_python(
+            _PROGRAM.format(ops=ops), capture_stderr=True, TORCH_TPU_CACHE_DIR=str(cache_dir)
+        )
         result = json.loads(out)
         assert result["values"] == {op: _EXPECTED[op] for op in ops}
         assert "Error reading persistent compilation cache" not in err  # JAX's own warning
         return result["disk_hits"], result["xla_compiles"], err.count(_WARNING)
+
     return run
 
 
@@ -85,13 +89,18 @@ def test_a_copied_or_moved_directory_still_hits(run_ops, tmp_path):
     assert run_ops(moved, "cumsum") == (compiles, 0, 0)
 
 
-@pytest.mark.parametrize("damage, reason", [
-    (lambda entry: entry[:-1], "checksum"),
-    (lambda entry: entry[:30], "truncated"),
-    (lambda entry: b"\x28\xb5\x2f\xfd" + entry, "bad header"),  # a bare zstd frame (JAX's format)
-    (lambda entry: _compilation_cache.pack("jit_g-2", _compilation_cache.unpack("jit_f-1", entry)),
-     "another key"),
-])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda entry: entry[:-1], "checksum"),
+        (lambda entry: entry[:30], "truncated"),
+        (lambda entry: b"\x28\xb5\x2f\xfd" + entry, "bad header"),  # a bare zstd frame (JAX's format)
+        (
+            lambda entry: _compilation_cache.pack("jit_g-2", _compilation_cache.unpack("jit_f-1", entry)),
+            "another key",
+        ),
+    ],
+)
 def test_unpack_rejects_what_pack_did_not_write_for_the_key(damage, reason):
     entry = _compilation_cache.pack("jit_f-1", b"executable bytes")
     assert _compilation_cache.unpack("jit_f-1", entry) == b"executable bytes"

@@ -1,5 +1,6 @@
 """``torch.compile(backend="tpu")``: Dynamo graphs traced through the eager lowerings into one
 ``jax.jit`` each, against CPU and eager."""
+
 from __future__ import annotations
 
 import copy
@@ -16,10 +17,10 @@ import torch
 
 import torch_tpu
 import torch_tpu.frontends.compile
-from torch_tpu.execution import fused as _graph
-from torch_tpu.runtime import buffer as _buffer
-from torch_tpu.frontends.compile import Program, bucket_size, pad_to_bucket
 from torch_tpu.demo.model import GPT, GPTConfig
+from torch_tpu.execution import fused as _graph
+from torch_tpu.frontends.compile import Program, bucket_size, pad_to_bucket
+from torch_tpu.runtime import buffer as _buffer
 
 
 @pytest.fixture(autouse=True)
@@ -58,8 +59,9 @@ def test_compiled_forward_and_backward_match_cpu():
         loss.backward()
     torch.testing.assert_close(loss.cpu(), cpu_loss, rtol=1e-5, atol=1e-6)
     for (name, expected), actual in zip(cpu.named_parameters(), tpu.parameters()):
-        torch.testing.assert_close(actual.grad.cpu(), expected.grad, rtol=1e-4, atol=1e-6,
-                                   msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            actual.grad.cpu(), expected.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}"
+        )
 
 
 def test_autocast_and_activation_checkpointing():
@@ -74,8 +76,8 @@ def test_autocast_and_activation_checkpointing():
 
     torch._dynamo.reset()
     checkpointed = torch.compile(
-        lambda t: torch.utils.checkpoint.checkpoint(tpu, t, use_reentrant=False).sum(),
-        backend="tpu")
+        lambda t: torch.utils.checkpoint.checkpoint(tpu, t, use_reentrant=False).sum(), backend="tpu"
+    )
     x_tpu, x_cpu = x.to("tpu").requires_grad_(), x.clone().requires_grad_()
     checkpointed(x_tpu).backward()
     torch.utils.checkpoint.checkpoint(model, x_cpu, use_reentrant=False).sum().backward()
@@ -151,8 +153,9 @@ def test_dynamo_skips_the_runtime_but_not_models_in_the_package():
     """From the moment Dynamo is imported, it skips torch_tpu's runtime (kernels, the device
     module, the compile backend) and traces the package's user-level code (the demo GPT, the
     test helpers) like any model."""
-    out = subprocess.run([sys.executable, "-c", _DYNAMO_RULES], check=True, capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", _DYNAMO_RULES], check=True, capture_output=True, text=True
+    ).stdout
     assert out.split("\n")[0] == "[True, True, True, True, True] [False, False]"
 
 
@@ -160,6 +163,7 @@ def _codes_dynamo_saw() -> list:
     """The code of every frame handed to Dynamo since the last ``torch._dynamo.reset()`` (skipped
     ones included)."""
     from torch._dynamo import convert_frame
+
     return [code for code in (ref() for ref in convert_frame.input_codes.seen) if code is not None]
 
 
@@ -182,13 +186,13 @@ def test_eager_ops_between_graphs_never_reach_dynamo():
     with torch.autocast("tpu"):
         torch.compile(f, backend="tpu")(x)
     ours = tuple(os.path.dirname(m.__file__) for m in (torch_tpu, jax, ml_dtypes, logging))
-    assert not sorted({code.co_filename for code in _codes_dynamo_saw()
-                       if code.co_filename.startswith(ours)})
+    assert not sorted({code.co_filename for code in _codes_dynamo_saw() if code.co_filename.startswith(ours)})
 
 
 def test_backward_hooks_stay_visible_to_dynamo():
     """``backward()`` runs through torch_tpu's autograd engine, yet the hooks it calls reach
     Dynamo as they do without torch_tpu: only the engine's own frame is skipped."""
+
     def doubling_hook(grad):
         return grad * 2
 
@@ -210,10 +214,10 @@ def test_every_package_file_is_runtime_or_user_code():
     """``RUNTIME_PATHS`` names files that exist, and every other file of the package is code
     Dynamo may trace on purpose: a moved or new file has to be classified."""
     from torch_tpu.integrations import dynamo
+
     root = Path(torch_tpu.__file__).parent
     assert all((root / path).exists() for path in dynamo.RUNTIME_PATHS)
-    traced = {f.relative_to(root).as_posix() for f in root.rglob("*.py")
-              if not dynamo.is_runtime(str(f))}
+    traced = {f.relative_to(root).as_posix() for f in root.rglob("*.py") if not dynamo.is_runtime(str(f))}
     assert traced and all(f.startswith(("demo/", "testing/")) for f in traced)
 
 
@@ -255,6 +259,7 @@ def test_whole_training_step_matches_cpu(capturable):
             optimizer.step()
             optimizer.zero_grad()
             return loss
+
         return step
 
     cpu = copy.deepcopy(model)
@@ -269,8 +274,9 @@ def test_whole_training_step_matches_cpu(capturable):
     # atol: the attention key bias's gradient is zero in exact arithmetic, so both sides hold
     # rounding noise there, which Adam's g / (|g| + eps) scales up to the learning rate
     for (name, expected), actual in zip(cpu.named_parameters(), tpu.parameters()):
-        torch.testing.assert_close(actual.detach().cpu(), expected.detach(), rtol=1e-4,
-                                   atol=5e-4, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            actual.detach().cpu(), expected.detach(), rtol=1e-4, atol=5e-4, msg=lambda m: f"{name}: {m}"
+        )
     step_device = optimizer.state[next(tpu.parameters())]["step"].device.type
     assert step_device == ("tpu" if capturable else "cpu")
 
@@ -368,8 +374,9 @@ def test_modes_are_accepted_and_bad_arguments_are_clear():
     with pytest.raises(Exception, match="Unrecognized mode=fastest"):
         torch_tpu.frontends.compile.backend(torch.fx.symbolic_trace(lambda t: t + 1), [x], mode="fastest")
     with pytest.raises(RuntimeError, match="takes no options"):
-        torch_tpu.frontends.compile.backend(torch.fx.symbolic_trace(lambda t: t + 1), [x],
-                                  options={"trace.enabled": True})
+        torch_tpu.frontends.compile.backend(
+            torch.fx.symbolic_trace(lambda t: t + 1), [x], options={"trace.enabled": True}
+        )
 
 
 def test_out_of_range_index_is_reported_not_clamped():
@@ -383,6 +390,7 @@ def test_out_of_range_index_is_reported_not_clamped():
 
 def test_program_of_an_fx_graph():
     from torch.fx.experimental.proxy_tensor import make_fx
+
     graph = make_fx(lambda x: (x.exp() * 2).sum())(torch.ones(3))
     program = Program(graph)
     assert "stablehlo.exponential" in program.stablehlo(torch.ones(3, device="tpu"))
@@ -391,6 +399,7 @@ def test_program_of_an_fx_graph():
 
 def test_data_dependent_op_in_a_graph_names_itself():
     from torch.fx.experimental.proxy_tensor import make_fx
+
     graph = make_fx(lambda x: torch.nonzero(x))(torch.tensor([0.0, 1.0]))
     with pytest.raises(NotImplementedError, match="nonzero.*host"):
         Program(graph)(torch.tensor([0.0, 1.0], device="tpu"))
@@ -444,8 +453,9 @@ def test_second_process_compiles_nothing(tmp_path):
     env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path))
 
     def run() -> list[int]:
-        out = subprocess.run([sys.executable, "-c", _SECOND_PROCESS], env=env, check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", _SECOND_PROCESS], env=env, check=True, capture_output=True, text=True
+        ).stdout
         return [int(v) for v in out.split()]
 
     graphs, compiles, _ = run()
@@ -458,6 +468,7 @@ def test_transformers_static_cache_generation_compiles_on_tpu():
     """Transformers compiles generation with backend "tpu" for a static KV cache."""
     pytest.importorskip("transformers")
     from torch_tpu.testing import hf_zoo
+
     model = hf_zoo.build("llama")
     feed = hf_zoo.inputs("llama")
     options = dict(max_new_tokens=8, do_sample=False, cache_implementation="static")
@@ -474,5 +485,6 @@ def test_transformers_static_cache_generation_compiles_on_tpu():
 
 def test_docstring_examples_run():
     import doctest
+
     result = doctest.testmod(torch_tpu.frontends.compile)
     assert result.attempted >= 3 and result.failed == 0

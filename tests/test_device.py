@@ -1,4 +1,5 @@
 """Registration: the "tpu" device, the torch.tpu module, accelerator API, autoload, RNG."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,9 @@ import torch_tpu
 
 
 def _python(code: str, **env) -> str:
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env={**os.environ, **env}, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 
@@ -26,13 +28,37 @@ def test_device_and_accelerator():
     assert torch._C._get_privateuse1_backend_name() == "tpu"
 
 
-@pytest.mark.parametrize("name", [
-    "is_available", "is_initialized", "device_count", "current_device", "set_device", "device",
-    "synchronize", "manual_seed", "manual_seed_all", "seed", "initial_seed", "get_rng_state",
-    "set_rng_state", "get_device_name", "get_device_properties", "memory_allocated",
-    "max_memory_allocated", "memory_stats", "reset_peak_memory_stats", "empty_cache",
-    "get_amp_supported_dtype", "is_bf16_supported", "Stream", "Event", "current_stream", "stream",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "is_available",
+        "is_initialized",
+        "device_count",
+        "current_device",
+        "set_device",
+        "device",
+        "synchronize",
+        "manual_seed",
+        "manual_seed_all",
+        "seed",
+        "initial_seed",
+        "get_rng_state",
+        "set_rng_state",
+        "get_device_name",
+        "get_device_properties",
+        "memory_allocated",
+        "max_memory_allocated",
+        "memory_stats",
+        "reset_peak_memory_stats",
+        "empty_cache",
+        "get_amp_supported_dtype",
+        "is_bf16_supported",
+        "Stream",
+        "Event",
+        "current_stream",
+        "stream",
+    ],
+)
 def test_device_module_api(name):
     assert callable(getattr(torch.tpu, name))
 
@@ -94,33 +120,39 @@ def test_memory_allocated_tracks_live_buffers():
 
 
 def test_autoload_through_plain_import_torch():
-    out = _python("import torch; print(torch.ones(2, device='tpu').device, "
-                  "torch.accelerator.current_accelerator())")
+    out = _python(
+        "import torch; print(torch.ones(2, device='tpu').device, torch.accelerator.current_accelerator())"
+    )
     assert out == "tpu:0 tpu"
 
 
 def test_autoload_can_be_disabled():
-    out = _python("import torch; print(torch._C._get_privateuse1_backend_name())",
-                  TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    out = _python(
+        "import torch; print(torch._C._get_privateuse1_backend_name())", TORCH_DEVICE_BACKEND_AUTOLOAD="0"
+    )
     assert out == "privateuseone"
 
 
 def test_platform_can_be_forced():
-    out = _python("import torch, torch_tpu; print(torch.tpu.get_device_name())",
-                  TORCH_TPU_PLATFORM="cpu")
+    out = _python("import torch, torch_tpu; print(torch.tpu.get_device_name())", TORCH_TPU_PLATFORM="cpu")
     assert out == "XLA:CPU (stand-in)"
 
 
 def test_unknown_platform_is_a_clear_error():
     """(at first use: importing torch_tpu starts nothing)"""
-    result = subprocess.run([sys.executable, "-c", "import torch; torch.ones(1, device='tpu')"],
-                            capture_output=True, text=True,
-                            env={**os.environ, "TORCH_TPU_PLATFORM": "abacus"})
+    result = subprocess.run(
+        [sys.executable, "-c", "import torch; torch.ones(1, device='tpu')"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TORCH_TPU_PLATFORM": "abacus"},
+    )
     assert result.returncode != 0 and "TORCH_TPU_PLATFORM must be one of" in result.stderr
 
 
 def test_debug_eager_mode_runs_ops():
-    out = _python("import torch, torch_tpu; from torch_tpu import config; "
-                  "x = torch.arange(4., device='tpu'); print(config.launch_blocking, (x * 2).sum().item())",
-                  TPU_LAUNCH_BLOCKING="1")
+    out = _python(
+        "import torch, torch_tpu; from torch_tpu import config; "
+        "x = torch.arange(4., device='tpu'); print(config.launch_blocking, (x * 2).sum().item())",
+        TPU_LAUNCH_BLOCKING="1",
+    )
     assert out == "True 12.0"

@@ -1,6 +1,7 @@
 """Errors on tpu are PyTorch's errors: the same exception types as CPU (messages like CUDA's where
 the device shows), raised before anything is written, after which the process keeps working.
 Also the opt-in switches that change error behaviour: CPU fallback and debug (blocking) eager."""
+
 from __future__ import annotations
 
 import json
@@ -79,8 +80,10 @@ def test_host_only_scalar_argument_refuses_a_device_tensor():
 SHAPE_ERRORS = {
     "broadcast": (lambda a, b: a + b, (torch.ones(3), torch.ones(4))),
     "inplace_broadcast": (lambda a, b: a.mul_(b), (torch.ones(3), torch.ones(2, 3))),
-    "out_shape": (lambda a, b: torch.add(a, a, out=b.view(2, 2)[0].t().expand(3, 2)),
-                  (torch.ones(3, 2), torch.zeros(4))),
+    "out_shape": (
+        lambda a, b: torch.add(a, a, out=b.view(2, 2)[0].t().expand(3, 2)),
+        (torch.ones(3, 2), torch.zeros(4)),
+    ),
     "view": (lambda a: a.view(5), (torch.ones(12),)),
     "view_incompatible_strides": (lambda a: a.t().view(12), (torch.ones(3, 4),)),
     "copy_": (lambda a, b: a.copy_(b), (torch.ones(3), torch.ones(4))),
@@ -117,8 +120,9 @@ PRODUCT_SIZE_ERRORS = {
 }
 
 
-@pytest.mark.parametrize("fn,shapes", [(c[0], c[1:]) for c in PRODUCT_SIZE_ERRORS.values()],
-                         ids=PRODUCT_SIZE_ERRORS.keys())
+@pytest.mark.parametrize(
+    "fn,shapes", [(c[0], c[1:]) for c in PRODUCT_SIZE_ERRORS.values()], ids=PRODUCT_SIZE_ERRORS.keys()
+)
 def test_product_size_errors_like_cpu(fn, shapes):
     cpu = [torch.ones(s) for s in shapes]
     with pytest.raises(RuntimeError) as cpu_error:
@@ -128,15 +132,26 @@ def test_product_size_errors_like_cpu(fn, shapes):
 
 
 CAST_ERRORS = {
-    "int_iadd_float": (lambda a, b: a.__iadd__(b), (torch.arange(3), torch.ones(3)),
-                       "result type Float can't be cast to the desired output type Long"),
-    "int_add_float_scalar": (lambda a: a.add_(1.5), (torch.arange(3),),
-                             "result type Float can't be cast to the desired output type Long"),
-    "bool_add_int": (lambda a: a.add_(1), (torch.ones(3, dtype=torch.bool),),
-                     "result type Long can't be cast to the desired output type Bool"),
-    "float_out_into_int": (lambda a, b: torch.mul(a, a, out=b), (torch.ones(3),
-                                                                 torch.zeros(3, dtype=torch.int32)),
-                           "result type Float can't be cast to the desired output type Int"),
+    "int_iadd_float": (
+        lambda a, b: a.__iadd__(b),
+        (torch.arange(3), torch.ones(3)),
+        "result type Float can't be cast to the desired output type Long",
+    ),
+    "int_add_float_scalar": (
+        lambda a: a.add_(1.5),
+        (torch.arange(3),),
+        "result type Float can't be cast to the desired output type Long",
+    ),
+    "bool_add_int": (
+        lambda a: a.add_(1),
+        (torch.ones(3, dtype=torch.bool),),
+        "result type Long can't be cast to the desired output type Bool",
+    ),
+    "float_out_into_int": (
+        lambda a, b: torch.mul(a, a, out=b),
+        (torch.ones(3), torch.zeros(3, dtype=torch.int32)),
+        "result type Float can't be cast to the desired output type Int",
+    ),
 }
 
 
@@ -195,8 +210,9 @@ ZERO_DIVISORS = {  # the divisor, built on the device of x
 @pytest.mark.parametrize("divisor", ZERO_DIVISORS)
 @pytest.mark.parametrize("op", DIVISIONS)
 def test_integer_division_by_zero_raises_like_cpu(op, divisor, dtype):
-    error = assert_raises_like_cpu(lambda x: DIVISIONS[op](x, ZERO_DIVISORS[divisor](x)),
-                                   torch.tensor([7, 4, 9], dtype=dtype))
+    error = assert_raises_like_cpu(
+        lambda x: DIVISIONS[op](x, ZERO_DIVISORS[divisor](x)), torch.tensor([7, 4, 9], dtype=dtype)
+    )
     assert str(error) == "ZeroDivisionError"
 
 
@@ -215,8 +231,10 @@ def test_scalar_divided_by_a_tensor_with_a_zero_raises_like_cpu():
 
 DIVISION_VALUES = {  # results CPU defines, which the checks must leave alone
     "signs": (torch.tensor([-7, 7, -7, 7]), torch.tensor([2, -2, -2, 2])),
-    "int8_min_by_minus_one": (torch.tensor([-128, 5], dtype=torch.int8),
-                              torch.tensor([-1, 3], dtype=torch.int8)),
+    "int8_min_by_minus_one": (
+        torch.tensor([-128, 5], dtype=torch.int8),
+        torch.tensor([-1, 3], dtype=torch.int8),
+    ),
     "float_by_zero": (torch.tensor([5.0, -5.0, 0.0]), torch.tensor([0.0, 0.0, 0.0])),
     "int_by_float_zero": (torch.tensor([5, -5, 0]), torch.tensor(0.0)),
     "empty_by_zero": (torch.tensor([], dtype=torch.int64), torch.tensor(0)),
@@ -235,8 +253,7 @@ def test_integer_division_values_match_cpu(op, case):
 
 def test_bool_division_is_not_implemented_like_cpu():
     for op in ("floor_divide", "remainder", "fmod", "div_trunc"):
-        error = assert_raises_like_cpu(DIVISIONS[op], torch.tensor([True, False]),
-                                       torch.tensor([True, True]))
+        error = assert_raises_like_cpu(DIVISIONS[op], torch.tensor([True, False]), torch.tensor([True, True]))
         assert "not implemented for 'Bool'" in str(error)
 
 
@@ -248,8 +265,11 @@ def test_division_by_zero_in_fused_eager():
         with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):
             x // 0
         quotient = x // (x - 4)
-        with pytest.raises(RuntimeError, match=r"^ZeroDivisionError \(raised by "
-                                               r"aten\.floor_divide\.default at .*test_errors"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"^ZeroDivisionError \(raised by "
+            r"aten\.floor_divide\.default at .*test_errors",
+        ):
             quotient.cpu()
         assert (x // 2).cpu().tolist() == [3, 2, 4]
 
@@ -257,11 +277,17 @@ def test_division_by_zero_in_fused_eager():
 # ----------------------------------------------------------------------------- unsupported ops
 # Ops with CPU kernels and (today) no tpu lowering, each as an expression of a 1-d tensor ``x``;
 # the tests use the first one still unlowered.
-_RARE_OPS = [("aten::histogram", "torch.histogram(x, bins=4).hist"),
-             ("aten::segment_reduce",
-              "torch.segment_reduce(x, 'sum', lengths=torch.tensor([len(x) - 1, 1], device=x.device))"),
-             ("aten::_spdiags",
-              "torch.sparse.spdiags(x.reshape(1, -1), torch.tensor([0]), (len(x), len(x))).values()")]
+_RARE_OPS = [
+    ("aten::histogram", "torch.histogram(x, bins=4).hist"),
+    (
+        "aten::segment_reduce",
+        "torch.segment_reduce(x, 'sum', lengths=torch.tensor([len(x) - 1, 1], device=x.device))",
+    ),
+    (
+        "aten::_spdiags",
+        "torch.sparse.spdiags(x.reshape(1, -1), torch.tensor([0]), (len(x), len(x))).values()",
+    ),
+]
 
 
 def _unlowered_op():
@@ -286,7 +312,8 @@ def test_unlowered_op_names_itself_and_the_fallback_switch():
 
 def test_cpu_fallback_is_opt_in_and_counted(run_python):
     name, expression = _unlowered_op()
-    out = run_python(f"""
+    out = run_python(
+        f"""
         import json, torch, torch_tpu
         run = lambda x: {expression}
         cpu = torch.linspace(0.5, 2.0, 7)
@@ -294,7 +321,9 @@ def test_cpu_fallback_is_opt_in_and_counted(run_python):
         run(cpu.to("tpu")[::2])
         print(json.dumps({{"device": str(result.device), "equal": torch.equal(result.cpu(), run(cpu)),
                           "counts": dict(torch_tpu.cpu_fallback_counts())}}))
-    """, TORCH_TPU_CPU_FALLBACK="1")
+    """,
+        TORCH_TPU_CPU_FALLBACK="1",
+    )
     report = json.loads(out.splitlines()[-1])
     assert report["device"] == "tpu:0" and report["equal"]
     counts = report["counts"]
@@ -308,7 +337,8 @@ def test_fallback_counts_are_empty_without_fallback():
 
 # ----------------------------------------------------------------------------- debug eager
 def test_launch_blocking_runs_ops(run_python):
-    out = run_python("""
+    out = run_python(
+        """
         import json, torch, torch_tpu
         from torch_tpu import config
 
@@ -325,7 +355,9 @@ def test_launch_blocking_runs_ops(run_python):
         cpu = torch.arange(6.0).view(2, 3)
         tpu = work(cpu.to("tpu"))
         print(json.dumps([config.launch_blocking, torch.equal(tpu.cpu(), work(cpu))]))
-    """, TPU_LAUNCH_BLOCKING="1")
+    """,
+        TPU_LAUNCH_BLOCKING="1",
+    )
     assert json.loads(out.splitlines()[-1]) == [True, True]
 
 
@@ -343,6 +375,5 @@ GENERATOR_USES = {
 
 @pytest.mark.parametrize("name", GENERATOR_USES)
 def test_cpu_generator_on_tpu_is_an_error_like_cuda(name):
-    with pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but "
-                                           "found 'cpu'"):
+    with pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but found 'cpu'"):
         GENERATOR_USES[name](torch.Generator())

@@ -1,5 +1,6 @@
 """The scripts in examples/ run end to end at their smallest settings and pass their own checks
 (each exits non-zero when its tpu-vs-CPU or learning check fails)."""
+
 from __future__ import annotations
 
 import os
@@ -14,23 +15,30 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SMALL_TRAINING = ["--steps", "3", "--batch-size", "2", "--block-size", "16"]
 #: name -> (script and arguments, lines its output must contain)
 CASES = {
-    "generate": (["hf_generate.py", "--new-tokens", "4"],
-                 ["on tpu:0", "ids identical to CPU: True [ok]"]),
+    "generate": (["hf_generate.py", "--new-tokens", "4"], ["on tpu:0", "ids identical to CPU: True [ok]"]),
     # The float32 path is the Trainer test's; this also covers Accelerate's bf16 autocast.
-    "finetune bf16": (["hf_finetune.py", *SMALL_TRAINING, "--bf16"],
-                      ["parameters on tpu:0", "Accelerate mixed precision: bf16",
-                       "step   3  loss", "[ok]"]),
-    "sentence embeddings": (["sentence_embeddings.py"],
-                            ["cosine similarities on tpu:0", "min cosine(tpu, cpu)", "[ok]"]),
+    "finetune bf16": (
+        ["hf_finetune.py", *SMALL_TRAINING, "--bf16"],
+        ["parameters on tpu:0", "Accelerate mixed precision: bf16", "step   3  loss", "[ok]"],
+    ),
+    "sentence embeddings": (
+        ["sentence_embeddings.py"],
+        ["cosine similarities on tpu:0", "min cosine(tpu, cpu)", "[ok]"],
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_example(case: str, tmp_path: Path) -> None:
     (script, *args), expected_lines = CASES[case]
-    done = subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd=tmp_path,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, f"{case} failed:\n{done.stdout}\n{done.stderr}"
     for expected in expected_lines:
         assert expected in done.stdout, f"{expected!r} missing from:\n{done.stdout}"

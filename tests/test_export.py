@@ -1,4 +1,5 @@
 """``torch_tpu.export.to_stablehlo``: torch.export programs as StableHLO that JAX runs alone."""
+
 from __future__ import annotations
 
 import copy
@@ -27,7 +28,7 @@ def test_gpt_exports_to_stablehlo_and_jax_reproduces_it():
     assert program.text.startswith("module @") and "stablehlo.dot_general" in program.text
     assert isinstance(program.serialized, bytes) and program.serialized
     assert program.state_names[0] == "token_embedding.weight" and program.input_names == ("idx",)
-    logits, = _run_artifact(program, tokens)
+    (logits,) = _run_artifact(program, tokens)
     with torch.no_grad():
         expected, _ = model(tokens)
     np.testing.assert_allclose(logits, expected.numpy(), rtol=1e-5, atol=1e-5)
@@ -60,4 +61,5 @@ def test_dynamic_shapes_and_randomness_are_refused_clearly():
 
 def test_docstring_example_runs():
     import doctest
+
     assert doctest.testmod(torch_tpu.frontends.export).failed == 0

@@ -1,6 +1,7 @@
 """Failures lose nothing: a fused graph that fails (out of memory, any XLA error) or is
 interrupted leaves every tensor that had a value before it with that value, the process stays
 usable, Ctrl-C is delivered, and running out of memory raises ``torch.OutOfMemoryError``."""
+
 from __future__ import annotations
 
 import copy
@@ -98,8 +99,9 @@ def test_values_a_failed_graph_was_to_create_name_the_error(monkeypatch):
         with pytest.raises(torch.OutOfMemoryError):
             y.sum().item()
         monkeypatch.undo()
-        with pytest.raises(RuntimeError, match="has no value: the fused graph computing it "
-                                               "failed .*RESOURCE_EXHAUSTED"):
+        with pytest.raises(
+            RuntimeError, match="has no value: the fused graph computing it failed .*RESOURCE_EXHAUSTED"
+        ):
             y.cpu()
         assert x.sum().item() == 4.0
 
@@ -116,6 +118,7 @@ def test_an_interrupt_while_a_graph_runs_is_delivered_after_its_results_are_stor
             results = executable(*leaves)
             signal.raise_signal(signal.SIGINT)  # Ctrl-C lands right after XLA returns
             return results
+
         _FailingRuns(monkeypatch, interrupted)
         with pytest.raises(KeyboardInterrupt):
             model(tokens, tokens)[1].backward()  # the graph runs at the end of backward()
@@ -138,6 +141,7 @@ def test_an_interrupt_while_a_graph_compiles_leaves_it_pending(monkeypatch):
         def interrupted_jit(*args, **kwargs):
             monkeypatch.setattr(fused.jax, "jit", real_jit)
             raise KeyboardInterrupt
+
         monkeypatch.setattr(fused.jax, "jit", interrupted_jit)
         with pytest.raises(KeyboardInterrupt):
             y.cpu()
@@ -151,14 +155,14 @@ def test_an_interrupt_inside_jax_gc_callback_is_not_swallowed(monkeypatch):
     from jax._src import lib
 
     from torch_tpu.runtime import platform
+
     torch.ones(1, device="tpu").sum().item()  # (the device has started)
     monkeypatch.setattr(signal, "getsignal", lambda _: signal.default_int_handler)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         platform.keep_interrupts()
         monkeypatch.undo()
-        monkeypatch.setattr(lib._jax, "collect_garbage",
-                            lambda: signal.raise_signal(signal.SIGINT))
+        monkeypatch.setattr(lib._jax, "collect_garbage", lambda: signal.raise_signal(signal.SIGINT))
         reached = []
         with pytest.raises(KeyboardInterrupt):
             gc.collect()
@@ -172,7 +176,7 @@ def test_an_interrupt_inside_jax_gc_callback_is_not_swallowed(monkeypatch):
 
 def test_an_impossible_empty_fails_at_empty():
     total = memory.total_memory()
-    with pytest.raises(torch.OutOfMemoryError, match=rf"Tried to allocate .*; the device .* has"):
+    with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate .*; the device .* has"):
         torch.empty(total // 4 + 1, dtype=torch.float64, device="tpu")
     big = torch.empty(1024, 1024, device="tpu")  # a possible one still allocates nothing yet
     assert big.shape == (1024, 1024)

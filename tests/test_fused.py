@@ -1,5 +1,6 @@
 """Fused eager: modes, deferral and sync points, views under deferral, the compilation cache,
 errors, explanations and memory."""
+
 from __future__ import annotations
 
 import copy
@@ -35,14 +36,18 @@ def test_default_mode_is_strict_and_switching_is_scoped():
         torch_tpu.set_eager_mode("lazy")
 
 
-@pytest.mark.parametrize("env, mode", [({"TORCH_TPU_DEFER_AND_FUSE": "1"}, "fused"),
-                                       ({"TPU_LAUNCH_BLOCKING": "1"}, "debug")])
+@pytest.mark.parametrize(
+    "env, mode", [({"TORCH_TPU_DEFER_AND_FUSE": "1"}, "fused"), ({"TPU_LAUNCH_BLOCKING": "1"}, "debug")]
+)
 def test_environment_picks_the_starting_mode(run_python, env, mode):
-    out = run_python("""
+    out = run_python(
+        """
         import torch, torch_tpu
         x = torch.arange(4.0, device="tpu") * 3
         print(torch_tpu.get_eager_mode().value, x.sum().item())
-    """, **env)
+    """,
+        **env,
+    )
     assert out.split() == [mode, "18.0"]
 
 
@@ -89,14 +94,14 @@ def test_backward_and_optimizer_step_end_their_graphs(fused):
 def test_views_and_in_place_writes_stay_correct_while_deferred(fused):
     def program(device):
         base = torch.arange(12.0, device=device).reshape(3, 4)
-        view = base[:, 1:3]                 # a strided view of a deferred value
-        view.mul_(10)                       # writes through to base
-        base.t()[0].add_(100)               # and through a transposed view
+        view = base[:, 1:3]  # a strided view of a deferred value
+        view.mul_(10)  # writes through to base
+        base.t()[0].add_(100)  # and through a transposed view
         alias = base.view(-1)[::5]
         alias.zero_()
         flat = base.flatten().clone()
         flat[2:4] = torch.tensor([-1.0, -2.0], device=device)
-        as_int = base.view(torch.int32)     # reinterpreted bits of a deferred buffer
+        as_int = base.view(torch.int32)  # reinterpreted bits of a deferred buffer
         return base, view, flat, as_int.bitwise_and(0xFFFF)
 
     for actual, expected in zip(program("tpu"), program("cpu")):
@@ -136,7 +141,7 @@ def _train(model, steps, lr_schedule=None):
         loss.backward()
         optimizer.step()
         losses.append(loss.detach())
-    return [l.item() for l in losses]
+    return [loss.item() for loss in losses]
 
 
 def _tiny_gpt():
@@ -209,8 +214,11 @@ def test_shape_errors_raise_at_the_op_and_lose_nothing(fused):
 def test_out_of_range_index_reports_at_the_sync_point_naming_the_op(fused):
     weight = torch.randn(5, 3, device="tpu")
     looked_up = F.embedding(torch.tensor([1, 7], device="tpu"), weight)
-    with pytest.raises(IndexError, match=r"index out of range in self \(raised by "
-                                         r"aten\.embedding\.default at .*test_fused\.py:\d+"):
+    with pytest.raises(
+        IndexError,
+        match=r"index out of range in self \(raised by "
+        r"aten\.embedding\.default at .*test_fused\.py:\d+",
+    ):
         looked_up.sum().item()
     assert weight.shape == (5, 3) and torch.isfinite(weight).all().item()
 
@@ -220,18 +228,24 @@ def test_debug_mode_raises_at_the_users_line():
         weight = torch.randn(5, 3, device="tpu")
         with pytest.raises(IndexError, match="index out of range") as info:
             F.embedding(torch.tensor([9], device="tpu"), weight)
-    assert any(entry.path.name == "test_fused.py" and "F.embedding" in str(entry.statement)
-               for entry in info.traceback)
+    assert any(
+        entry.path.name == "test_fused.py" and "F.embedding" in str(entry.statement)
+        for entry in info.traceback
+    )
 
 
 def test_recompiles_are_explained(run_python):
-    _, err = run_python("""
+    _, err = run_python(
+        """
         import sys, torch, torch_tpu
         torch_tpu.set_eager_mode("fused")
         for n in (4, 4, 5):
             x = torch.ones(n, device="tpu")
             (x * 2).sum().item()                 # the line to blame
-    """, capture_stderr=True, TORCH_TPU_LOG_RECOMPILES="1")
+    """,
+        capture_stderr=True,
+        TORCH_TPU_LOG_RECOMPILES="1",
+    )
     assert "compiling a new graph" in err
     assert "recompiling" in err and "changed shape" in err, err
 

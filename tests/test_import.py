@@ -1,5 +1,6 @@
 """``import torch`` with torch_tpu installed registers the device and nothing more: JAX is
 imported and configured (64-bit types, the compilation cache) only when tpu is first used."""
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,16 @@ def test_import_torch_registers_tpu_without_touching_jax(run_python):
         print(json.dumps(state))
     """)
     state = json.loads(out)
-    assert state == {"registered": "tpu", "module": True, "jax_imported": False,
-                     "dynamo_imported": False, "x64_before_use": False,
-                     "cache_before_use": None, "x64_after_use": True, "dtype": "torch.int64"}
+    assert state == {
+        "registered": "tpu",
+        "module": True,
+        "jax_imported": False,
+        "dynamo_imported": False,
+        "x64_before_use": False,
+        "cache_before_use": None,
+        "x64_after_use": True,
+        "dtype": "torch.int64",
+    }
 
 
 def test_a_jax_cache_directory_chosen_by_the_process_is_kept(run_python, tmp_path):

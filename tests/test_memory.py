@@ -1,4 +1,5 @@
 """No leaks: device buffers die with the last tensor that uses them."""
+
 from __future__ import annotations
 
 import gc
@@ -18,7 +19,7 @@ def test_ten_thousand_ops_keep_live_buffers_bounded():
     for _ in range(50):  # warm up caches (scalar constants, compiled ops)
         x = (x * 0.5 + w).tanh().detach()
     baseline = _live_buffers()
-    for step in range(2500):  # 4 ops per step
+    for _ in range(2500):  # 4 ops per step
         x = (x * 0.5 + w).tanh().detach()
     assert _live_buffers() <= baseline + 8
 

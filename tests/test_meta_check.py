@@ -1,6 +1,7 @@
 """TORCH_TPU_CHECK_META: every tpu kernel call checked against PyTorch's Meta kernel (shapes,
 dtypes, strides of what it returns and writes; the errors PyTorch raises). Real ops pass it, and
 deliberately wrong kernels are caught."""
+
 from __future__ import annotations
 
 import pytest
@@ -35,7 +36,8 @@ REAL_OPS = {
     "binary": lambda: _x(2, 3) + _x(3),
     "transposed_elementwise": lambda: _x(3, 4).t() * 2,
     "channels_last_elementwise": lambda: torch.sigmoid(
-        _x(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)),
+        _x(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    ),
     "comparison": lambda: _x(3, 4).t() > 2,
     "mm": lambda: _x(5, 2) @ _x(2, 3),
     "reduction": lambda: _x(3, 4).sum(dim=1, keepdim=True),
@@ -43,8 +45,7 @@ REAL_OPS = {
     "in_place": lambda: _x(3, 4).t().add_(1),
     "out": lambda: torch.mul(_x(2, 3), 2, out=torch.empty(0, device=TPU)),
     "factory": lambda: torch.zeros(2, 3, device=TPU, dtype=torch.int32),
-    "empty_channels_last": lambda: torch.empty(2, 3, 4, 5, device=TPU,
-                                               memory_format=torch.channels_last),
+    "empty_channels_last": lambda: torch.empty(2, 3, 4, 5, device=TPU, memory_format=torch.channels_last),
     "view": lambda: _x(3, 4).t().reshape(2, 6),
     "to_dtype": lambda: _x(3, 4).t().to(torch.float64),
     "to_cpu": lambda: _x(3, 4).t().cpu(),
@@ -63,6 +64,7 @@ def test_every_kernel_kind_is_checked(check_meta, monkeypatch):
     def spy(op, *rest):
         seen.append(op)
         return original(op, *rest)
+
     monkeypatch.setattr(meta_check, "_checked_call", spy)
     x = _x(3)
     x + 1  # functional
@@ -83,18 +85,42 @@ def _pair(*shape):
 
 # op, a wrong tpu kernel for it, its arguments, what the checker reports
 WRONG_KERNELS = {
-    "shape": (aten.add.Tensor, lambda a, b, alpha=1: torch.zeros(3, 2, device=TPU), _pair(2, 3),
-              "output: shape"),
-    "dtype": (aten.add.Tensor, lambda a, b, alpha=1: torch.zeros(2, 3, device=TPU).long(),
-              _pair(2, 3), "output: dtype"),
-    "strides": (aten.add.Tensor, lambda a, b, alpha=1: torch.zeros(2, 3, device=TPU),
-                lambda: (_x(3, 2).t(), _x(3, 2).t()), "output: strides"),
-    "written_argument": (aten.add.out, lambda a, b, alpha=1, *, out: [out.resize_(6), a + b][1],
-                         _pair(2, 3), "argument 'out': shape"),
-    "accepts_bad_input": (aten.mm.default, lambda a, b: torch.zeros(5, 3, device=TPU),
-                          lambda: (_x(5, 1), _x(2, 3)), "accepted arguments PyTorch rejects"),
-    "wrong_error_type": (aten.mm.default, lambda a, b: [][0], lambda: (_x(5, 1), _x(2, 3)),
-                         "raised IndexError on tpu, PyTorch raises RuntimeError"),
+    "shape": (
+        aten.add.Tensor,
+        lambda a, b, alpha=1: torch.zeros(3, 2, device=TPU),
+        _pair(2, 3),
+        "output: shape",
+    ),
+    "dtype": (
+        aten.add.Tensor,
+        lambda a, b, alpha=1: torch.zeros(2, 3, device=TPU).long(),
+        _pair(2, 3),
+        "output: dtype",
+    ),
+    "strides": (
+        aten.add.Tensor,
+        lambda a, b, alpha=1: torch.zeros(2, 3, device=TPU),
+        lambda: (_x(3, 2).t(), _x(3, 2).t()),
+        "output: strides",
+    ),
+    "written_argument": (
+        aten.add.out,
+        lambda a, b, alpha=1, *, out: [out.resize_(6), a + b][1],
+        _pair(2, 3),
+        "argument 'out': shape",
+    ),
+    "accepts_bad_input": (
+        aten.mm.default,
+        lambda a, b: torch.zeros(5, 3, device=TPU),
+        lambda: (_x(5, 1), _x(2, 3)),
+        "accepted arguments PyTorch rejects",
+    ),
+    "wrong_error_type": (
+        aten.mm.default,
+        lambda a, b: [][0],
+        lambda: (_x(5, 1), _x(2, 3)),
+        "raised IndexError on tpu, PyTorch raises RuntimeError",
+    ),
 }
 
 

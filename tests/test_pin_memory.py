@@ -1,4 +1,5 @@
 """``pin_memory()`` and ``DataLoader(pin_memory=True)`` when tpu is the accelerator."""
+
 from __future__ import annotations
 
 import torch

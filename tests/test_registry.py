@@ -1,4 +1,5 @@
 """The op table is strict, and in-place/out= variants come from the functional lowering."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Saving, loading and copying tpu tensors: torch.save/torch.load (both formats), pickle,
 copy.deepcopy, safetensors, and the storage API they are built on."""
+
 from __future__ import annotations
 
 import copy
@@ -17,8 +18,9 @@ TPU = torch.device("tpu")
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3),
-                               torch.nn.Linear(3, 2, bias=False))
+    return torch.nn.Sequential(
+        torch.nn.Linear(4, 3), torch.nn.LayerNorm(3), torch.nn.Linear(3, 2, bias=False)
+    )
 
 
 def assert_state_equal(actual: dict, expected: dict, device: str) -> None:
@@ -37,8 +39,11 @@ def _round_trip(obj, **load_kwargs):
 
 
 # ----------------------------------------------------------------------------- torch.save / load
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64,
-                                   torch.bool, torch.complex64, torch.uint8], ids=str)
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.complex64, torch.uint8],
+    ids=str,
+)
 @pytest.mark.parametrize("map_location,device", [(None, "tpu"), ("cpu", "cpu"), ("tpu", "tpu")])
 def test_save_tpu_tensor(dtype, map_location, device):
     cpu = (torch.arange(12) - 5).reshape(3, 4).to(dtype)
@@ -107,13 +112,16 @@ def test_tpu_checkpoint_loads_without_torch_tpu(run_python, tmp_path):
     model = _model().to(TPU)
     torch.save(model.state_dict(), tmp_path / "model.pt")
     expected = {k: v.cpu().tolist() for k, v in model.state_dict().items()}
-    out = run_python("""
+    out = run_python(
+        """
         import json, sys, torch
         state = torch.load("model.pt", map_location="cpu")
         print(json.dumps({"torch_tpu": "torch_tpu" in sys.modules,
                           "devices": sorted({str(v.device) for v in state.values()}),
                           "values": {k: v.tolist() for k, v in state.items()}}))
-    """, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    """,
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+    )
     report = json.loads(out.splitlines()[-1])
     assert report["torch_tpu"] is False and report["devices"] == ["cpu"]
     assert report["values"] == expected

@@ -1,6 +1,7 @@
 """Threads and processes: execution state is per thread (mode, fused graph, trace, checks), two
 threads training at once each get their serial result, and a forked child that touches tpu
 gets a clear error instead of hanging."""
+
 from __future__ import annotations
 
 import threading
@@ -20,6 +21,7 @@ def _in_threads(*functions, timeout: float = 600):
             results[i] = fn()
         except BaseException as error:  # noqa: BLE001
             errors.append(error)
+
     threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(functions)]
     for t in threads:
         t.start()
@@ -43,7 +45,7 @@ def test_the_mode_belongs_to_the_thread():
     def strict_thread():
         fused_now.wait(60)
         mode = torch_tpu.get_eager_mode()
-        x = (torch.ones(3, device="tpu") * 2).sum()   # runs at once: nothing is recorded
+        x = (torch.ones(3, device="tpu") * 2).sum()  # runs at once: nothing is recorded
         checked.set()
         return mode, torch_tpu.execution.pending_ops(), x.item()
 
@@ -58,8 +60,7 @@ _init_lock = threading.Lock()  # parameter init draws from torch's one global CP
 def _train(seed: int, steps: int = 6) -> list[float]:
     with _init_lock:
         torch.manual_seed(seed)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
-                                    torch.nn.Linear(16, 1))
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     model = model.to("tpu")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(seed)
@@ -80,7 +81,9 @@ def test_two_threads_training_each_get_their_serial_result(mode):
         def run():
             with torch_tpu.eager_mode(mode):
                 return _train(seed)
+
         return run
+
     serial = [in_mode(1)(), in_mode(2)()]
     torch.tpu.reset_compilation_cache_stats()
     together = _in_threads(in_mode(1), in_mode(2))
@@ -94,8 +97,7 @@ def test_one_threads_failed_check_is_never_raised_in_another():
 
     def bad_thread():
         with torch_tpu.eager_mode("fused"):
-            bad = torch.index_select(torch.arange(4, device="tpu"), 0,
-                                     torch.tensor([9], device="tpu"))
+            bad = torch.index_select(torch.arange(4, device="tpu"), 0, torch.tensor([9], device="tpu"))
             torch_tpu.execution.fused.flush("test")  # its graph has run, the check failed
             failed.set()
             valid_done.wait(60)
@@ -119,8 +121,9 @@ def test_random_ops_while_another_thread_traces_a_compiled_program():
     def compiling():
         try:
             for n in range(3, 7):  # each new shape traces the program again
-                f = torch.compile(lambda x: torch.nn.functional.dropout(x, 0.5).sum(),
-                                  backend="tpu", dynamic=False)
+                f = torch.compile(
+                    lambda x: torch.nn.functional.dropout(x, 0.5).sum(), backend="tpu", dynamic=False
+                )
                 f(torch.ones(n, device="tpu")).item()
         finally:
             done.set()
@@ -155,15 +158,23 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("parent, context, expected", [
-    ("started", "fork", "error"), ("started", "spawn", "values"), ("idle", "fork", "values")])
+@pytest.mark.parametrize(
+    "parent, context, expected",
+    [("started", "fork", "error"), ("started", "spawn", "values"), ("idle", "fork", "values")],
+)
 def test_a_forked_worker_gets_a_clear_error_not_a_hang(tmp_path, parent, context, expected):
     import subprocess
     import sys
+
     script = tmp_path / "worker.py"
     script.write_text(FORKED_WORKER)
-    done = subprocess.run([sys.executable, str(script), parent, context], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, str(script), parent, context],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(expected), done.stdout + done.stderr
     if expected == "error":

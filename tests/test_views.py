@@ -4,6 +4,7 @@ dtype reinterpretation, host transfers, printing and dtype support.
 Every case runs the same code on a CPU tensor and on its tpu copy and requires the same values,
 geometry (shape, strides, offset) and aliasing (which results share their base's storage).
 """
+
 from __future__ import annotations
 
 import gc
@@ -12,9 +13,10 @@ import re
 import jax
 import pytest
 import torch
-import torch_tpu
 
+import torch_tpu
 from torch_tpu.runtime import buffer as _buffer
+
 
 @pytest.fixture(autouse=True, params=["strict", "fused"])
 def eager_mode(request):
@@ -44,12 +46,14 @@ def assert_same(tpu: torch.Tensor, cpu: torch.Tensor) -> None:
         host, cpu = torch.view_as_real(host), torch.view_as_real(cpu)
     if cpu.dim() == 0:
         host, cpu = host.reshape(1), cpu.reshape(1)
-    assert torch.equal(host.contiguous().view(torch.uint8), cpu.contiguous().view(torch.uint8)), \
+    assert torch.equal(host.contiguous().view(torch.uint8), cpu.contiguous().view(torch.uint8)), (
         f"tpu {host}\n!= cpu {cpu}"
+    )
 
 
-def assert_same_view(tpu: torch.Tensor, tpu_base: torch.Tensor, cpu: torch.Tensor,
-                     cpu_base: torch.Tensor) -> None:
+def assert_same_view(
+    tpu: torch.Tensor, tpu_base: torch.Tensor, cpu: torch.Tensor, cpu_base: torch.Tensor
+) -> None:
     """Same values and the same geometry and aliasing as PyTorch's CPU view."""
     assert_same(tpu, cpu)
     assert tpu.stride() == cpu.stride()
@@ -118,21 +122,33 @@ def test_view_as_real_and_complex():
     tpu = cpu.to(TPU)
     assert_same_view(torch.view_as_real(tpu), tpu, torch.view_as_real(cpu), cpu)
     real_cpu, real_tpu = _base((3, 2, 2)), _base((3, 2, 2)).to(TPU)
-    assert_same_view(torch.view_as_complex(real_tpu), real_tpu, torch.view_as_complex(real_cpu),
-                     real_cpu)
+    assert_same_view(torch.view_as_complex(real_tpu), real_tpu, torch.view_as_complex(real_cpu), real_cpu)
     torch.view_as_real(tpu)[1, 2, 1] = 100  # writes the imaginary part of tpu[1, 2]
     torch.view_as_real(cpu)[1, 2, 1] = 100
     assert_same(tpu, cpu)
 
 
 BITCASTS = [  # (source dtype, target dtype): x.view(dtype) reinterprets the bytes
-    (torch.float32, torch.int32), (torch.int32, torch.float32), (torch.float32, torch.bfloat16),
-    (torch.bfloat16, torch.float32), (torch.float32, torch.int16), (torch.int16, torch.float32),
-    (torch.float32, torch.uint8), (torch.uint8, torch.float32), (torch.int64, torch.float64),
-    (torch.float64, torch.int64), (torch.float16, torch.int16), (torch.bfloat16, torch.float16),
-    (torch.int8, torch.uint8), (torch.uint8, torch.int8), (torch.bool, torch.uint8),
-    (torch.uint8, torch.bool), (torch.complex64, torch.float32), (torch.float32, torch.complex64),
-    (torch.int64, torch.int32), (torch.complex64, torch.int64),
+    (torch.float32, torch.int32),
+    (torch.int32, torch.float32),
+    (torch.float32, torch.bfloat16),
+    (torch.bfloat16, torch.float32),
+    (torch.float32, torch.int16),
+    (torch.int16, torch.float32),
+    (torch.float32, torch.uint8),
+    (torch.uint8, torch.float32),
+    (torch.int64, torch.float64),
+    (torch.float64, torch.int64),
+    (torch.float16, torch.int16),
+    (torch.bfloat16, torch.float16),
+    (torch.int8, torch.uint8),
+    (torch.uint8, torch.int8),
+    (torch.bool, torch.uint8),
+    (torch.uint8, torch.bool),
+    (torch.complex64, torch.float32),
+    (torch.float32, torch.complex64),
+    (torch.int64, torch.int32),
+    (torch.complex64, torch.int64),
 ]
 
 
@@ -186,8 +202,7 @@ WRITES = {
     "as_strided_fill_": lambda x: x.as_strided((2, 2), (4, 1), 5).fill_(0),
     "unsqueeze_div_": lambda x: x.unsqueeze(0)[0, 2].div_(2),
     "transposed_block_setitem": lambda x: x[1:, 1:].transpose(0, 1).__setitem__(0, 3),
-    "negative_slice_setitem": lambda x: x.__setitem__((-1, slice(-2, None)),
-                                                       _values_like(x, [-5, -6])),
+    "negative_slice_setitem": lambda x: x.__setitem__((-1, slice(-2, None)), _values_like(x, [-5, -6])),
     "flatten_step_add_": lambda x: x.flatten()[::3].add_(100),
     "reshape_view_add_": lambda x: x.reshape(12)[::5].add_(1),
     "reshape_copy_add_": lambda x: x.t().reshape(12).add_(1),  # a copy: base unchanged
@@ -250,8 +265,9 @@ def _windows(x: torch.Tensor) -> torch.Tensor:
 OVERLAP_ERRORS = {  # CPU raises; so must tpu, with CPU's message, writing nothing
     "copy_shifted_right": lambda x: _flat(x)[1:].copy_(_flat(x)[:-1]),
     "copy_shifted_left": lambda x: _flat(x)[:-1].copy_(_flat(x)[1:]),
-    "copy_through_dtype_views": lambda x: _flat(x).view(torch.int32)[2:].copy_(
-        _flat(x).view(torch.int32)[:-2]),
+    "copy_through_dtype_views": lambda x: (
+        _flat(x).view(torch.int32)[2:].copy_(_flat(x).view(torch.int32)[:-2])
+    ),
     "setitem_rows_shifted": lambda x: x.__setitem__(slice(1, None), x[:-1]),
     "copy_into_expanded": lambda x: x[:1].expand(3, 4).copy_(torch.ones(3, 4, device=x.device)),
     "out_shifted": lambda x: torch.add(_flat(x)[:-1], 1, out=_flat(x)[1:]),
@@ -264,8 +280,7 @@ OVERLAP_ERRORS = {  # CPU raises; so must tpu, with CPU's message, writing nothi
     "in_place_on_expanded": lambda x: x[:1].expand(3, 4).add_(1),
     "foreach_shifted": lambda x: torch._foreach_add_([_flat(x)[1:]], [_flat(x)[:-1]]),
     "cat_out_is_input": lambda x: torch.cat([x[0]], out=x[0]),  # no overlap at all allowed
-    "index_copy_from_itself": lambda x: x.index_copy_(0, torch.tensor([2, 1, 0], device=x.device),
-                                                      x),
+    "index_copy_from_itself": lambda x: x.index_copy_(0, torch.tensor([2, 1, 0], device=x.device), x),
 }
 OVERLAPS_ALLOWED = {  # CPU computes these, and its result is also the clone's: tpu matches it
     "in_place_with_itself": lambda x: x.add_(x),
@@ -275,8 +290,7 @@ OVERLAPS_ALLOWED = {  # CPU computes these, and its result is also the clone's: 
     "copy_interleaved": lambda x: _flat(x)[0::2].copy_(_flat(x)[1::2]),
     "copy_other_column": lambda x: x[:, 0].copy_(x[:, 1]),
     "in_place_by_other_column": lambda x: x[:, 1].add_(x[:, 0]),
-    "setitem_columns_shifted_left": lambda x: x.__setitem__((slice(None), slice(None, -1)),
-                                                            x[:, 1:]),
+    "setitem_columns_shifted_left": lambda x: x.__setitem__((slice(None), slice(None, -1)), x[:, 1:]),
     "copy_transposed_shifted_left": lambda x: x.t()[:-1].copy_(x.t()[1:]),
     "copy_first_column_everywhere": lambda x: x.copy_(x[:, :1]),
     "fill_expanded": lambda x: x[:1].expand(3, 4).fill_(7),
@@ -284,20 +298,20 @@ OVERLAPS_ALLOWED = {  # CPU computes these, and its result is also the clone's: 
     "fill_overlapping_windows": lambda x: _windows(x).fill_(-1),
 }
 ORDER_DEPENDENT = {  # CPU computes these in its loop order, not as a clone would: tpu refuses
-    "setitem_columns_shifted_right": (lambda x: x.__setitem__((slice(None), slice(1, None)),
-                                                              x[:, :-1]), "input"),
+    "setitem_columns_shifted_right": (
+        lambda x: x.__setitem__((slice(None), slice(1, None)), x[:, :-1]),
+        "input",
+    ),
     "in_place_columns_shifted_right": (lambda x: x[:, 1:].add_(x[:, :-1]), "input"),
     "reduction_out_into_own_row": (lambda x: torch.sum(x, 0, out=x[1]), "input"),
     "in_place_on_overlapping_windows": (lambda x: _windows(x).add_(1), "written-to tensor"),
-    "copy_into_overlapping_windows": (lambda x: _windows(x).copy_(torch.ones(3, 3)),
-                                      "written-to tensor"),
-    "in_place_on_overlapping_unfold": (lambda x: _flat(x).unfold(0, 3, 1).mul_(2),
-                                       "written-to tensor"),
+    "copy_into_overlapping_windows": (lambda x: _windows(x).copy_(torch.ones(3, 3)), "written-to tensor"),
+    "in_place_on_overlapping_unfold": (lambda x: _flat(x).unfold(0, 3, 1).mul_(2), "written-to tensor"),
 }
-_OVERLAP_MESSAGES = {"input": "some elements of the input tensor and the written-to tensor refer "
-                              "to a single memory location",
-                     "written-to tensor": "more than one element of the written-to tensor "
-                                          "refers to a single memory location"}
+_OVERLAP_MESSAGES = {
+    "input": "some elements of the input tensor and the written-to tensor refer to a single memory location",
+    "written-to tensor": "more than one element of the written-to tensor refers to a single memory location",
+}
 
 
 @pytest.mark.parametrize("name", OVERLAP_ERRORS)
@@ -431,15 +445,23 @@ def test_empty_strided_and_views_of_empty():
 
 
 # ----------------------------------------------------------------------------- conversions
-CASTS = [(torch.float32, torch.int32), (torch.float32, torch.bfloat16),
-         (torch.float32, torch.float16), (torch.int64, torch.float32), (torch.int32, torch.bool),
-         (torch.float32, torch.float64), (torch.bool, torch.float32), (torch.int64, torch.int8),
-         (torch.float32, torch.complex64), (torch.uint8, torch.int64)]
+CASTS = [
+    (torch.float32, torch.int32),
+    (torch.float32, torch.bfloat16),
+    (torch.float32, torch.float16),
+    (torch.int64, torch.float32),
+    (torch.int32, torch.bool),
+    (torch.float32, torch.float64),
+    (torch.bool, torch.float32),
+    (torch.int64, torch.int8),
+    (torch.float32, torch.complex64),
+    (torch.uint8, torch.int64),
+]
 
 
 @pytest.mark.parametrize("source,target", CASTS, ids=lambda d: str(d).removeprefix("torch."))
 def test_to_dtype_matches_cpu(source, target):
-    cpu = (torch.linspace(-3.7, 3.9, 12).reshape(3, 4) * (1 if source.is_floating_point else 20))
+    cpu = torch.linspace(-3.7, 3.9, 12).reshape(3, 4) * (1 if source.is_floating_point else 20)
     cpu = cpu.abs().to(source) if source == torch.uint8 else cpu.to(source)
     tpu = cpu.to(TPU)
     assert_same(tpu.to(target), cpu.to(target))
@@ -474,8 +496,7 @@ def test_host_tensor_mutation_after_transfer_does_not_leak():
     assert_same(tpu, _base())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16,
-                                   torch.complex64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.complex64])
 def test_repr_matches_cpu(dtype):
     cpu = (_base() - 5).to(dtype)
     tpu = cpu.to(TPU)
@@ -494,8 +515,9 @@ def test_repr_of_large_tensor_is_summarized_like_cpu():
     assert _without_device(repr(cpu.to(TPU))) == repr(cpu)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16,
-                                   torch.complex64, torch.int8])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.complex64, torch.int8]
+)
 def test_item_and_tolist(dtype):
     cpu = (_base() - 4).to(dtype)
     tpu = cpu.to(TPU)
@@ -506,8 +528,11 @@ def test_item_and_tolist(dtype):
 
 
 def test_numpy_fails_like_cuda():
-    with pytest.raises(TypeError, match=r"can't convert tpu:0 device type tensor to numpy\. "
-                                        r"Use Tensor\.cpu\(\) to copy the tensor to host memory"):
+    with pytest.raises(
+        TypeError,
+        match=r"can't convert tpu:0 device type tensor to numpy\. "
+        r"Use Tensor\.cpu\(\) to copy the tensor to host memory",
+    ):
         torch.ones(2, device=TPU).numpy()
 
 
@@ -520,14 +545,39 @@ def _extremes(dtype: torch.dtype) -> torch.Tensor:
         return torch.complex(parts, parts.flip(0))
     if dtype.is_floating_point:
         info = torch.finfo(dtype)
-        return torch.tensor([0.0, -0.0, 1.5, info.max, info.min, info.tiny, info.smallest_normal / 4,
-                             info.eps, float("inf"), -float("inf"), float("nan")], dtype=dtype)
+        return torch.tensor(
+            [
+                0.0,
+                -0.0,
+                1.5,
+                info.max,
+                info.min,
+                info.tiny,
+                info.smallest_normal / 4,
+                info.eps,
+                float("inf"),
+                -float("inf"),
+                float("nan"),
+            ],
+            dtype=dtype,
+        )
     info = torch.iinfo(dtype)
     return torch.tensor([0, 1, -1 if info.min else 2, info.min, info.max], dtype=dtype)
 
 
-SUPPORTED = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-             torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64]
+SUPPORTED = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+]
 
 
 @pytest.mark.parametrize("dtype", SUPPORTED, ids=str)
@@ -540,8 +590,9 @@ def test_dtype_round_trips_exactly(dtype):
     assert_same(torch.empty(cpu.shape, dtype=dtype, device=TPU).copy_(cpu), cpu)
 
 
-@pytest.mark.parametrize("dtype", [torch.complex128, torch.float8_e4m3fn, torch.uint16,
-                                   torch.uint32], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.complex128, torch.float8_e4m3fn, torch.uint16, torch.uint32], ids=str
+)
 def test_unsupported_dtype_is_a_clear_error(dtype):
     with pytest.raises(TypeError, match=f"tpu does not support dtype {dtype}"):
         torch.empty(3, dtype=dtype, device=TPU)

@@ -28,6 +28,7 @@ Example::
     >>> (x * 2).sum().item()
     12.0
 """
+
 from __future__ import annotations
 
 import threading
@@ -40,9 +41,20 @@ from . import device as _device_module
 from .runtime import platform as _platform
 
 __version__ = "0.1.0"
-__all__ = ["sync", "cpu_fallback_counts", "to_jax", "from_jax", "lowered_ops", "EagerMode",
-           "eager_mode", "get_eager_mode", "set_eager_mode", "to_stablehlo", "pad_to_bucket",
-           "bucket_size"]
+__all__ = [
+    "sync",
+    "cpu_fallback_counts",
+    "to_jax",
+    "from_jax",
+    "lowered_ops",
+    "EagerMode",
+    "eager_mode",
+    "get_eager_mode",
+    "set_eager_mode",
+    "to_stablehlo",
+    "pad_to_bucket",
+    "bucket_size",
+]
 
 _lock = threading.RLock()
 _registered = False
@@ -72,6 +84,7 @@ def _first_use(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
         _initialize()
         return op(*args, **kwargs)
     from .ops import dispatch
+
     return dispatch.fallback(op, *args, **kwargs)
 
 
@@ -85,11 +98,13 @@ def _register() -> None:
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
         _setup_privateuseone_for_python_backend(
-            "tpu", backend_module=_device_module, hook=_Hooks(), device_guard=_DeviceGuard())
+            "tpu", backend_module=_device_module, hook=_Hooks(), device_guard=_DeviceGuard()
+        )
         first_use = torch.library.Library("_", "IMPL")
         first_use.fallback(_first_use, "PrivateUse1")
         _libraries.append(first_use)
         from .integrations import install
+
         install()
         _registered = True
 
@@ -112,6 +127,7 @@ def _initialize() -> None:
         modes.install()
         _initialized = True
     from .integrations import dynamo
+
     dynamo.refresh()  # the modules just loaded are runtime too
 
 
@@ -129,6 +145,7 @@ def cpu_fallback_counts() -> Counter:
     """ATen ops that ran on CPU through ``TORCH_TPU_CPU_FALLBACK=1``, with how often."""
     _initialize()
     from .ops.dispatch import cpu_fallback_counts as counts
+
     return Counter(counts)
 
 
@@ -136,6 +153,7 @@ def lowered_ops() -> list[str]:
     """Names of the ATen overloads with a native tpu lowering (derived variants excluded)."""
     _initialize()
     from .ops.registry import LOWERINGS
+
     return sorted(str(op) for op in LOWERINGS)
 
 
@@ -143,6 +161,7 @@ def to_jax(tensor: torch.Tensor):
     """The ``jax.Array`` value of a tpu tensor (no copy; in fused eager, runs pending work)."""
     from .runtime.checks import before_host_read
     from .runtime.tensor import is_tpu, read
+
     if not is_tpu(tensor):
         raise ValueError(f"to_jax expects a tpu tensor, got a tensor on {tensor.device}")
     return before_host_read(read(tensor))
@@ -152,6 +171,7 @@ def from_jax(array) -> torch.Tensor:
     """A tpu tensor holding a ``jax.Array`` (no copy)."""
     _initialize()
     from .runtime.tensor import wrap
+
     return wrap(array)
 
 
@@ -160,8 +180,10 @@ def __getattr__(name: str) -> Any:
     ``torch_tpu.pad_to_bucket``, ``torch_tpu.bucket_size``)."""
     if name == "to_stablehlo":
         from .frontends.export import to_stablehlo
+
         return to_stablehlo
     if name in ("pad_to_bucket", "bucket_size"):
         from .frontends import compile
+
         return getattr(compile, name)
     raise AttributeError(f"module 'torch_tpu' has no attribute {name!r}")

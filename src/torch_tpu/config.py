@@ -1,4 +1,5 @@
 """Environment switches, read once at import (names shared with upstream TorchTPU)."""
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,8 @@ defer_and_fuse: bool = _flag("TORCH_TPU_DEFER_AND_FUSE")
 #: ``$XDG_CACHE_HOME/torch_tpu``, i.e. ``~/.cache/torch_tpu``); empty or ``0`` turns it off.
 cache_dir: str | None = os.environ.get(
     "TORCH_TPU_CACHE_DIR",
-    os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch_tpu"))
+    os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch_tpu"),
+)
 if cache_dir in ("", "0"):
     cache_dir = None
 #: ``TORCH_TPU_CACHE_MIN_COMPILE_SECONDS``: only executables that took at least this long to

@@ -11,29 +11,59 @@ Example::
     (True, 1)
     >>> torch.tpu.manual_seed(0); x = torch.randn(2, device="tpu"); torch.tpu.synchronize()
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import time
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 
 from .runtime import memory, platform, random
 
 __all__ = [
-    "is_available", "is_initialized", "device_count", "current_device", "set_device", "device",
-    "synchronize", "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
-    "get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all",
-    "get_device_name", "get_device_properties", "get_device_capability", "mem_get_info",
-    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-    "memory_stats", "reset_peak_memory_stats", "empty_cache", "get_amp_supported_dtype",
-    "is_bf16_supported", "Stream", "Event", "current_stream", "default_stream", "set_stream",
-    "stream", "compilation_cache_stats", "reset_compilation_cache_stats",
+    "is_available",
+    "is_initialized",
+    "device_count",
+    "current_device",
+    "set_device",
+    "device",
+    "synchronize",
+    "manual_seed",
+    "manual_seed_all",
+    "seed",
+    "seed_all",
+    "initial_seed",
+    "get_rng_state",
+    "set_rng_state",
+    "get_rng_state_all",
+    "set_rng_state_all",
+    "get_device_name",
+    "get_device_properties",
+    "get_device_capability",
+    "mem_get_info",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "memory_stats",
+    "reset_peak_memory_stats",
+    "empty_cache",
+    "get_amp_supported_dtype",
+    "is_bf16_supported",
+    "Stream",
+    "Event",
+    "current_stream",
+    "default_stream",
+    "set_stream",
+    "stream",
+    "compilation_cache_stats",
+    "reset_compilation_cache_stats",
 ]
 
-_DeviceLike = Union[int, str, torch.device, None]
+_DeviceLike = int | str | torch.device | None
 
 
 def is_available() -> bool:
@@ -48,6 +78,7 @@ def is_initialized() -> bool:
 def init() -> None:
     """Start the device now rather than at its first use."""
     from . import _initialize
+
     _initialize()
 
 
@@ -85,8 +116,9 @@ def set_device(device: _DeviceLike) -> None:
     """Validates ``device``: a process is bound to ``tpu:0`` and cannot switch."""
     index = _index(device)
     if index != 0:
-        raise RuntimeError(f"tpu: this process drives only tpu:0, cannot select tpu:{index} "
-                           "(launch one process per device)")
+        raise RuntimeError(
+            f"tpu: this process drives only tpu:0, cannot select tpu:{index} (launch one process per device)"
+        )
 
 
 class device(contextlib.ContextDecorator):
@@ -112,6 +144,7 @@ def synchronize(device: _DeviceLike = None) -> None:
     import jax
 
     from .execution import fused
+
     fused.sync("synchronize()")
     jax.effects_barrier()
     for array in jax.live_arrays():
@@ -125,12 +158,14 @@ def compilation_cache_stats() -> dict:
     ``disk_hits``: executables of any mode that XLA did not have to compile because the
     persistent cache (``TORCH_TPU_CACHE_DIR``) had them."""
     from .execution import fused
+
     return fused.stats.as_dict()
 
 
 def reset_compilation_cache_stats() -> None:
     """Zero the counters of :func:`compilation_cache_stats` (compiled graphs stay cached)."""
     from .execution import fused
+
     fused.stats.reset()
 
 
@@ -189,8 +224,7 @@ class _DeviceProperties:
 
 def get_device_properties(device: _DeviceLike = None) -> _DeviceProperties:
     set_device(device)
-    return _DeviceProperties(get_device_name(), memory.total_memory(),
-                             platform=platform.platform())
+    return _DeviceProperties(get_device_name(), memory.total_memory(), platform=platform.platform())
 
 
 def get_device_capability(device: _DeviceLike = None) -> tuple[int, int]:
@@ -211,6 +245,7 @@ def memory_allocated(device: _DeviceLike = None) -> int:
         current = int(stats["bytes_in_use"])
     else:
         import jax
+
         current = sum(a.nbytes for a in jax.live_arrays())
     _peak_allocated = max(_peak_allocated, current)
     return current
@@ -233,15 +268,18 @@ def max_memory_reserved(device: _DeviceLike = None) -> int:
 
 
 def memory_stats(device: _DeviceLike = None) -> dict[str, Any]:
-    return {"allocated_bytes.all.current": memory_allocated(device),
-            "allocated_bytes.all.peak": max_memory_allocated(device),
-            "reserved_bytes.all.current": memory_reserved(device),
-            "num_live_buffers": _live_buffers(),
-            **{f"xla.{k}": v for k, v in memory.device_stats().items()}}
+    return {
+        "allocated_bytes.all.current": memory_allocated(device),
+        "allocated_bytes.all.peak": max_memory_allocated(device),
+        "reserved_bytes.all.current": memory_reserved(device),
+        "num_live_buffers": _live_buffers(),
+        **{f"xla.{k}": v for k, v in memory.device_stats().items()},
+    }
 
 
 def _live_buffers() -> int:
     import jax
+
     return len(jax.live_arrays())
 
 
@@ -259,6 +297,7 @@ def mem_get_info(device: _DeviceLike = None) -> tuple[int, int]:
 def empty_cache() -> None:
     """Frees compiled-op caches' unreachable buffers; live tensors are untouched."""
     import gc
+
     gc.collect()
 
 
@@ -295,13 +334,13 @@ class Stream:
         synchronize()
         return True
 
-    def wait_stream(self, stream: "Stream") -> None:
+    def wait_stream(self, stream: Stream) -> None:
         """Same stream: already ordered."""
 
-    def wait_event(self, event: "Event") -> None:
+    def wait_event(self, event: Event) -> None:
         """Same stream: already ordered."""
 
-    def record_event(self, event: Optional["Event"] = None) -> "Event":
+    def record_event(self, event: Event | None = None) -> Event:
         event = event or Event()
         event.record(self)
         return event
@@ -316,25 +355,24 @@ class Stream:
 class Event:
     """Marks a point in the stream; ``elapsed_time`` synchronizes to measure wall time."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False,
-                 interprocess: bool = False):
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
         self.enable_timing = enable_timing
-        self._time: Optional[float] = None
+        self._time: float | None = None
 
-    def record(self, stream: Optional[Stream] = None) -> None:
+    def record(self, stream: Stream | None = None) -> None:
         synchronize()
         self._time = time.perf_counter()
 
     def synchronize(self) -> None:
         synchronize()
 
-    def wait(self, stream: Optional[Stream] = None) -> None:
+    def wait(self, stream: Stream | None = None) -> None:
         """Same stream: already ordered."""
 
     def query(self) -> bool:
         return True
 
-    def elapsed_time(self, end_event: "Event") -> float:
+    def elapsed_time(self, end_event: Event) -> float:
         if self._time is None or end_event._time is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
         return (end_event._time - self._time) * 1000.0
@@ -353,5 +391,5 @@ def set_stream(stream: Stream) -> None:
 
 
 @contextlib.contextmanager
-def stream(stream: Optional[Stream]):
+def stream(stream: Stream | None):
     yield stream

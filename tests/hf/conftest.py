@@ -1,4 +1,5 @@
 """Hugging Face tests run offline: nothing may reach the hub."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """The architecture matrix under ``torch.compile(model, backend="tpu")``: each tiny model's
 compiled forward on tpu against the same weights in CPU eager, in float32."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """``save_pretrained`` then ``from_pretrained`` onto tpu: ``device_map="tpu"``, ``.to("tpu")``,
 and ``dtype=torch.bfloat16``; safetensors straight onto the device."""
+
 from __future__ import annotations
 
 import pytest
@@ -37,14 +38,14 @@ def test_loads_onto_tpu(saved, how):
     else:
         model = transformers.AutoModelForCausalLM.from_pretrained(directory).to("tpu")
     _assert_on(model, "tpu", torch.float32)
-    torch.testing.assert_close(_logits(model, "tpu"), _logits(reference, "cpu"),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(_logits(model, "tpu"), _logits(reference, "cpu"), rtol=1e-5, atol=1e-5)
 
 
 def test_loads_bfloat16(saved):
     _, directory = saved
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        directory, device_map="tpu", dtype=torch.bfloat16)
+        directory, device_map="tpu", dtype=torch.bfloat16
+    )
     _assert_on(model, "tpu", torch.bfloat16)
     cpu = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
     for name, weight in cpu.state_dict().items():  # the same bits, not a re-rounding

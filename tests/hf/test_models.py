@@ -4,6 +4,7 @@ Forward outputs, 16 greedy tokens from ``generate()`` (decoder, encoder-decoder 
 and one training step (loss, every parameter's gradient, the loss after an AdamW step). The
 table in ``docs/models.md`` is this comparison's output (``python -m torch_tpu.testing.hf_zoo``).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -28,7 +29,26 @@ def test_matches_cpu(model_type):
 
 
 def test_matrix_covers_the_required_architectures():
-    required = {"llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma", "gemma2",
-                "gemma3_text", "phi3", "gpt2", "gpt_neox", "bert", "roberta", "t5", "bart",
-                "whisper", "clip", "vit", "deepseek_v3"}
+    required = {
+        "llama",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "mistral",
+        "mixtral",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "phi3",
+        "gpt2",
+        "gpt_neox",
+        "bert",
+        "roberta",
+        "t5",
+        "bart",
+        "whisper",
+        "clip",
+        "vit",
+        "deepseek_v3",
+    }
     assert required <= set(ARCHITECTURES)

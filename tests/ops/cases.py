@@ -1,8 +1,10 @@
 """Shared pieces of the direct overload tests: seeded inputs, and the two CPU comparisons
 (a call built for a device, and a gradient through a function)."""
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -3,10 +3,11 @@
 Keys are OpInfo names (``op.name`` plus ``.variant_test_name`` when present). Every entry says
 why; an xfail that starts passing fails the test (strict), so this table cannot rot silently.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch.testing._internal.opinfo.core import SampleInput
@@ -16,29 +17,56 @@ from torch.testing._internal.opinfo.core import SampleInput
 class Tolerance:
     atol: float
     rtol: float
-    dtypes: Optional[tuple[torch.dtype, ...]] = None  # None: all dtypes
+    dtypes: tuple[torch.dtype, ...] | None = None  # None: all dtypes
 
 
 @dataclasses.dataclass(frozen=True)
 class XFail:
     reason: str
-    dtypes: Optional[tuple[torch.dtype, ...]] = None
+    dtypes: tuple[torch.dtype, ...] | None = None
     phases: tuple[str, ...] = ("forward",)  # "forward" and/or "backward"
 
 
 #: Ops whose values are random: the harness checks shape, dtype and device, not values.
-RANDOM_OPS = frozenset({
-    "bernoulli", "normal", "normal.number_mean", "normal.in_place", "rand_like", "randn_like",
-    "randint_like", "randint", "uniform", "multinomial", "nn.functional.dropout",
-    "nn.functional.dropout2d", "nn.functional.dropout3d", "nn.functional.alpha_dropout",
-    "nn.functional.feature_alpha_dropout.with_train", "nn.functional.feature_alpha_dropout.without_train",
-    "cauchy", "exponential", "geometric", "log_normal", "randn", "rand", "empty", "empty_like",
-    "new_empty", "empty_strided", "new_empty_strided", "empty_permuted", "nn.functional.rrelu",
-    "randperm", "torch._scaled_dot_product_efficient_attention",
-    # the pooling windows come from torch.rand on the input's device (tpu draws other numbers
-    # than CPU); tests/ops/test_nn_overloads.py compares them with the samples passed in
-    "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
-})
+RANDOM_OPS = frozenset(
+    {
+        "bernoulli",
+        "normal",
+        "normal.number_mean",
+        "normal.in_place",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "randint",
+        "uniform",
+        "multinomial",
+        "nn.functional.dropout",
+        "nn.functional.dropout2d",
+        "nn.functional.dropout3d",
+        "nn.functional.alpha_dropout",
+        "nn.functional.feature_alpha_dropout.with_train",
+        "nn.functional.feature_alpha_dropout.without_train",
+        "cauchy",
+        "exponential",
+        "geometric",
+        "log_normal",
+        "randn",
+        "rand",
+        "empty",
+        "empty_like",
+        "new_empty",
+        "empty_strided",
+        "new_empty_strided",
+        "empty_permuted",
+        "nn.functional.rrelu",
+        "randperm",
+        "torch._scaled_dot_product_efficient_attention",
+        # the pooling windows come from torch.rand on the input's device (tpu draws other numbers
+        # than CPU); tests/ops/test_nn_overloads.py compares them with the samples passed in
+        "nn.functional.fractional_max_pool2d",
+        "nn.functional.fractional_max_pool3d",
+    }
+)
 
 #: Ops random only in some samples (dropout in training): those samples check shape, dtype and
 #: device and are left out of the gradient check; the others must match CPU.
@@ -46,8 +74,7 @@ RANDOM_SAMPLES: dict[str, Callable[[SampleInput], bool]] = {
     "nn.functional.scaled_dot_product_attention": lambda s: s.kwargs.get("dropout_p", 0.0) > 0,
     # F.multi_head_attention_forward(query, key, value, embed_dim, num_heads, in_proj_weight,
     # in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p, ...)
-    "nn.functional.multi_head_attention_forward":
-        lambda s: s.kwargs.get("training", True) and s.args[9] > 0,
+    "nn.functional.multi_head_attention_forward": lambda s: s.kwargs.get("training", True) and s.args[9] > 0,
 }
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -89,12 +116,16 @@ XFAILS: dict[str, XFail] = {
     "nn.functional.soft_margin_loss": XFail(
         "CPU's float16 log1p(exp(-target * x)) overflows to inf (exp in float16 past 65504); "
         "tpu computes in float32 (opmath) and returns the finite loss",
-        dtypes=(torch.float16,)),
-    "matrix_exp": XFail("CPU's float16/bfloat16 matrix_exp returns NaN for the samples (norms ~30); "
-                        "tpu computes in float32 and returns the float32 result rounded",
-                        dtypes=(torch.float16, torch.bfloat16)),
+        dtypes=(torch.float16,),
+    ),
+    "matrix_exp": XFail(
+        "CPU's float16/bfloat16 matrix_exp returns NaN for the samples (norms ~30); "
+        "tpu computes in float32 and returns the float32 result rounded",
+        dtypes=(torch.float16, torch.bfloat16),
+    ),
     "as_strided.partial_views": XFail(
         "the samples read storage outside the viewed tensor; .to() copies only the view's "
         "elements (as it does for CUDA), so that storage is not there",
-        phases=("forward", "backward")),
+        phases=("forward", "backward"),
+    ),
 }

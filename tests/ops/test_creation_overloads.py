@@ -1,5 +1,6 @@
 """Factory overloads the OpInfo samples do not reach (windows, ranges, Tensor-bounded linspace,
 ``new_*``, generator/low forms of the random factories), each compared with PyTorch CPU."""
+
 from __future__ import annotations
 
 import pytest
@@ -123,24 +124,34 @@ def _random_calls(d):
         "randint_like.generator": (aten.randint_like.generator(x, 4, generator=None), 0, 3),
         "randint_like.low_dtype": (torch.randint_like(x, 2, 5, dtype=torch.int16), 2, 4),
         "randint_like.low_generator_dtype": (
-            aten.randint_like.low_generator_dtype(x, 2, 5, generator=None), 2, 4),
+            aten.randint_like.low_generator_dtype(x, 2, 5, generator=None),
+            2,
+            4,
+        ),
         "randint_like.Tensor": (aten.randint_like.Tensor(x, torch.tensor(4)), 0, 3),
         "randint_like.Tensor_generator": (
-            aten.randint_like.Tensor_generator(x, torch.tensor(4), generator=None), 0, 3),
+            aten.randint_like.Tensor_generator(x, torch.tensor(4), generator=None),
+            0,
+            3,
+        ),
         "normal.float_float": (torch.normal(2.0, 0.5, (6,), device=d), -10, 10),
         "normal.Tensor_float": (torch.normal(torch.zeros(3, device=d), 0.5), -10, 10),
         "normal.float_Tensor": (torch.normal(1.0, torch.ones(3, device=d)), -10, 10),
-        "random_.default": (torch.zeros(8, dtype=torch.int64, device=d).random_(), 0, 2 ** 63 - 1),
+        "random_.default": (torch.zeros(8, dtype=torch.int64, device=d).random_(), 0, 2**63 - 1),
         "random_.default bool": (torch.zeros(8, dtype=torch.bool, device=d).random_(), 0, 1),
         "random_.to": (torch.zeros(8, device=d).random_(5), 0, 4),
         "random_.from": (torch.zeros(8, dtype=torch.int16, device=d).random_(-4, 4), -4, 3),
-        "random_.from to=None": (torch.zeros(8, dtype=torch.float16, device=d).random_(3, None), 3, 2 ** 11),
+        "random_.from to=None": (torch.zeros(8, dtype=torch.float16, device=d).random_(3, None), 3, 2**11),
         "cauchy_": (torch.zeros(8, device=d).cauchy_(), float("-inf"), float("inf")),
         "geometric_ int": (torch.zeros(8, dtype=torch.int32, device=d).geometric_(0.5), 1, 200),
         "bernoulli_.float int": (torch.zeros(8, dtype=torch.uint8, device=d).bernoulli_(0.5), 0, 1),
         "bernoulli_.Tensor": (torch.zeros(2, 4, device=d).bernoulli_(torch.full((4,), 0.5, device=d)), 0, 1),
         "bernoulli.p": (aten.bernoulli.p(x, 0.5), 0, 1),
-        "uniform_ complex": (torch.view_as_real(torch.zeros(4, dtype=torch.complex64, device=d).uniform_(2, 3)), 2, 3),
+        "uniform_ complex": (
+            torch.view_as_real(torch.zeros(4, dtype=torch.complex64, device=d).uniform_(2, 3)),
+            2,
+            3,
+        ),
         "log_normal_ half": (torch.zeros(8, dtype=torch.bfloat16, device=d).log_normal_(0, 0.5), 0, 100),
         "exponential_ double": (torch.zeros(8, dtype=torch.float64, device=d).exponential_(3), 0, 100),
     }
@@ -162,7 +173,9 @@ RANDOM_ERRORS = {
     "uniform_ from > to": lambda d: torch.zeros(3, device=d).uniform_(2, 1),
     "uniform_ integer": lambda d: torch.zeros(3, dtype=torch.int64, device=d).uniform_(),
     "normal_ std < 0": lambda d: torch.zeros(3, device=d).normal_(0, -1),
-    "normal std tensor < 0": lambda d: torch.normal(torch.zeros(2, device=d), torch.tensor([1.0, -1.0]).to(d)),
+    "normal std tensor < 0": lambda d: torch.normal(
+        torch.zeros(2, device=d), torch.tensor([1.0, -1.0]).to(d)
+    ),
     "random_ from >= to": lambda d: torch.zeros(3, device=d).random_(3, 3),
     "random_ out of dtype": lambda d: torch.zeros(3, dtype=torch.int8, device=d).random_(0, 300),
     "randint low >= high": lambda d: torch.randint(5, 2, (3,), device=d),
@@ -207,15 +220,23 @@ def test_gradient_helpers_match_cpu():
     sample = torch.tensor([0.3, 0.5, 2.0, 5.0, 19.0, 10.0, 30.0, 52.0])
     for dtype in (torch.float32, torch.float64):
         a, x = alpha.to(dtype), sample.to(dtype)
-        torch.testing.assert_close(torch._standard_gamma_grad(a.to("tpu"), x.to("tpu")).cpu(),
-                                   torch._standard_gamma_grad(a, x), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch._standard_gamma_grad(a.to("tpu"), x.to("tpu")).cpu(),
+            torch._standard_gamma_grad(a, x),
+            rtol=1e-5,
+            atol=1e-6,
+        )
     x = torch.tensor([0.01, 0.3, 0.4, 0.9, 0.99, 0.5, 0.45, 0.2], dtype=torch.float64)
     concentration = torch.tensor([0.5, 2.0, 10.0, 3.0, 4.0, 30.0, 9.0, 1.5], dtype=torch.float64)
     total = torch.tensor([1.0, 5.0, 25.0, 4.0, 4.5, 60.0, 20.0, 2.0], dtype=torch.float64)
     for dtype in (torch.float32, torch.float64):
         args = [t.to(dtype) for t in (x, concentration, total)]
-        torch.testing.assert_close(torch._dirichlet_grad(*[t.to("tpu") for t in args]).cpu(),
-                                   torch._dirichlet_grad(*args), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch._dirichlet_grad(*[t.to("tpu") for t in args]).cpu(),
+            torch._dirichlet_grad(*args),
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 FOREIGN_DEVICE = {

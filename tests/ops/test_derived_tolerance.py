@@ -2,6 +2,7 @@
 differences through and still catches wrong results: checked on addbmm, a float32 op whose sums
 round differently in every summation order, and on a sum whose cancellation makes CPU's own
 result far from exact (the derived tolerance at its cap)."""
+
 from __future__ import annotations
 
 import pytest
@@ -62,12 +63,12 @@ def test_the_allowance_is_cpus_error_up_to_a_cap():
     expected, reference, _ = _addbmm()
     error, _ = cpu_error(expected, reference)
     assert derived_tolerance(expected, reference) == pytest.approx(
-        {"atol": 1e-5 + FACTOR * error, "rtol": 1.3e-6})
+        {"atol": 1e-5 + FACTOR * error, "rtol": 1.3e-6}
+    )
     expected, reference = _cancelling_sum()  # CPU's error is rounding of terms of size 1e4
     error, magnitude = cpu_error(expected, reference)
     cap = MAX_SCALE * (1e-5 + 1.3e-6 * magnitude)
     assert FACTOR * error > cap
-    assert derived_tolerance(expected, reference) == pytest.approx(
-        {"atol": 1e-5 + cap, "rtol": 1.3e-6})
+    assert derived_tolerance(expected, reference) == pytest.approx({"atol": 1e-5 + cap, "rtol": 1.3e-6})
     exact = torch.tensor([1.0, 2.0])  # CPU exact: the plain tolerance
     assert derived_tolerance(exact, widened(exact)) == pytest.approx({"atol": 1e-5, "rtol": 1.3e-6})

@@ -1,5 +1,6 @@
 """Elementwise overloads no OpInfo sample reaches (a Scalar ``self``, fused and forward-mode
 kernels, rrelu's noise), each compared with PyTorch CPU on the same call."""
+
 from __future__ import annotations
 
 import pytest
@@ -38,62 +39,80 @@ CASES = {
     "bitwise_and.Scalar_Tensor": lambda d: aten.bitwise_and.Scalar_Tensor(6, _ints(7).to(d)),
     "bitwise_or.Scalar_Tensor": lambda d: aten.bitwise_or.Scalar_Tensor(6, _ints(7).to(d)),
     "bitwise_xor.Scalar_Tensor": lambda d: aten.bitwise_xor.Scalar_Tensor(
-        True, _ints(7, low=0, high=2, dtype=torch.bool).to(d)),
+        True, _ints(7, low=0, high=2, dtype=torch.bool).to(d)
+    ),
     "bitwise_left_shift.Tensor_Scalar": lambda d: aten.bitwise_left_shift.Tensor_Scalar(
-        _ints(7, dtype=torch.int8).to(d), 3),
-    "bitwise_left_shift.Scalar_Tensor": lambda d: aten.bitwise_left_shift.Scalar_Tensor(
-        -3, _shifts().to(d)),
+        _ints(7, dtype=torch.int8).to(d), 3
+    ),
+    "bitwise_left_shift.Scalar_Tensor": lambda d: aten.bitwise_left_shift.Scalar_Tensor(-3, _shifts().to(d)),
     "bitwise_right_shift.Tensor_Scalar": lambda d: aten.bitwise_right_shift.Tensor_Scalar(
-        _ints(7, dtype=torch.int16).to(d), 2),
+        _ints(7, dtype=torch.int16).to(d), 2
+    ),
     "bitwise_right_shift.Scalar_Tensor": lambda d: aten.bitwise_right_shift.Scalar_Tensor(
-        -100, _shifts().to(d)),
+        -100, _shifts().to(d)
+    ),
     "__lshift__.Scalar": lambda d: _ints(7, dtype=torch.uint8, low=0).to(d) << 3,
     "__lshift__.Tensor": lambda d: _ints(7, dtype=torch.int32).to(d) << _shifts().to(d),
     "__rshift__.Scalar": lambda d: _ints(7).to(d) >> 1,
     "__rshift__.Tensor": lambda d: _ints(7, dtype=torch.int32).to(d) >> _shifts().to(d),
     "__ilshift__.Scalar": lambda d: _shifted_in_place(_ints(7, dtype=torch.int16).to(d), 3, True),
-    "__ilshift__.Tensor": lambda d: _shifted_in_place(_ints(7, dtype=torch.int32).to(d),
-                                                      _shifts().to(d), True),
+    "__ilshift__.Tensor": lambda d: _shifted_in_place(
+        _ints(7, dtype=torch.int32).to(d), _shifts().to(d), True
+    ),
     "__irshift__.Scalar": lambda d: _shifted_in_place(_ints(7, dtype=torch.int8).to(d), 2, False),
-    "__irshift__.Tensor": lambda d: _shifted_in_place(_ints(7, dtype=torch.int32).to(d),
-                                                      _shifts().to(d), False),
+    "__irshift__.Tensor": lambda d: _shifted_in_place(
+        _ints(7, dtype=torch.int32).to(d), _shifts().to(d), False
+    ),
     "copysign.Scalar": lambda d: aten.copysign.Scalar(_x(6).to(d), -0.0),
     "copysign.Scalar int": lambda d: aten.copysign.Scalar(_ints(6).to(d), -2),
     "xlogy.Scalar_Self": lambda d: aten.xlogy.Scalar_Self(2.5, _x(6).abs().to(d)),
     "xlogy.Scalar_Other": lambda d: aten.xlogy.Scalar_Other(
-        torch.tensor([0.0, 1.5, float("nan"), -2.0]).to(d), 0.0),
-    "remainder.Scalar_Tensor": lambda d: aten.remainder.Scalar_Tensor(
-        5, _ints(7).clamp(min=1).to(d)),
+        torch.tensor([0.0, 1.5, float("nan"), -2.0]).to(d), 0.0
+    ),
+    "remainder.Scalar_Tensor": lambda d: aten.remainder.Scalar_Tensor(5, _ints(7).clamp(min=1).to(d)),
     "remainder.Scalar_Tensor float": lambda d: 5.5 % _x(7).to(d),
     "isin.Tensor_Scalar": lambda d: aten.isin.Tensor_Scalar(_ints(8).to(d), 3, invert=True),
     "isin.Scalar_Tensor": lambda d: aten.isin.Scalar_Tensor(3, _ints(8).to(d)),
-    "isin.Tensor_Tensor empty": lambda d: torch.isin(
-        _ints(4).to(d), torch.empty(0, dtype=torch.long).to(d)),
+    "isin.Tensor_Tensor empty": lambda d: torch.isin(_ints(4).to(d), torch.empty(0, dtype=torch.long).to(d)),
     "_add_relu.Tensor": lambda d: aten._add_relu.Tensor(_x(6).to(d), _x(6, seed=1).to(d), alpha=2),
     "_add_relu.Scalar": lambda d: aten._add_relu.Scalar(_ints(6).to(d), -2),
     "fill.Tensor": lambda d: aten.fill.Tensor(_ints(2, 3).to(d), torch.tensor(2.7).to(d)),
     "fill.Scalar bool": lambda d: aten.fill.Scalar(_x(4).to(d), True),
     "logit_backward no eps": lambda d: aten.logit_backward.default(
-        _x(6).to(d), torch.tensor([-0.5, 0.0, 0.25, 0.5, 1.0, 1.5]).to(d)),
+        _x(6).to(d), torch.tensor([-0.5, 0.0, 0.25, 0.5, 1.0, 1.5]).to(d)
+    ),
     "logit_backward eps": lambda d: aten.logit_backward.default(
-        _x(6).to(d), torch.tensor([-0.5, 0.0, 0.05, 0.5, 1.0, 0.95]).to(d), 0.1),
+        _x(6).to(d), torch.tensor([-0.5, 0.0, 0.05, 0.5, 1.0, 0.95]).to(d), 0.1
+    ),
     "rrelu_with_noise_functional eval": lambda d: aten.rrelu_with_noise_functional.default(
-        _x(3, 4).to(d), _x(3, 4, seed=1).to(d), 0.1, 0.3, False),
+        _x(3, 4).to(d), _x(3, 4, seed=1).to(d), 0.1, 0.3, False
+    ),
     "rrelu_with_noise_ eval": lambda d: torch.nn.functional.rrelu(
-        _x(6).to(d), 0.1, 0.3, training=False, inplace=True),
+        _x(6).to(d), 0.1, 0.3, training=False, inplace=True
+    ),
     "rrelu_with_noise_backward eval": lambda d: aten.rrelu_with_noise_backward.default(
-        _x(5).to(d), _x(5, seed=1).to(d), torch.ones(5).to(d), 0.1, 0.3, False, False),
+        _x(5).to(d), _x(5, seed=1).to(d), torch.ones(5).to(d), 0.1, 0.3, False, False
+    ),
     "rrelu_with_noise_backward training": lambda d: aten.rrelu_with_noise_backward.default(
-        _x(5).to(d), _x(5, seed=1).to(d), _x(5, seed=2).abs().to(d), 0.1, 0.3, True, False),
+        _x(5).to(d), _x(5, seed=1).to(d), _x(5, seed=2).abs().to(d), 0.1, 0.3, True, False
+    ),
     "glu_jvp": lambda d: aten.glu_jvp.default(
-        torch.nn.functional.glu(_x(3, 4), 1).to(d), _x(3, 4).to(d), _x(3, 4, seed=1).to(d), 1),
+        torch.nn.functional.glu(_x(3, 4), 1).to(d), _x(3, 4).to(d), _x(3, 4, seed=1).to(d), 1
+    ),
     "glu_backward_jvp": lambda d: aten.glu_backward_jvp.default(
-        _x(4, 2, seed=1).to(d), _x(2, 2, seed=2).to(d), _x(4, 2).to(d), _x(2, 2, seed=3).to(d),
-        _x(4, 2, seed=4).to(d), 0),
+        _x(4, 2, seed=1).to(d),
+        _x(2, 2, seed=2).to(d),
+        _x(4, 2).to(d),
+        _x(2, 2, seed=3).to(d),
+        _x(4, 2, seed=4).to(d),
+        0,
+    ),
     "softshrink_backward": lambda d: aten.softshrink_backward.default(
-        _x(6).to(d), torch.tensor([-0.6, -0.5, 0.0, 0.5, 0.51, float("nan")]).to(d), 0.5),
+        _x(6).to(d), torch.tensor([-0.6, -0.5, 0.0, 0.5, 0.51, float("nan")]).to(d), 0.5
+    ),
     "hardshrink half lambda rounding": lambda d: torch.nn.functional.hardshrink(
-        torch.tensor([0.29, 0.3, 0.31, -0.3]).half().to(d), 0.3),
+        torch.tensor([0.29, 0.3, 0.31, -0.3]).half().to(d), 0.3
+    ),
 }
 
 

@@ -4,20 +4,31 @@ still gives CPU's answer with ``TORCH_TPU_CPU_FALLBACK=1``, and each fallback is
 OpInfos that run natively are skipped here (``test_opinfo.py`` validates them); this file is the
 separate count of what still needs the fallback.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_tpu import config
 from torch_tpu.ops import dispatch as _dispatch
 from torch_tpu.ops.registry import LOWERINGS, qualified_name
 
-from .test_opinfo import (OPS, _call, _compare, _grads, _name, _random, _resolve_ties, _run_or_skip,
-                          _to_tpu,
-                          DTYPES, SIGN_FREE_OPS, TIE_BREAK_OPS)
+from .test_opinfo import (
+    DTYPES,
+    OPS,
+    SIGN_FREE_OPS,
+    TIE_BREAK_OPS,
+    _call,
+    _compare,
+    _grads,
+    _name,
+    _random,
+    _resolve_ties,
+    _run_or_skip,
+    _to_tpu,
+)
 
 
 def _dtype(op) -> torch.dtype | None:
@@ -26,8 +37,9 @@ def _dtype(op) -> torch.dtype | None:
 
 
 def _first_sample(op, dtype):
-    for sample in op.sample_inputs("cpu", dtype, requires_grad=op.supports_autograd
-                                   and dtype == torch.float32):
+    for sample in op.sample_inputs(
+        "cpu", dtype, requires_grad=op.supports_autograd and dtype == torch.float32
+    ):
         try:
             expected, _ = _call(op, sample, lambda x: x)
         except Exception:  # noqa: BLE001  (a sample CPU rejects says nothing about tpu)
@@ -93,11 +105,9 @@ def test_op_runs_through_cpu_fallback(op, monkeypatch):
     if name in SIGN_FREE_OPS:
         actual, expected = sample.output_process_fn_grad(actual), sample.output_process_fn_grad(expected)
     if name in TIE_BREAK_OPS:
-        actual, expected = _resolve_ties(actual, expected, sample, TIE_BREAK_OPS[name],
-                                         f"{name} forward")
+        actual, expected = _resolve_ties(actual, expected, sample, TIE_BREAK_OPS[name], f"{name} forward")
     _compare(actual, expected, name, dtype, f"{name} forward via fallback", _random(name, sample))
     if grads:
         expected_grads = _grads(op, sample, lambda x: x)
         if expected_grads is not None:
-            _compare(list(actual_grads), list(expected_grads), name, dtype,
-                     f"{name} backward via fallback")
+            _compare(list(actual_grads), list(expected_grads), name, dtype, f"{name} backward via fallback")

@@ -4,6 +4,7 @@ in its other layouts), argument errors, and torch.compile, where ``offs`` is onl
 
 CPU leaves the rows (2-D x 3-D) or columns (3-D x 2-D) past ``offs[-1]`` uninitialized, so only
 the grouped part is compared there; tpu's are checked to be 0."""
+
 from __future__ import annotations
 
 import copy
@@ -86,25 +87,52 @@ def test_gradients_match_cpu(layout, dtype):
         assert not a_tpu[GROUPED:].any(), "gradient rows past offs[-1] must be 0"
 
 
-@pytest.mark.parametrize("call", [
-    pytest.param(lambda d: torch._grouped_mm(seeded(16, 8).double().to(d), seeded(3, 8, 8).double().to(d),
-                                             offs=_offs(d)), id="float64"),
-    pytest.param(lambda d: torch._grouped_mm(seeded(16, 8).to(d), seeded(3, 8, 8).to(d)), id="no offs"),
-    pytest.param(lambda d: torch._grouped_mm(seeded(3, 8, 8).to(d), seeded(3, 8, 8).to(d), offs=_offs(d)),
-                 id="offs for 3d x 3d"),
-    pytest.param(lambda d: torch._grouped_mm(seeded(16, 8).to(d), seeded(3, 8, 8).to(d), offs=_offs(d).long()),
-                 id="int64 offs"),
-    pytest.param(lambda d: torch._grouped_mm(seeded(16, 8).to(d), seeded(3, 8, 8).to(d), offs=_offs(d),
-                                             bias=seeded(3, 8).to(d)), id="bias"),
-    pytest.param(lambda d: torch._grouped_mm(seeded(16, 8).to(d), seeded(3, 8, 8).to(d), offs=_offs(d),
-                                             out_dtype=torch.bfloat16), id="out_dtype"),
-    pytest.param(lambda d: torch._grouped_mm(seeded(16, 8).to(d), seeded(3, 8, 8, dtype=torch.bfloat16).to(d),
-                                             offs=_offs(d)), id="mixed dtypes"),
-    pytest.param(lambda d: torch._grouped_mm(seeded(16, 8).to(d), seeded(4, 8, 8).to(d), offs=_offs(d)),
-                 id="group count"),
-    pytest.param(lambda d: torch._grouped_mm(seeded(16, 8).to(d), seeded(3, 16, 8).to(d), offs=_offs(d)),
-                 id="contraction"),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(
+            lambda d: torch._grouped_mm(
+                seeded(16, 8).double().to(d), seeded(3, 8, 8).double().to(d), offs=_offs(d)
+            ),
+            id="float64",
+        ),
+        pytest.param(lambda d: torch._grouped_mm(seeded(16, 8).to(d), seeded(3, 8, 8).to(d)), id="no offs"),
+        pytest.param(
+            lambda d: torch._grouped_mm(seeded(3, 8, 8).to(d), seeded(3, 8, 8).to(d), offs=_offs(d)),
+            id="offs for 3d x 3d",
+        ),
+        pytest.param(
+            lambda d: torch._grouped_mm(seeded(16, 8).to(d), seeded(3, 8, 8).to(d), offs=_offs(d).long()),
+            id="int64 offs",
+        ),
+        pytest.param(
+            lambda d: torch._grouped_mm(
+                seeded(16, 8).to(d), seeded(3, 8, 8).to(d), offs=_offs(d), bias=seeded(3, 8).to(d)
+            ),
+            id="bias",
+        ),
+        pytest.param(
+            lambda d: torch._grouped_mm(
+                seeded(16, 8).to(d), seeded(3, 8, 8).to(d), offs=_offs(d), out_dtype=torch.bfloat16
+            ),
+            id="out_dtype",
+        ),
+        pytest.param(
+            lambda d: torch._grouped_mm(
+                seeded(16, 8).to(d), seeded(3, 8, 8, dtype=torch.bfloat16).to(d), offs=_offs(d)
+            ),
+            id="mixed dtypes",
+        ),
+        pytest.param(
+            lambda d: torch._grouped_mm(seeded(16, 8).to(d), seeded(4, 8, 8).to(d), offs=_offs(d)),
+            id="group count",
+        ),
+        pytest.param(
+            lambda d: torch._grouped_mm(seeded(16, 8).to(d), seeded(3, 16, 8).to(d), offs=_offs(d)),
+            id="contraction",
+        ),
+    ],
+)
 def test_errors_match_cpu(call):
     with pytest.raises(RuntimeError) as on_cpu:
         call("cpu")
@@ -128,6 +156,7 @@ def fresh_dynamo():
 def test_compiled_matches_eager_for_every_routing(fresh_dynamo):
     """One compiled program serves offsets it only sees on device (float32: past PyTorch's
     bfloat16-only meta kernel)."""
+
     def expert_layer(x, w, offs):
         return torch._grouped_mm(x, w, offs=offs).relu() * 2
 
@@ -141,11 +170,16 @@ def test_compiled_matches_eager_for_every_routing(fresh_dynamo):
 def test_fake_kernel_keeps_pytorch_meta_checks_off_tpu():
     meta = dict(device="meta")
     with pytest.raises(RuntimeError, match="BF16"):
-        torch._grouped_mm(torch.empty(16, 8, **meta), torch.empty(3, 8, 8, **meta),
-                          offs=torch.empty(3, dtype=torch.int32, **meta))
-    out = torch._grouped_mm(torch.empty(16, 8, dtype=torch.bfloat16, **meta),
-                            torch.empty(3, 8, 8, dtype=torch.bfloat16, **meta),
-                            offs=torch.empty(3, dtype=torch.int32, **meta))
+        torch._grouped_mm(
+            torch.empty(16, 8, **meta),
+            torch.empty(3, 8, 8, **meta),
+            offs=torch.empty(3, dtype=torch.int32, **meta),
+        )
+    out = torch._grouped_mm(
+        torch.empty(16, 8, dtype=torch.bfloat16, **meta),
+        torch.empty(3, 8, 8, dtype=torch.bfloat16, **meta),
+        offs=torch.empty(3, dtype=torch.int32, **meta),
+    )
     assert out.shape == (16, 8) and out.dtype == torch.bfloat16
 
 

@@ -2,6 +2,7 @@
 (TensorIterator's rule: ``x.t() + 1`` is transposed, channels-last stays channels-last), copies
 and ``*_like`` factories preserve the format, ``empty`` takes a memory format. Each case is
 compared with CPU: same strides (of the dimensions longer than 1) and same values."""
+
 from __future__ import annotations
 
 import pytest
@@ -38,7 +39,8 @@ LAYOUTS = {
     "to_dtype_transposed": lambda x, image: x.t().to(torch.float64),
     "to_channels_last": lambda x, image: image.to(memory_format=torch.channels_last),
     "empty_channels_last": lambda x, image: torch.empty(
-        2, 3, 4, 5, device=image.device, memory_format=torch.channels_last).fill_(2),
+        2, 3, 4, 5, device=image.device, memory_format=torch.channels_last
+    ).fill_(2),
 }
 
 

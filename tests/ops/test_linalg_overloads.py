@@ -1,6 +1,7 @@
 """Linear-algebra and FFT overloads the OpInfo samples do not reach (integer products, LAPACK
 driver variants, 2x2 Bunch-Kaufman pivots, frequency grids, error paths), each compared with
 PyTorch CPU on the same call."""
+
 from __future__ import annotations
 
 import pytest
@@ -42,18 +43,21 @@ def _check_ldl_pivots_2x2():
 CASES = {
     "_int_mm": lambda d: aten._int_mm.default(_int8(17, 24).to(d), _int8(24, 16, seed=1).to(d)),
     "_compute_linear_combination": lambda d: aten._compute_linear_combination.default(
-        _x(3, 2, 4).to(d), _x(5, 3, seed=1).to(d)),
+        _x(3, 2, 4).to(d), _x(5, 3, seed=1).to(d)
+    ),
     "_euclidean_dist": lambda d: aten._euclidean_dist.default(_x(2, 4, 3).to(d), _x(2, 5, 3, seed=1).to(d)),
     "cdist matrix-product form": lambda d: torch.cdist(_x(30, 3).to(d), _x(7, 3, seed=1).to(d)),
     "cdist compute_mode 2": lambda d: torch.cdist(
-        _x(30, 3).to(d), _x(7, 3, seed=1).to(d), compute_mode="donot_use_mm_for_euclid_dist"),
+        _x(30, 3).to(d), _x(7, 3, seed=1).to(d), compute_mode="donot_use_mm_for_euclid_dist"
+    ),
     "fft_fftfreq": lambda d: torch.fft.fftfreq(7, 0.3, device=d),
     "fft_fftfreq even float64": lambda d: torch.fft.fftfreq(8, dtype=torch.float64, device=d),
     "fft_rfftfreq": lambda d: torch.fft.rfftfreq(9, 2.0, device=d),
     "lstsq gels": lambda d: torch.linalg.lstsq(_x(6, 3).to(d), _x(6, 2, seed=1).to(d), driver="gels"),
     "lstsq gelss vector": lambda d: torch.linalg.lstsq(_x(6, 3).to(d), _x(6, seed=1).to(d), driver="gelss"),
     "lstsq gelsd batched": lambda d: torch.linalg.lstsq(
-        _x(2, 6, 3).to(d), _x(1, 6, 2, seed=1).to(d), driver="gelsd"),
+        _x(2, 6, 3).to(d), _x(1, 6, 2, seed=1).to(d), driver="gelsd"
+    ),
     "ldl_solve 2x2 pivots float32": lambda d: _ldl_solve(d, torch.float32, False),
     "ldl_solve 2x2 pivots complex64": lambda d: _ldl_solve(d, torch.complex64, False),
     "ldl_solve 2x2 pivots hermitian": lambda d: _ldl_solve(d, torch.complex64, True),
@@ -61,7 +65,8 @@ CASES = {
     "renorm float16": lambda d: torch.renorm(_x(3, 4, dtype=torch.float16).to(d), 3, 1, 0.5),
     "renorm inf": lambda d: torch.renorm(_x(3, 4).to(d), float("inf"), 0, 0.5),
     "ormqr right transpose": lambda d: torch.ormqr(
-        *torch.geqrf(_x(5, 3).to(d)), _x(4, 5, seed=1).to(d), left=False, transpose=True),
+        *torch.geqrf(_x(5, 3).to(d)), _x(4, 5, seed=1).to(d), left=False, transpose=True
+    ),
 }
 
 
@@ -93,8 +98,9 @@ def test_backward_overload_matches_cpu(name):
 
 ERROR_CASES = {
     "cholesky not positive-definite": lambda d: torch.cholesky(-torch.eye(3).to(d)),
-    "ldl_factor_ex check_errors": lambda d: torch.linalg.ldl_factor_ex(torch.zeros(3, 3).to(d),
-                                                                     check_errors=True),
+    "ldl_factor_ex check_errors": lambda d: torch.linalg.ldl_factor_ex(
+        torch.zeros(3, 3).to(d), check_errors=True
+    ),
     "linalg_lu without pivoting": lambda d: torch.linalg.lu(_x(3, 3).to(d), pivot=False),
     "_linalg_check_errors": lambda d: torch.linalg.inv(torch.zeros(2, 3, 3).to(d)),
     "cdist negative p": lambda d: torch.cdist(_x(3, 2).to(d), _x(3, 2).to(d), p=-1),

@@ -1,6 +1,7 @@
 """nn, loss and pooling overloads the OpInfo samples do not reach (backward ops called with
 saved tensors, Tensor-length CTC, explicit fractional-pooling samples, internal fast-path ops),
 each compared with PyTorch CPU on the same call."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,12 +26,14 @@ def _tpu(value):
 
 def _assert_close(actual, expected):
     """Half types: CPU rounds intermediate results to the half type, tpu computes in float32."""
+
     def compare(a, e):
         if e is None:  # an output the op leaves undefined
             assert a is None
             return
         tolerance = dict(atol=1e-2, rtol=1.6e-2) if e.dtype in _HALF else {}
         torch.testing.assert_close(a.cpu(), e, equal_nan=True, **tolerance)
+
     torch.utils._pytree.tree_map(compare, actual, expected)
 
 
@@ -54,8 +57,10 @@ def test_ctc_loss_and_backward_match_cpu(concatenated):
     input_lengths, target_lengths = _CTC_LENGTHS
     if concatenated:
         targets = torch.cat([row[:n] for row, n in zip(targets, target_lengths)])
-    for lengths in [(input_lengths, target_lengths),
-                    (torch.tensor(input_lengths), torch.tensor(target_lengths))]:
+    for lengths in [
+        (input_lengths, target_lengths),
+        (torch.tensor(input_lengths), torch.tensor(target_lengths)),
+    ]:
         results = []
         for device in ("cpu", "tpu"):
             leaf = log_probs.to(device).requires_grad_()
@@ -84,10 +89,15 @@ def test_ctc_loss_backward_overloads_match_cpu(zero_infinity):
     nll, log_alpha = aten._ctc_loss(log_probs, targets, input_lengths, target_lengths)
     grad = torch.tensor([1.0, 0.5, -2.0])
     common = (grad, log_probs, targets)
-    for lengths in [(input_lengths, target_lengths),
-                    (torch.tensor(input_lengths), torch.tensor(target_lengths))]:
-        op = aten._ctc_loss_backward.default if isinstance(lengths[0], list) \
+    for lengths in [
+        (input_lengths, target_lengths),
+        (torch.tensor(input_lengths), torch.tensor(target_lengths)),
+    ]:
+        op = (
+            aten._ctc_loss_backward.default
+            if isinstance(lengths[0], list)
             else aten._ctc_loss_backward.Tensor
+        )
         expected = op(*common, *lengths, nll, log_alpha, 0, zero_infinity)
         actual = op(*map(_tpu, common + lengths + (nll, log_alpha)), 0, zero_infinity)
         # an unreachable sample's gradient is NaN on CPU unless zero_infinity clears it
@@ -113,12 +123,32 @@ def test_margin_loss_backwards_match_cpu(dtype):
 def test_fractional_max_pool_matches_cpu(dtype):
     """The random samples are an argument, so the windows are the same on both devices."""
     samples = torch.rand(2, 3, 3, generator=torch.Generator().manual_seed(1)).to(dtype)
-    cases = [(aten.fractional_max_pool2d, aten.fractional_max_pool2d_backward, _x(2, 3, 9, 8),
-              (2, 3), (5, 4), samples[..., :2]),
-             (aten.fractional_max_pool2d, aten.fractional_max_pool2d_backward, _x(3, 7, 6),
-              (3, 2), (1, 5), samples[:1, :, :2]),
-             (aten.fractional_max_pool3d, aten.fractional_max_pool3d_backward, _x(2, 3, 6, 7, 5),
-              (2, 3, 2), (4, 3, 3), samples)]
+    cases = [
+        (
+            aten.fractional_max_pool2d,
+            aten.fractional_max_pool2d_backward,
+            _x(2, 3, 9, 8),
+            (2, 3),
+            (5, 4),
+            samples[..., :2],
+        ),
+        (
+            aten.fractional_max_pool2d,
+            aten.fractional_max_pool2d_backward,
+            _x(3, 7, 6),
+            (3, 2),
+            (1, 5),
+            samples[:1, :, :2],
+        ),
+        (
+            aten.fractional_max_pool3d,
+            aten.fractional_max_pool3d_backward,
+            _x(2, 3, 6, 7, 5),
+            (2, 3, 2),
+            (4, 3, 3),
+            samples,
+        ),
+    ]
     for forward, backward, x, kernel, output_size, random_samples in cases:
         x = x.to(dtype)
         _matches_cpu(forward, x, kernel, output_size, random_samples)
@@ -135,28 +165,71 @@ _BAG_OFFSETS = torch.tensor([0, 3, 3, 5])  # bag 1 is empty
 @pytest.mark.parametrize("dtype", _FLOATS)
 def test_embedding_bag_overloads_match_cpu(mode, dtype):
     weight = _x(5, 3, dtype=dtype)
-    sample_weights = torch.rand(8, generator=torch.Generator().manual_seed(2)).to(dtype) \
-        if mode == 0 else None
+    sample_weights = (
+        torch.rand(8, generator=torch.Generator().manual_seed(2)).to(dtype) if mode == 0 else None
+    )
     for padding_idx in (-1, 2):
         for op in (aten._embedding_bag, aten._embedding_bag_forward_only):
-            _matches_cpu(op, weight, _BAG_INDICES, _BAG_OFFSETS, False, mode, False,
-                         sample_weights, False, padding_idx)
-        _matches_cpu(aten._embedding_bag, weight, _BAG_INDICES, torch.tensor([0, 3, 3, 5, 8]),
-                     False, mode, False, sample_weights, True, padding_idx)
+            _matches_cpu(
+                op, weight, _BAG_INDICES, _BAG_OFFSETS, False, mode, False, sample_weights, False, padding_idx
+            )
+        _matches_cpu(
+            aten._embedding_bag,
+            weight,
+            _BAG_INDICES,
+            torch.tensor([0, 3, 3, 5, 8]),
+            False,
+            mode,
+            False,
+            sample_weights,
+            True,
+            padding_idx,
+        )
         _, offset2bag, bag_size, max_indices = aten._embedding_bag(
-            weight, _BAG_INDICES, _BAG_OFFSETS, False, mode, False, sample_weights, False,
-            padding_idx)
+            weight, _BAG_INDICES, _BAG_OFFSETS, False, mode, False, sample_weights, False, padding_idx
+        )
         grad = _x(4, 3, seed=3, dtype=dtype)
         # scale_grad_by_freq off: CPU's kernel is wrong for repeated indices (see below)
-        _matches_cpu(aten._embedding_bag_backward, grad, _BAG_INDICES, _BAG_OFFSETS, offset2bag,
-                     bag_size, max_indices, 5, False, mode, False, sample_weights,
-                     padding_idx)
+        _matches_cpu(
+            aten._embedding_bag_backward,
+            grad,
+            _BAG_INDICES,
+            _BAG_OFFSETS,
+            offset2bag,
+            bag_size,
+            max_indices,
+            5,
+            False,
+            mode,
+            False,
+            sample_weights,
+            padding_idx,
+        )
         if offset2bag.numel():
-            _matches_cpu(aten._embedding_bag_dense_backward, grad, _BAG_INDICES, offset2bag,
-                         bag_size, max_indices, 5, False, mode, sample_weights, padding_idx)
+            _matches_cpu(
+                aten._embedding_bag_dense_backward,
+                grad,
+                _BAG_INDICES,
+                offset2bag,
+                bag_size,
+                max_indices,
+                5,
+                False,
+                mode,
+                sample_weights,
+                padding_idx,
+            )
         if mode == 0:
-            _matches_cpu(aten._embedding_bag_per_sample_weights_backward, grad, weight,
-                         _BAG_INDICES, _BAG_OFFSETS, offset2bag, mode, padding_idx)
+            _matches_cpu(
+                aten._embedding_bag_per_sample_weights_backward,
+                grad,
+                weight,
+                _BAG_INDICES,
+                _BAG_OFFSETS,
+                offset2bag,
+                mode,
+                padding_idx,
+            )
 
 
 # ----------------------------------------------------------------------------- nn internals
@@ -169,8 +242,7 @@ def test_masked_softmax_and_backward_match_cpu(dtype):
     _matches_cpu(aten._masked_softmax, x, mask[0, 0], None, 0)  # (T, T) attention mask
     _matches_cpu(aten._masked_softmax, x, mask[:, 0, 0], 3, 1)  # (B, T) key padding mask
     output = aten._masked_softmax(x, mask, 3, 2)
-    _matches_cpu(aten._masked_softmax_backward, _x(2, 3, 4, 4, seed=2, dtype=dtype), output,
-                 mask, 3)
+    _matches_cpu(aten._masked_softmax_backward, _x(2, 3, 4, 4, seed=2, dtype=dtype), output, mask, 3)
 
 
 @pytest.mark.parametrize("dtype", _FLOATS)
@@ -179,8 +251,7 @@ def test_weight_norm_interface_and_backward_match_cpu(dtype):
     for dim, g in [(0, _x(4, 1, 1, seed=1, dtype=dtype)), (2, _x(1, 1, 2, seed=1, dtype=dtype))]:
         _matches_cpu(aten._weight_norm_interface, v, g, dim)
         _, norms = aten._weight_norm_interface(v, g, dim)
-        _matches_cpu(aten._weight_norm_interface_backward, _x(4, 3, 2, seed=2, dtype=dtype), v, g,
-                     norms, dim)
+        _matches_cpu(aten._weight_norm_interface_backward, _x(4, 3, 2, seed=2, dtype=dtype), v, g, norms, dim)
 
 
 @pytest.mark.parametrize("dtype", _FLOATS)
@@ -210,11 +281,23 @@ def test_conv_tbc_and_gradients_match_cpu():
 @pytest.mark.parametrize("need_weights, average", [(True, True), (True, False), (False, True)])
 def test_native_multi_head_attention_matches_cpu(need_weights, average):
     mha = torch.nn.MultiheadAttention(16, 4, batch_first=True)
-    weights = [p.detach() for p in (mha.in_proj_weight, mha.in_proj_bias, mha.out_proj.weight,
-                                    mha.out_proj.bias)]
+    weights = [
+        p.detach() for p in (mha.in_proj_weight, mha.in_proj_bias, mha.out_proj.weight, mha.out_proj.bias)
+    ]
     padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
-    _matches_cpu(aten._native_multi_head_attention.default, _x(2, 5, 16), _x(2, 5, 16, seed=1),
-                 _x(2, 5, 16, seed=2), 16, 4, *weights, padding, need_weights, average, 1)
+    _matches_cpu(
+        aten._native_multi_head_attention.default,
+        _x(2, 5, 16),
+        _x(2, 5, 16, seed=1),
+        _x(2, 5, 16, seed=2),
+        16,
+        4,
+        *weights,
+        padding,
+        need_weights,
+        average,
+        1,
+    )
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -222,8 +305,9 @@ def test_native_multi_head_attention_matches_cpu(need_weights, average):
 def test_transformer_encoder_layer_inference_fast_path_matches_cpu(norm_first, activation):
     """Eval mode without grad: PyTorch routes the layer to ``_transformer_encoder_layer_fwd``."""
     torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, norm_first=norm_first,
-                                             activation=activation).eval()
+    layer = torch.nn.TransformerEncoderLayer(
+        16, 4, 32, batch_first=True, norm_first=norm_first, activation=activation
+    ).eval()
     x, padding = _x(2, 5, 16), torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
     with torch.no_grad():
         expected = [layer(x), layer(x, src_key_padding_mask=padding)]
@@ -237,6 +321,7 @@ def test_embedding_bag_scale_grad_by_freq_divides_by_each_index_count():
     CPU's embedding_bag kernel gives 1.5 for row 3 (it divides by another index's count)."""
     weight = torch.randn(5, 2, device="tpu", requires_grad=True)
     indices, offsets = torch.tensor([3, 1, 1, 0, 3, 3]), torch.tensor([0, 3])
-    F.embedding_bag(_tpu(indices), weight, _tpu(offsets), mode="sum",
-                    scale_grad_by_freq=True).sum().backward()
+    F.embedding_bag(
+        _tpu(indices), weight, _tpu(offsets), mode="sum", scale_grad_by_freq=True
+    ).sum().backward()
     assert weight.grad[:, 0].cpu().tolist() == [1.0, 1.0, 0.0, 1.0, 0.0]

@@ -11,6 +11,7 @@ or half-precision sample runs once more on CPU widened to float64 (complex128), 
 differ from CPU by a few times CPU's own distance from that result, so tpu must be about as
 close to the exact answer as CPU is, whatever the machine's rounding.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -19,14 +20,31 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_map
 
 import torch_tpu
-
 from torch_tpu.testing.reference import WIDER, derived_tolerance, widened
 
-from .expectations import (CPU_ARGUMENT_OPS, RANDOM_OPS, RANDOM_SAMPLES, SIGN_FREE_OPS,
-                           TIE_BREAK_OPS, TOLERANCES, XFAILS)
+from .expectations import (
+    CPU_ARGUMENT_OPS,
+    RANDOM_OPS,
+    RANDOM_SAMPLES,
+    SIGN_FREE_OPS,
+    TIE_BREAK_OPS,
+    TOLERANCES,
+    XFAILS,
+)
 
-DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
-          torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64)
+DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+)
 # Samples per OpInfo: float32 (and the backward check) see more; other dtypes mostly exercise
 # the same lowering through a different dtype. Keeps the suite within the CI budget on 2 cores.
 SAMPLES_PER_OP = {torch.float32: 3}
@@ -122,16 +140,18 @@ def _compare(actual, expected, name, dtype, what, random=False, reference=None):
     for a, e, r in zip(actual_leaves, expected_leaves, reference_leaves):
         if not isinstance(e, torch.Tensor):
             if isinstance(e, (int, float, bool, complex)) and isinstance(a, type(e)):
-                torch.testing.assert_close(a, e, equal_nan=True, msg=lambda m: f"{what}: {m}",
-                                           **_tolerance(name, dtype, e, r))
+                torch.testing.assert_close(
+                    a, e, equal_nan=True, msg=lambda m: f"{what}: {m}", **_tolerance(name, dtype, e, r)
+                )
             continue
         assert isinstance(a, torch.Tensor), f"{what}: expected a tensor, got {type(a)}"
         assert a.device.type == "tpu" or e.device.type == "cpu", f"{what}: result on {a.device}"
         if random:
             assert (a.shape, a.dtype) == (e.shape, e.dtype), f"{what}: shape/dtype differ"
             continue
-        torch.testing.assert_close(a.cpu(), e, equal_nan=True, msg=lambda m: f"{what}: {m}",
-                                   **_tolerance(name, dtype, e, r))
+        torch.testing.assert_close(
+            a.cpu(), e, equal_nan=True, msg=lambda m: f"{what}: {m}", **_tolerance(name, dtype, e, r)
+        )
 
 
 def _gathered(source, indices, dim):
@@ -149,15 +169,22 @@ def _resolve_ties(actual, expected, sample, dim_position, what):
     args = sample.args
     dim = sample.kwargs.get("dim", args[dim_position] if len(args) > dim_position else -1)
     if isinstance(expected, torch.Tensor):  # argsort: indices only
-        assert (actual.shape, actual.dtype) == (expected.shape, expected.dtype), \
+        assert (actual.shape, actual.dtype) == (expected.shape, expected.dtype), (
             f"{what}: indices' shape/dtype differ"
+        )
         return _gathered(sample.input, actual.cpu(), dim), _gathered(sample.input, expected, dim)
     (values, indices), (expected_values, expected_indices) = actual, expected
-    assert (indices.shape, indices.dtype) == (expected_indices.shape, expected_indices.dtype), \
+    assert (indices.shape, indices.dtype) == (expected_indices.shape, expected_indices.dtype), (
         f"{what}: indices' shape/dtype differ"
-    torch.testing.assert_close(_gathered(sample.input, indices.cpu(), dim), values.cpu(),
-                               rtol=0, atol=0, equal_nan=True,
-                               msg=lambda m: f"{what}: indices do not select the values: {m}")
+    )
+    torch.testing.assert_close(
+        _gathered(sample.input, indices.cpu(), dim),
+        values.cpu(),
+        rtol=0,
+        atol=0,
+        equal_nan=True,
+        msg=lambda m: f"{what}: indices do not select the values: {m}",
+    )
     return values, expected_values
 
 
@@ -197,8 +224,9 @@ def test_forward(op, dtype):
     _with_expectations(_name(op), dtype, lambda: _check_forward(op, dtype, samples))
 
 
-@pytest.mark.parametrize("op", [pytest.param(op, id=_name(op)) for op in OPS
-                                if torch.float32 in op.supported_dtypes("cpu")])
+@pytest.mark.parametrize(
+    "op", [pytest.param(op, id=_name(op)) for op in OPS if torch.float32 in op.supported_dtypes("cpu")]
+)
 def test_forward_fused(op):
     """Every op once more in fused eager (recorded into a graph, run at the comparison's host
     read), float32, first sample and its in-place variant."""
@@ -222,8 +250,11 @@ def _check_inplace(op, sample, name, dtype, random) -> bool:
     except Exception:  # noqa: BLE001
         return False
     actual, _ = _run_or_skip(lambda: _call(inplace, sample, _to_tpu, name))
-    reference = None if random else _reference(
-        lambda s, widen: _call(inplace, s, lambda x: widen(_cloned(x)))[0], sample, op, dtype)
+    reference = (
+        None
+        if random
+        else _reference(lambda s, widen: _call(inplace, s, lambda x: widen(_cloned(x)))[0], sample, op, dtype)
+    )
     _compare(actual, expected, name, dtype, f"{name} in-place", random, reference)
     return True
 
@@ -241,15 +272,17 @@ def _check_forward(op, dtype, samples=None):
         _run_or_skip(lambda: tree_map(_host_copy, actual))  # views can make unsupported dtypes
         random = _random(name, sample)
         # ties resolve differently in float64: their values are compared exactly anyway
-        reference = None if random or name in TIE_BREAK_OPS else _reference(
-            lambda s, widen: _call(op, s, widen)[0], sample, op, dtype)
+        reference = (
+            None
+            if random or name in TIE_BREAK_OPS
+            else _reference(lambda s, widen: _call(op, s, widen)[0], sample, op, dtype)
+        )
         if name in SIGN_FREE_OPS:
             sign_free = sample.output_process_fn_grad
             actual, expected = sign_free(actual), sign_free(expected)
             reference = None if reference is None else sign_free(reference)
         if name in TIE_BREAK_OPS:
-            actual, expected = _resolve_ties(actual, expected, sample, TIE_BREAK_OPS[name],
-                                             f"{name} forward")
+            actual, expected = _resolve_ties(actual, expected, sample, TIE_BREAK_OPS[name], f"{name} forward")
         _compare(actual, expected, name, dtype, f"{name} forward", random, reference)
         ran += 1
         if not inplace_checked:  # derived by the dispatcher: one sample per dtype suffices
@@ -266,20 +299,25 @@ def _grad_inputs(args):
 def _grads(op, sample, move):
     out, args = _call(op, sample, move, _name(op))
     out = sample.output_process_fn_grad(out)
-    outputs = [o for o in tree_flatten(out)[0]
-               if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point]
+    outputs = [
+        o
+        for o in tree_flatten(out)[0]
+        if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point
+    ]
     inputs = _grad_inputs(args)
     if not outputs or not inputs:
         return None
     # a fixed, non-uniform cotangent catches more than ones_like (built in float32, so the
     # float64 reference's is the same numbers)
-    cotangents = [torch.linspace(-1, 1, o.numel()).to(o.dtype).reshape(o.shape).to(o.device)
-                  for o in outputs]
+    cotangents = [torch.linspace(-1, 1, o.numel()).to(o.dtype).reshape(o.shape).to(o.device) for o in outputs]
     return torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
 
 
-@pytest.mark.parametrize("op", [op for op in OPS if op.supports_autograd
-                                and torch.float32 in op.supported_dtypes("cpu")], ids=_name)
+@pytest.mark.parametrize(
+    "op",
+    [op for op in OPS if op.supports_autograd and torch.float32 in op.supported_dtypes("cpu")],
+    ids=_name,
+)
 def test_backward(op):
     if _name(op) in RANDOM_OPS:
         pytest.skip("random op: gradients depend on the random values")
@@ -305,9 +343,13 @@ def _check_backward(op):
                 continue
             assert a is not None, f"{name}: tpu produced no gradient where CPU did"
             r = None if reference is None else reference[i]
-            torch.testing.assert_close(a.cpu(), e, equal_nan=True,
-                                       msg=lambda m: f"{name} backward: {m}",
-                                       **_tolerance(name, torch.float32, e, r))
+            torch.testing.assert_close(
+                a.cpu(),
+                e,
+                equal_nan=True,
+                msg=lambda m: f"{name} backward: {m}",
+                **_tolerance(name, torch.float32, e, r),
+            )
         ran += 1
     if not ran:
         pytest.skip("no differentiable sample")

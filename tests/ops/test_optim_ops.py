@@ -1,5 +1,6 @@
 """Optimizer paths on tpu against PyTorch CPU: every functional ``_foreach_*`` overload (and its
 derived in-place form), the fused optimizers through ``torch.optim``, and AMP's GradScaler."""
+
 from __future__ import annotations
 
 import itertools
@@ -19,8 +20,10 @@ SHAPES = [(2, 3), (4,), ()]  # one foreach list: mixed shapes, a 0-dim tensor in
 def _tensors(seed, dtypes=(torch.float32,) * 3, low=0.5, high=2.0):
     """Values in [low, high): defined for log, sqrt, pow with any exponent, acosh..."""
     generator = torch.Generator().manual_seed(seed)
-    return [(torch.rand(shape, generator=generator) * (high - low) + low).to(dtype)
-            for shape, dtype in zip(SHAPES, dtypes)]
+    return [
+        (torch.rand(shape, generator=generator) * (high - low) + low).to(dtype)
+        for shape, dtype in zip(SHAPES, dtypes)
+    ]
 
 
 def _unit(seed):
@@ -43,8 +46,11 @@ def _argument(arg: torch._C.Argument, seed: int, dtypes):
 
 def _schema_arguments(op, dtypes=(torch.float32,) * 3):
     """Positional arguments built from the schema (defaults left to the op)."""
-    return [_argument(a, seed, dtypes) for seed, a in enumerate(op._schema.arguments)
-            if not a.has_default_value() and not a.kwarg_only]
+    return [
+        _argument(a, seed, dtypes)
+        for seed, a in enumerate(op._schema.arguments)
+        if not a.has_default_value() and not a.kwarg_only
+    ]
 
 
 def _mixed(op):
@@ -53,8 +59,10 @@ def _mixed(op):
 
 
 SPECIAL_ARGUMENTS = {
-    "_foreach_mm.default": lambda: [[torch.randn(2, 3), torch.randn(1, 4), torch.randn(3, 3)],
-                                    [torch.randn(3, 5), torch.randn(4, 2), torch.randn(3, 1)]],
+    "_foreach_mm.default": lambda: [
+        [torch.randn(2, 3), torch.randn(1, 4), torch.randn(3, 3)],
+        [torch.randn(3, 5), torch.randn(4, 2), torch.randn(3, 1)],
+    ],
     "_foreach_asin.default": lambda: [_unit(0)],
     "_foreach_acos.default": lambda: [_unit(0)],
     "_foreach_sign.default": lambda: [_unit(0)],
@@ -66,32 +74,62 @@ SPECIAL_ARGUMENTS = {
     "_foreach_lerp.List": lambda: [_tensors(0), _tensors(1), _unit(2)],
     "_foreach_add.Scalar int": lambda: [_tensors(0, (torch.int64, torch.int32, torch.uint8), 0, 9), 3],
     "_foreach_powsum.Scalar complex": lambda: [
-        [torch.randn(3, dtype=torch.complex64), torch.randn(4), torch.tensor(2.0)], 2],
+        [torch.randn(3, dtype=torch.complex64), torch.randn(4), torch.tensor(2.0)],
+        2,
+    ],
     "_foreach_powsum.Scalar int": lambda: [[torch.randn(3), torch.arange(4)], 2],  # CPU raises
     "_foreach_powsum.Scalar half to float": lambda: [
-        [torch.randn(3).half(), torch.randn(4).bfloat16(), torch.tensor(2.0)], 2.5],
+        [torch.randn(3).half(), torch.randn(4).bfloat16(), torch.tensor(2.0)],
+        2.5,
+    ],
 }
-KEYWORDS = {"_foreach_add.List alpha": {"alpha": -2}, "_foreach_sub.List": {"alpha": 0.5},
-            "_foreach_powsum.Scalar half to float": {"dtype": torch.float32}}
+KEYWORDS = {
+    "_foreach_add.List alpha": {"alpha": -2},
+    "_foreach_sub.List": {"alpha": 0.5},
+    "_foreach_powsum.Scalar half to float": {"dtype": torch.float32},
+}
 # No mixed-dtype call for: lerp and mm (one dtype per call), copy (casts anyway), powsum (floats
 # only), round and max (covered by the float list); frac and addcdiv, whose single-tensor
 # lowerings (elementwise.py) accept the integer tensors CPU rejects
-MIXED_DTYPE_SKIP = ("_foreach_lerp", "_foreach_mm", "_foreach_copy", "_foreach_powsum",
-                    "_foreach_round", "_foreach_max", "_foreach_frac", "_foreach_addcdiv")
+MIXED_DTYPE_SKIP = (
+    "_foreach_lerp",
+    "_foreach_mm",
+    "_foreach_copy",
+    "_foreach_powsum",
+    "_foreach_round",
+    "_foreach_max",
+    "_foreach_frac",
+    "_foreach_addcdiv",
+)
 
 
 def _name(op) -> str:
     return f"{op._schema.name[6:]}.{op._overloadname}"
 
 
-FOREACH_OPS = {_name(op): op for op in LOWERINGS
-               if op._schema.name.startswith("aten::_foreach_") and LOWERINGS[op].family == "optim"}
-CASES = {name: (op, lambda op=op, name=name: SPECIAL_ARGUMENTS.get(name, lambda: _schema_arguments(op))())
-         for name, op in FOREACH_OPS.items()}
-CASES.update({name: (FOREACH_OPS[name.split(" ")[0]], build) for name, build in SPECIAL_ARGUMENTS.items()
-              if " " in name})
-CASES.update({f"{name} mixed dtypes": (op, lambda op=op: _mixed(op)) for name, op in FOREACH_OPS.items()
-              if not name.startswith(MIXED_DTYPE_SKIP)})
+FOREACH_OPS = {
+    _name(op): op
+    for op in LOWERINGS
+    if op._schema.name.startswith("aten::_foreach_") and LOWERINGS[op].family == "optim"
+}
+CASES = {
+    name: (op, lambda op=op, name=name: SPECIAL_ARGUMENTS.get(name, lambda: _schema_arguments(op))())
+    for name, op in FOREACH_OPS.items()
+}
+CASES.update(
+    {
+        name: (FOREACH_OPS[name.split(" ")[0]], build)
+        for name, build in SPECIAL_ARGUMENTS.items()
+        if " " in name
+    }
+)
+CASES.update(
+    {
+        f"{name} mixed dtypes": (op, lambda op=op: _mixed(op))
+        for name, op in FOREACH_OPS.items()
+        if not name.startswith(MIXED_DTYPE_SKIP)
+    }
+)
 
 
 def _to(device):
@@ -99,6 +137,7 @@ def _to(device):
         if isinstance(x, torch.Tensor):
             return x.to(device)
         return [move(v) for v in x] if isinstance(x, list) else x
+
     return move
 
 
@@ -143,16 +182,27 @@ def test_foreach_matches_cpu(name):
         torch.testing.assert_close(a.cpu(), e, equal_nan=True)
 
 
-@pytest.mark.parametrize("call, error", [
-    (lambda d: torch._foreach_add([], 1.0), "at least one tensor"),
-    (lambda d: torch._foreach_add([torch.ones(2, device=d)] * 2, [torch.ones(2, device=d)]),
-     "same number of tensors"),
-    (lambda d: torch._foreach_mul([torch.ones(2, device=d)] * 2, [1.0]), "scalar list"),
-    (lambda d: torch._foreach_add([torch.ones(2, device=d)], torch.ones(2, device=d)), "0 dim"),
-    (lambda d: torch._foreach_addcmul([torch.ones(2, device=d)] * 2, [torch.ones(2, device=d)] * 2,
-                                      [torch.ones(2, device=d)] * 2, torch.ones(3, device=d)),
-     "length of scalars"),
-])
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda d: torch._foreach_add([], 1.0), "at least one tensor"),
+        (
+            lambda d: torch._foreach_add([torch.ones(2, device=d)] * 2, [torch.ones(2, device=d)]),
+            "same number of tensors",
+        ),
+        (lambda d: torch._foreach_mul([torch.ones(2, device=d)] * 2, [1.0]), "scalar list"),
+        (lambda d: torch._foreach_add([torch.ones(2, device=d)], torch.ones(2, device=d)), "0 dim"),
+        (
+            lambda d: torch._foreach_addcmul(
+                [torch.ones(2, device=d)] * 2,
+                [torch.ones(2, device=d)] * 2,
+                [torch.ones(2, device=d)] * 2,
+                torch.ones(3, device=d),
+            ),
+            "length of scalars",
+        ),
+    ],
+)
 def test_foreach_argument_errors_match_cpu(call, error):
     for device in ("cpu", "tpu"):
         with pytest.raises(RuntimeError, match=error):
@@ -161,9 +211,17 @@ def test_foreach_argument_errors_match_cpu(call, error):
 
 def _foreach_opinfos():
     from torch.testing._internal import common_methods_invocations as opinfos
-    return {op.name: op for op in (opinfos.foreach_unary_op_db + opinfos.foreach_binary_op_db
-                                   + opinfos.foreach_pointwise_op_db + opinfos.foreach_reduce_op_db
-                                   + opinfos.foreach_other_op_db)}
+
+    return {
+        op.name: op
+        for op in (
+            opinfos.foreach_unary_op_db
+            + opinfos.foreach_binary_op_db
+            + opinfos.foreach_pointwise_op_db
+            + opinfos.foreach_reduce_op_db
+            + opinfos.foreach_other_op_db
+        )
+    }
 
 
 FOREACH_OPINFOS = _foreach_opinfos()  # not in op_db, so test_opinfo.py does not run them
@@ -225,10 +283,11 @@ OPTIMIZERS = {
     "adamw amsgrad maximize": (torch.optim.AdamW, {"lr": 0.01, "amsgrad": True, "maximize": True}),
     "sgd": (torch.optim.SGD, {"lr": 0.05}),
     "sgd momentum": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "dampening": 0.1}),
-    "sgd nesterov weight_decay": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "nesterov": True,
-                                                    "weight_decay": 0.01}),
-    "adagrad": (torch.optim.Adagrad, {"lr": 0.1, "lr_decay": 0.01, "weight_decay": 0.1,
-                                      "maximize": True}),
+    "sgd nesterov weight_decay": (
+        torch.optim.SGD,
+        {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01},
+    ),
+    "adagrad": (torch.optim.Adagrad, {"lr": 0.1, "lr_decay": 0.01, "weight_decay": 0.1, "maximize": True}),
 }
 
 
@@ -255,6 +314,7 @@ def test_scheduled_lr_matches_cpu(optimizer_class):
 
 def test_default_optimizer_takes_the_foreach_path_on_tpu():
     from torch.optim.optimizer import _default_to_fused_or_foreach
+
     params = list(_model("tpu").parameters())
     assert _default_to_fused_or_foreach(params, differentiable=False) == (False, True)
     assert _default_to_fused_or_foreach(params, differentiable=False, use_fused=True) == (True, False)
@@ -265,7 +325,7 @@ def _scaled_training(device, fused, poisoned_steps=(2,)):
     """Steps of GradScaler training; in ``poisoned_steps`` one gradient becomes inf."""
     model = _model(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, fused=fused)
-    scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 10, growth_interval=2)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**10, growth_interval=2)
     history = []
     for step in range(5):
         optimizer.zero_grad()

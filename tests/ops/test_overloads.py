@@ -1,5 +1,6 @@
 """Overloads the OpInfo samples do not reach (Scalar forms, out= factories, 3-d pads, ...),
 each compared with PyTorch CPU on the same call."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,8 +25,11 @@ CASES = {
     "norm.Scalar": lambda d: aten.norm.Scalar(_x(3, 4).to(d), 3),
     # the loss only: log_alpha holds values CPU never writes
     "_ctc_loss.Tensor": lambda d: aten._ctc_loss.Tensor(
-        _x(6, 2, 4).log_softmax(2).to(d), torch.tensor([[1, 2], [1, 1]]).to(d),
-        torch.tensor([6, 5]).to(d), torch.tensor([2, 1]).to(d))[0],
+        _x(6, 2, 4).log_softmax(2).to(d),
+        torch.tensor([[1, 2], [1, 1]]).to(d),
+        torch.tensor([6, 5]).to(d),
+        torch.tensor([2, 1]).to(d),
+    )[0],
     "bitwise_and.Scalar": lambda d: aten.bitwise_and.Scalar(_ints(6).to(d), 3),
     "bitwise_or.Scalar": lambda d: aten.bitwise_or.Scalar(_ints(6).to(d), 3),
     "bitwise_xor.Scalar": lambda d: aten.bitwise_xor.Scalar(_ints(6).to(d), 3),
@@ -38,26 +42,32 @@ CASES = {
     "count_nonzero.dim_IntList": lambda d: aten.count_nonzero.dim_IntList(_ints(3, 4).to(d), [1]),
     "norm.ScalarOpt_dtype": lambda d: aten.norm.ScalarOpt_dtype(_x(3, 4).to(d), 2, dtype=torch.float64),
     "norm.ScalarOpt_dim_dtype": lambda d: aten.norm.ScalarOpt_dim_dtype(
-        _x(3, 4).to(d), 2, [1], False, dtype=torch.float64),
+        _x(3, 4).to(d), 2, [1], False, dtype=torch.float64
+    ),
     "_logcumsumexp.default": lambda d: aten._logcumsumexp.default(_x(3, 4).to(d), 1),
     "_addmm_activation.default": lambda d: aten._addmm_activation.default(
-        _x(4).to(d), _x(3, 5, seed=1).to(d), _x(5, 4, seed=2).to(d), use_gelu=True),
+        _x(4).to(d), _x(3, 5, seed=1).to(d), _x(5, 4, seed=2).to(d), use_gelu=True
+    ),
     "fill_.Tensor": lambda d: _x(2, 3).to(d).fill_(torch.tensor(2.5).to(d)),
     "fill_.Tensor cpu value": lambda d: _x(2, 3).to(d).fill_(torch.tensor(2.5)),
     "bucketize.Scalar": lambda d: aten.bucketize.Scalar(0.3, torch.tensor([-1.0, 0.0, 1.0]).to(d)),
     "searchsorted.Scalar": lambda d: aten.searchsorted.Scalar(torch.tensor([-1.0, 0.0, 1.0]).to(d), 0.3),
     "scatter.value_reduce": lambda d: aten.scatter.value_reduce(
-        _x(3, 4).to(d), 1, torch.tensor([[0, 1], [2, 3], [1, 1]]).to(d), 2.0, reduce="multiply"),
+        _x(3, 4).to(d), 1, torch.tensor([[0, 1], [2, 3], [1, 1]]).to(d), 2.0, reduce="multiply"
+    ),
     "repeat_interleave.Tensor": lambda d: aten.repeat_interleave.Tensor(torch.tensor([1, 0, 3]).to(d)),
     "unique_dim.default": lambda d: aten.unique_dim.default(
-        torch.tensor([[1, 2], [1, 2], [0, 5]]).to(d), 0, True, True, True),
+        torch.tensor([[1, 2], [1, 2], [0, 5]]).to(d), 0, True, True, True
+    ),
     "unique_dim_consecutive.default": lambda d: aten.unique_dim_consecutive.default(
-        torch.tensor([[1, 2], [1, 2], [0, 5], [1, 2]]).to(d), 0, True, True),
+        torch.tensor([[1, 2], [1, 2], [0, 5], [1, 2]]).to(d), 0, True, True
+    ),
     "reflection_pad2d": lambda d: F.pad(_x(1, 2, 4, 5).to(d), (1, 2, 2, 1), mode="reflect"),
     "reflection_pad3d": lambda d: F.pad(_x(1, 2, 3, 4, 5).to(d), (1, 1, 2, 1, 1, 2), mode="reflect"),
     "replication_pad3d": lambda d: F.pad(_x(1, 2, 3, 4, 5).to(d), (1, 0, 2, 1, 0, 2), mode="replicate"),
     "embedding max_norm": lambda d: F.embedding(
-        torch.tensor([0, 2, 2]).to(d), _x(4, 3).mul(3).to(d), max_norm=1.0),
+        torch.tensor([0, 2, 2]).to(d), _x(4, 3).mul(3).to(d), max_norm=1.0
+    ),
     "eye.m": lambda d: torch.eye(3, 5, device=d),
     "eye.out": lambda d: torch.eye(4, out=torch.empty(0, device=d)),
     "eye.m_out": lambda d: torch.eye(2, 3, out=torch.empty(0, device=d)),
@@ -72,7 +82,8 @@ GRADIENT_CASES = {
     "upsample_nearest2d_backward": lambda x: F.interpolate(x, scale_factor=2, mode="nearest"),
     "_upsample_nearest_exact2d_backward": lambda x: F.interpolate(x, size=(7, 3), mode="nearest-exact"),
     "_upsample_nearest_exact3d_backward": lambda x: F.interpolate(
-        x.unsqueeze(0), scale_factor=1.5, mode="nearest-exact"),
+        x.unsqueeze(0), scale_factor=1.5, mode="nearest-exact"
+    ),
     "reflection_pad2d_backward": lambda x: F.pad(x, (1, 2, 2, 1), mode="reflect"),
     "reflection_pad3d_backward": lambda x: F.pad(x.unsqueeze(0), (1, 1, 2, 1, 1, 2), mode="reflect"),
     "replication_pad3d_backward": lambda x: F.pad(x.unsqueeze(0), (1, 0, 2, 1, 0, 2), mode="replicate"),
@@ -125,8 +136,9 @@ def test_randperm_out_is_a_seeded_permutation():
     torch.randperm(50, out=out)
     assert sorted(out.cpu().tolist()) == list(range(50))
     torch.manual_seed(5)
-    assert torch.equal(torch.randperm(50, out=torch.empty(0, dtype=torch.int64, device="tpu")).cpu(),
-                       out.cpu())
+    assert torch.equal(
+        torch.randperm(50, out=torch.empty(0, dtype=torch.int64, device="tpu")).cpu(), out.cpu()
+    )
 
 
 def test_fused_attention_entry_points_match_cpu_sdpa():

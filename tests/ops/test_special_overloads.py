@@ -1,6 +1,7 @@
 """torch.special overloads and edge values the OpInfo samples do not reach (Scalar forms,
 poles, infinities, NaN, the polynomials' closed forms and boundaries), each compared with
 PyTorch CPU on the same call."""
+
 from __future__ import annotations
 
 import itertools
@@ -15,21 +16,70 @@ INF, NAN = float("inf"), float("nan")
 
 #: Values crossing every branch of the Cephes kernels: 0 and -0, the series/asymptotic cut
 #: points (2, 5, 8, +-2.09), huge arguments, infinities and NaN.
-EDGES = [0.0, -0.0, 1e-6, 0.3, -0.3, 1.0, -1.0, 2.0, 2.1, -2.5, 4.9, 5.0, 5.1, -5.5, 7.9, 8.0,
-         8.1, 20.0, -40.0, 90.0, 700.0, INF, -INF, NAN]
+EDGES = [
+    0.0,
+    -0.0,
+    1e-6,
+    0.3,
+    -0.3,
+    1.0,
+    -1.0,
+    2.0,
+    2.1,
+    -2.5,
+    4.9,
+    5.0,
+    5.1,
+    -5.5,
+    7.9,
+    8.0,
+    8.1,
+    20.0,
+    -40.0,
+    90.0,
+    700.0,
+    INF,
+    -INF,
+    NAN,
+]
 
-UNARY = ["i0", "special_i0e", "special_i1", "special_i1e", "special_ndtri", "special_log_ndtr",
-         "special_erfcx", "special_entr", "special_bessel_j0", "special_bessel_j1",
-         "special_bessel_y0", "special_bessel_y1", "special_modified_bessel_i0",
-         "special_modified_bessel_i1", "special_modified_bessel_k0", "special_modified_bessel_k1",
-         "special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k1",
-         "special_spherical_bessel_j0", "special_airy_ai"]
+UNARY = [
+    "i0",
+    "special_i0e",
+    "special_i1",
+    "special_i1e",
+    "special_ndtri",
+    "special_log_ndtr",
+    "special_erfcx",
+    "special_entr",
+    "special_bessel_j0",
+    "special_bessel_j1",
+    "special_bessel_y0",
+    "special_bessel_y1",
+    "special_modified_bessel_i0",
+    "special_modified_bessel_i1",
+    "special_modified_bessel_k0",
+    "special_modified_bessel_k1",
+    "special_scaled_modified_bessel_k0",
+    "special_scaled_modified_bessel_k1",
+    "special_spherical_bessel_j0",
+    "special_airy_ai",
+]
 
-POLYNOMIALS = ["chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v",
-               "chebyshev_polynomial_w", "shifted_chebyshev_polynomial_t",
-               "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
-               "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he",
-               "laguerre_polynomial_l", "legendre_polynomial_p"]
+POLYNOMIALS = [
+    "chebyshev_polynomial_t",
+    "chebyshev_polynomial_u",
+    "chebyshev_polynomial_v",
+    "chebyshev_polynomial_w",
+    "shifted_chebyshev_polynomial_t",
+    "shifted_chebyshev_polynomial_u",
+    "shifted_chebyshev_polynomial_v",
+    "shifted_chebyshev_polynomial_w",
+    "hermite_polynomial_h",
+    "hermite_polynomial_he",
+    "laguerre_polynomial_l",
+    "legendre_polynomial_p",
+]
 
 # x at the boundaries (+-1; 0 and 1 for the shifted kinds), inside and outside [-1, 1];
 # n negative, small (recurrence), large (closed forms), past Hermite's degree limit, non-finite
@@ -68,24 +118,38 @@ def test_polygamma_poles_match_cpu(n):
 
 @pytest.mark.parametrize("name", POLYNOMIALS)
 def test_polynomial_boundaries_match_cpu(name):
-    _check(lambda d, t: getattr(aten, f"special_{name}").default(POLY_X.to(d, t), POLY_N.to(d, t)),
-           torch.float64)
+    _check(
+        lambda d, t: getattr(aten, f"special_{name}").default(POLY_X.to(d, t), POLY_N.to(d, t)), torch.float64
+    )
 
 
 # The Scalar overloads are CompositeExplicitAutograd (they wrap the Scalar and call the Tensor
 # overload): these check that path end to end, with ints, floats and a float64 tensor, on one
 # polynomial of each recurrence (the wrapping is the same for all twelve).
-_SCALAR_POLYNOMIALS = ["chebyshev_polynomial_t", "shifted_chebyshev_polynomial_w",
-                       "hermite_polynomial_h", "laguerre_polynomial_l", "legendre_polynomial_p"]
+_SCALAR_POLYNOMIALS = [
+    "chebyshev_polynomial_t",
+    "shifted_chebyshev_polynomial_w",
+    "hermite_polynomial_h",
+    "laguerre_polynomial_l",
+    "legendre_polynomial_p",
+]
 SCALAR_CASES = {
     "special_xlog1py.self_scalar": lambda d: aten.special_xlog1py.self_scalar(2, POLY_X.to(d)),
     "special_xlog1py.other_scalar": lambda d: aten.special_xlog1py.other_scalar(POLY_X.to(d), 0.5),
     "special_zeta.self_scalar": lambda d: aten.special_zeta.self_scalar(3.0, PAIR_B.double().to(d)),
     "special_zeta.other_scalar": lambda d: aten.special_zeta.other_scalar(PAIR_A.to(d), 2),
-    **{f"special_{name}.x_scalar": (lambda name: lambda d: getattr(aten, f"special_{name}").x_scalar(
-        0.4, POLY_N.to(d)))(name) for name in _SCALAR_POLYNOMIALS},
-    **{f"special_{name}.n_scalar": (lambda name: lambda d: getattr(aten, f"special_{name}").n_scalar(
-        POLY_X.double().to(d), 6))(name) for name in _SCALAR_POLYNOMIALS},
+    **{
+        f"special_{name}.x_scalar": (
+            lambda name: lambda d: getattr(aten, f"special_{name}").x_scalar(0.4, POLY_N.to(d))
+        )(name)
+        for name in _SCALAR_POLYNOMIALS
+    },
+    **{
+        f"special_{name}.n_scalar": (
+            lambda name: lambda d: getattr(aten, f"special_{name}").n_scalar(POLY_X.double().to(d), 6)
+        )(name)
+        for name in _SCALAR_POLYNOMIALS
+    },
 }
 
 
@@ -107,8 +171,11 @@ def test_integer_inputs_promote_like_cpu():
 def test_unsupported_dtypes_raise_like_cpu():
     half = torch.tensor([0.5], dtype=torch.float16)
     ints = torch.tensor([1, 2])
-    for op, args in [(aten.special_ndtri.default, (half,)), (aten.igamma.default, (ints, ints)),
-                     (aten.special_zeta.default, (half, half))]:
+    for op, args in [
+        (aten.special_ndtri.default, (half,)),
+        (aten.igamma.default, (ints, ints)),
+        (aten.special_zeta.default, (half, half)),
+    ]:
         with pytest.raises(NotImplementedError):
             op(*args)
         with pytest.raises(NotImplementedError):

@@ -17,13 +17,14 @@ it started (an untrained model sits at ~log(vocabulary size); 150 steps reach 0.
 from CPU's by a few times CPU's own float32 rounding error, measured by replaying the same steps
 on CPU in float64 (:mod:`torch_tpu.testing.reference`), whatever the machine.
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import importlib.resources
 import time
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from tqdm import tqdm
@@ -50,7 +51,7 @@ class CharCorpus:
     val: torch.Tensor
 
     @classmethod
-    def load(cls, name: str = CORPUS) -> "CharCorpus":
+    def load(cls, name: str = CORPUS) -> CharCorpus:
         text = importlib.resources.files(__name__).joinpath("data", name).read_text("ascii")
         chars = "".join(sorted(set(text)))
         ids = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
@@ -64,8 +65,7 @@ class CharCorpus:
         return "".join(self.chars[i] for i in ids)
 
 
-def batches(data: torch.Tensor, count: int, batch_size: int, block_size: int, seed: int
-            ) -> list[Batch]:
+def batches(data: torch.Tensor, count: int, batch_size: int, block_size: int, seed: int) -> list[Batch]:
     """``count`` (input, target) pairs of random windows, drawn on CPU from a seeded generator so
     every device trains on exactly the same batches."""
     generator = torch.Generator().manual_seed(seed)
@@ -88,8 +88,13 @@ def build(config: GPTConfig, state: dict[str, torch.Tensor], device: str) -> GPT
     return model
 
 
-def train(model: GPT, data: list[Batch], device: str, lr: float,
-          on_step: Optional[Callable[[int, torch.Tensor], None]] = None) -> torch.Tensor:
+def train(
+    model: GPT,
+    data: list[Batch],
+    device: str,
+    lr: float,
+    on_step: Callable[[int, torch.Tensor], None] | None = None,
+) -> torch.Tensor:
     """AdamW on ``model`` (already on ``device``) over ``data``; returns the per-step losses.
 
     Losses stay on the device until the end: reading one back every step would make each step
@@ -116,8 +121,7 @@ def evaluate(model: GPT, data: list[Batch], device: str) -> float:
     return torch.stack(losses).mean().item()
 
 
-def tokens_per_second(model: GPT, data: list[Batch], device: str,
-                      lr: float) -> float:
+def tokens_per_second(model: GPT, data: list[Batch], device: str, lr: float) -> float:
     """Training throughput on ``device``, timed after one untimed step (compilation, warm caches)."""
     train(model, data[:1], device, lr)
     synchronize(device)
@@ -133,8 +137,9 @@ def synchronize(device: str) -> None:
         torch.tpu.synchronize()
 
 
-def losses_match(device_losses: torch.Tensor, cpu_losses: torch.Tensor,
-                 float64_losses: torch.Tensor) -> tuple[bool, float, float]:
+def losses_match(
+    device_losses: torch.Tensor, cpu_losses: torch.Tensor, float64_losses: torch.Tensor
+) -> tuple[bool, float, float]:
     """Whether the device's per-step losses match CPU's within a few times CPU's own distance
     from the float64 run of the same steps; also the largest difference and what was allowed."""
     tolerance = derived_tolerance(cpu_losses, float64_losses)
@@ -143,14 +148,22 @@ def losses_match(device_losses: torch.Tensor, cpu_losses: torch.Tensor,
     return bool((difference <= allowed).all()), difference.max().item(), allowed.min().item()
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m torch_tpu.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     parser.add_argument("--device", default="tpu", help="device to train on (default tpu)")
-    parser.add_argument("--parity-steps", type=int, default=10,
-                        help="steps replayed on CPU and the device for the parity check")
-    parser.add_argument("--throughput-steps", type=int, default=10,
-                        help="steps timed on each device for the throughput comparison")
+    parser.add_argument(
+        "--parity-steps",
+        type=int,
+        default=10,
+        help="steps replayed on CPU and the device for the parity check",
+    )
+    parser.add_argument(
+        "--throughput-steps",
+        type=int,
+        default=10,
+        help="steps timed on each device for the throughput comparison",
+    )
     parser.add_argument("--sample-chars", type=int, default=200, help="characters to generate")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -160,68 +173,80 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     device = args.device
     corpus = CharCorpus.load()
-    config = GPTConfig(vocab_size=len(corpus.chars), block_size=64, n_layer=2, n_head=4, n_embd=64,
-                       dropout=0.0)
+    config = GPTConfig(
+        vocab_size=len(corpus.chars), block_size=64, n_layer=2, n_head=4, n_embd=64, dropout=0.0
+    )
     batch_size, lr = 32, 6e-3
-    print(f"torch_tpu demo: character-level GPT on {device} "
-          f"({torch.tpu.get_device_name() if torch.device(device).type == 'tpu' else 'host CPU'})")
+    print(
+        f"torch_tpu demo: character-level GPT on {device} "
+        f"({torch.tpu.get_device_name() if torch.device(device).type == 'tpu' else 'host CPU'})"
+    )
 
     torch.manual_seed(args.seed)
     initial_state = GPT(config).state_dict()  # initialized on CPU: the same weights for every device
     model = build(config, initial_state, device)
-    print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters, vocab "
-          f"{config.vocab_size}, context {config.block_size}; corpus {len(corpus.train):,} characters")
+    print(
+        f"model: {sum(p.numel() for p in model.parameters()):,} parameters, vocab "
+        f"{config.vocab_size}, context {config.block_size}; corpus {len(corpus.train):,} characters"
+    )
     val_data = batches(corpus.val, 4, batch_size, config.block_size, seed=args.seed + 1)
     train_data = batches(corpus.train, args.steps, batch_size, config.block_size, seed=args.seed)
 
     # -- train -----------------------------------------------------------------------------
     val_before = evaluate(model, val_data, device)
     with tqdm(total=args.steps, desc="training", unit="step") as bar:
+
         def show(step: int, loss: torch.Tensor) -> None:
             if step % 10 == 0 or step == args.steps - 1:
                 bar.set_postfix(loss=f"{loss.item():.3f}")  # an occasional sync only
             bar.update()
+
         losses = train(model, train_data, device, lr, on_step=show)
     val_after = evaluate(model, val_data, device)
     learned = val_after < LOSS_DROP_REQUIRED * val_before
-    print(f"train loss {losses[:10].mean():.3f} -> {losses[-10:].mean():.3f}; "
-          f"validation loss {val_before:.3f} -> {val_after:.3f} "
-          f"[{'ok' if learned else 'FAILED: the loss did not fall enough'}]")
+    print(
+        f"train loss {losses[:10].mean():.3f} -> {losses[-10:].mean():.3f}; "
+        f"validation loss {val_before:.3f} -> {val_after:.3f} "
+        f"[{'ok' if learned else 'FAILED: the loss did not fall enough'}]"
+    )
 
     # -- sample ----------------------------------------------------------------------------
     # A prompt of exactly block_size characters keeps every forward pass the same shape, so the
     # device compiles each op once instead of once per prompt length.
-    prompt = corpus.decode(corpus.val[:config.block_size].tolist())
+    prompt = corpus.decode(corpus.val[: config.block_size].tolist())
     torch.manual_seed(args.seed)
     model.eval()
-    generated = model.generate(corpus.encode(prompt)[None].to(device), args.sample_chars,
-                               temperature=0.8)
+    generated = model.generate(corpus.encode(prompt)[None].to(device), args.sample_chars, temperature=0.8)
     print("\n--- sample (prompt, then generated) " + "-" * 40)
-    print(prompt + "|" + corpus.decode(generated[0, config.block_size:].tolist()))
+    print(prompt + "|" + corpus.decode(generated[0, config.block_size :].tolist()))
     print("-" * 76 + "\n")
 
     # -- parity with CPU -------------------------------------------------------------------
     # config.dropout is 0: the devices draw different random streams, so dropout would differ
     cpu_model = build(config, initial_state, "cpu")
     device_model = build(config, initial_state, device)
-    parity_data = train_data[:args.parity_steps]
+    parity_data = train_data[: args.parity_steps]
     cpu_losses = train(cpu_model, parity_data, "cpu", lr)
     device_losses = train(device_model, parity_data, device, lr)
     float64_losses = train(build(config, initial_state, "cpu").double(), parity_data, "cpu", lr)
     parity, difference, allowed = losses_match(device_losses, cpu_losses, float64_losses)
-    print(f"parity over {args.parity_steps} steps (same init, same batches): max loss difference "
-          f"{device} vs cpu {difference:.1e}, allowed {allowed:.1e} (cpu float32 vs float64 "
-          f"{(cpu_losses - float64_losses).abs().max().item():.1e}) "
-          f"[{'ok' if parity else 'FAILED'}]")
+    print(
+        f"parity over {args.parity_steps} steps (same init, same batches): max loss difference "
+        f"{device} vs cpu {difference:.1e}, allowed {allowed:.1e} (cpu float32 vs float64 "
+        f"{(cpu_losses - float64_losses).abs().max().item():.1e}) "
+        f"[{'ok' if parity else 'FAILED'}]"
+    )
 
     # -- throughput ------------------------------------------------------------------------
-    speed_data = train_data[:args.throughput_steps]
+    speed_data = train_data[: args.throughput_steps]
     device_speed = tokens_per_second(device_model, speed_data, device, lr)
     cpu_speed = tokens_per_second(cpu_model, speed_data, "cpu", lr)
-    print(f"throughput: {device} {device_speed:,.0f} tokens/s, cpu {cpu_speed:,.0f} tokens/s, "
-          f"ratio {device_speed / cpu_speed:.2f}x (measured side by side)")
+    print(
+        f"throughput: {device} {device_speed:,.0f} tokens/s, cpu {cpu_speed:,.0f} tokens/s, "
+        f"ratio {device_speed / cpu_speed:.2f}x (measured side by side)"
+    )
     return 0 if learned and parity else 1

@@ -13,11 +13,12 @@ Example::
     >>> tuple(logits.shape), loss.dim()
     ((2, 8, 16), 0)
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal, Optional
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -37,8 +38,13 @@ class MLP(nn.Module):
         torch.Size([5, 3])
     """
 
-    def __init__(self, in_features: int, hidden: tuple[int, ...] = (64, 64), out_features: int = 10,
-                 dropout: float = 0.0):
+    def __init__(
+        self,
+        in_features: int,
+        hidden: tuple[int, ...] = (64, 64),
+        out_features: int = 10,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         layers: list[nn.Module] = []
         width = in_features
@@ -68,19 +74,29 @@ class SmallCNN(nn.Module):
         torch.Size([2, 5])
     """
 
-    def __init__(self, in_channels: int = 1, num_classes: int = 10, width: int = 8,
-                 activation: type[nn.Module] = nn.ReLU, first_pool: type[nn.Module] = nn.MaxPool2d):
+    def __init__(
+        self,
+        in_channels: int = 1,
+        num_classes: int = 10,
+        width: int = 8,
+        activation: type[nn.Module] = nn.ReLU,
+        first_pool: type[nn.Module] = nn.MaxPool2d,
+    ):
         super().__init__()
 
         def conv_block(cin: int, cout: int) -> nn.Sequential:
             # bias=False: batch norm's shift makes a conv bias redundant (the usual ResNet choice)
-            return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False),
-                                 nn.BatchNorm2d(cout), activation())
+            return nn.Sequential(
+                nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), activation()
+            )
 
         self.features = nn.Sequential(
-            conv_block(in_channels, width), first_pool(2),
-            conv_block(width, 2 * width), nn.AvgPool2d(2),
-            conv_block(2 * width, 4 * width), nn.AdaptiveAvgPool2d(1),
+            conv_block(in_channels, width),
+            first_pool(2),
+            conv_block(width, 2 * width),
+            nn.AvgPool2d(2),
+            conv_block(2 * width, 4 * width),
+            nn.AdaptiveAvgPool2d(1),
         )
         self.head = nn.Linear(4 * width, num_classes)
 
@@ -136,8 +152,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(channels, dim=2)
         # (B, T, C) -> (B, heads, T, head_dim)
         q, k, v = (t.view(batch, time, self.n_head, -1).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
         y = y.transpose(1, 2).contiguous().view(batch, time, channels)
         return self.resid_dropout(self.proj(y))
 
@@ -217,8 +234,9 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None
-                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         time = idx.shape[1]
         if time > self.config.block_size:
             raise ValueError(f"sequence length {time} exceeds block_size {self.config.block_size}")
@@ -233,13 +251,14 @@ class GPT(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 greedy: bool = False) -> torch.Tensor:
+    def generate(
+        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, greedy: bool = False
+    ) -> torch.Tensor:
         """Extend ``idx`` (B, T) by ``max_new_tokens`` tokens, sampling from the model (or taking
         the most likely token when ``greedy``). Sampling uses the device's default generator, so
         seed it (``torch.manual_seed``) for a reproducible sample."""
         for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size:]
+            context = idx[:, -self.config.block_size :]
             logits = self(context)[0][:, -1, :]
             if greedy:
                 next_token = logits.argmax(dim=-1, keepdim=True)

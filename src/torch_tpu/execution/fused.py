@@ -25,6 +25,7 @@ A graph either runs completely or not at all, as far as tensors can tell:
 Graphs belong to threads (each thread has its own recorder, in ``runtime.context``); another
 thread that needs a value of this graph runs it, under the graph's lock.
 """
+
 from __future__ import annotations
 
 import collections
@@ -36,7 +37,8 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 
@@ -71,13 +73,21 @@ class CacheStats:
 
     def as_dict(self) -> dict:
         disk_hits = platform.compile_events["disk_hits"]
-        return {"requests": self.requests, "hits": self.hits, "misses": self.misses,
-                "compile_seconds": self.compile_seconds, "graphs_run": self.graphs_run,
-                "ops_run": self.ops_run, "cached_graphs": len(_executables),
-                "disk_hits": disk_hits, "donated_buffers": self.donated_buffers,
-                "xla_compiles": platform.compile_events["executables_built"] - disk_hits,
-                "compiled_graphs": self.compiled_graphs,
-                "compiled_runs": self.compiled_runs, "sync_reasons": dict(self.sync_reasons)}
+        return {
+            "requests": self.requests,
+            "hits": self.hits,
+            "misses": self.misses,
+            "compile_seconds": self.compile_seconds,
+            "graphs_run": self.graphs_run,
+            "ops_run": self.ops_run,
+            "cached_graphs": len(_executables),
+            "disk_hits": disk_hits,
+            "donated_buffers": self.donated_buffers,
+            "xla_compiles": platform.compile_events["executables_built"] - disk_hits,
+            "compiled_graphs": self.compiled_graphs,
+            "compiled_runs": self.compiled_runs,
+            "sync_reasons": dict(self.sync_reasons),
+        }
 
 
 stats = CacheStats()
@@ -138,22 +148,28 @@ def _resolve(spec: tuple, env: list, leaves: tuple) -> Any:
 
 def _program(nodes: list, outputs: tuple) -> Callable:
     """The graph as one function of its leaves (traced once per fingerprint by ``jax.jit``)."""
+
     def run(*leaves):
         env: list = []
         for fn, arg_specs, kw_specs in nodes:
-            out = fn(*(_resolve(s, env, leaves) for s in arg_specs),
-                     **{k: _resolve(s, env, leaves) for k, s in kw_specs})
+            out = fn(
+                *(_resolve(s, env, leaves) for s in arg_specs),
+                **{k: _resolve(s, env, leaves) for k, s in kw_specs},
+            )
             env.append(jax.tree_util.tree_leaves(out))
         return [env[n][i] for n, i in outputs]
+
     return run
 
 
 def _uses_leaf(specs, leaf: int) -> bool:
-    return any((spec[0] is _LEAF and spec[1] == leaf)
-               or (spec[0] is _SEQ and _uses_leaf(spec[2], leaf)) for spec in specs)
+    return any(
+        (spec[0] is _LEAF and spec[1] == leaf) or (spec[0] is _SEQ and _uses_leaf(spec[2], leaf))
+        for spec in specs
+    )
 
 
-def _computed_elsewhere(args, graph: "Graph") -> None:
+def _computed_elsewhere(args, graph: Graph) -> None:
     """Compute the inputs a graph other than ``graph`` still has to produce, before ``graph``'s
     lock is taken (the other graph may belong to a thread waiting for this one)."""
     for a in args:
@@ -191,7 +207,7 @@ _NO_CHECKS: frozenset = frozenset()
 #: Give XLA the buffers of inputs that die inside a graph (see :meth:`Graph._donatable`).
 donate = True
 #: why the last graph ran (for explanations and tests)
-last_flush_reason: Optional[str] = None
+last_flush_reason: str | None = None
 _previous_by_start = LRU()
 
 
@@ -210,7 +226,7 @@ class Graph:
         self.leaves: list[jax.Array] = []  # concrete inputs, in first-use order
         self.leaf_ids: dict[int, int] = {}
         self.outputs: list[weakref.ref] = []
-        self.sources: list[str] = []      # user source line per node (only when logging)
+        self.sources: list[str] = []  # user source line per node (only when logging)
         self.checks: list[checks.Check] = []
         #: per node, the checks its outputs depend on (its op's own, and its inputs')
         self.taints: list[frozenset] = []
@@ -241,8 +257,7 @@ class Graph:
             signature.append((x.shape, x.dtype, getattr(x, "weak_type", False)))
             depends.update(checks.taint_of(x))
             return (_LEAF, index)
-        if kind in (list, tuple) and any(type(v) is Deferred or isinstance(v, jax.Array)
-                                         for v in x):
+        if kind in (list, tuple) and any(type(v) is Deferred or isinstance(v, jax.Array) for v in x):
             return (_SEQ, kind, tuple(self._spec(v, signature, depends) for v in x))
         key = _typed(x)
         signature.append(key)
@@ -273,8 +288,7 @@ class Graph:
             self.taints.append(frozenset(depends) if depends else _NO_CHECKS)
             self._unclaimed.clear()
             if log_recompiles:
-                self.sources.append(f"{name or getattr(fn, '__name__', fn)} at "
-                                    f"{checks.user_line()}")
+                self.sources.append(f"{name or getattr(fn, '__name__', fn)} at {checks.user_line()}")
             outs = [Deferred(aval, self, node, i) for i, aval in enumerate(avals)]
             self.outputs.extend(weakref.ref(d) for d in outs)
             return jax.tree_util.tree_unflatten(treedef, outs)
@@ -329,9 +343,12 @@ class Graph:
         global last_flush_reason
         live, outputs = self._live_outputs()
         donated = self._donatable(live) if donate else ()
-        fingerprint = (tuple(self.nodes), outputs,
-                       tuple((x.shape, x.dtype, getattr(x, "weak_type", False))
-                             for x in self.leaves), donated)
+        fingerprint = (
+            tuple(self.nodes),
+            outputs,
+            tuple((x.shape, x.dtype, getattr(x, "weak_type", False)) for x in self.leaves),
+            donated,
+        )
         stats.requests += 1
         executable = _executables.get(fingerprint)
         if executable is None:
@@ -340,8 +357,11 @@ class Graph:
                 self._explain_miss(fingerprint)
             started = time.perf_counter()
             try:  # (an interrupt here leaves the graph pending: it runs at the next sync)
-                executable = jax.jit(_program(self.nodes, outputs), donate_argnums=donated) \
-                    .lower(*self.leaves).compile()
+                executable = (
+                    jax.jit(_program(self.nodes, outputs), donate_argnums=donated)
+                    .lower(*self.leaves)
+                    .compile()
+                )
             except Exception as error:
                 raise self._failed(error) from error
             stats.compile_seconds += time.perf_counter() - started
@@ -399,10 +419,12 @@ class Graph:
             return error
         ops = self.sources or [getattr(fn, "__name__", str(fn)) for fn, _, _ in self.nodes]
         try:
-            return type(error)(f"{error}\n[torch_tpu] while running a fused graph of "
-                               f"{len(self.nodes)} ops: {', '.join(ops[:20])}"
-                               f"{' ...' if len(ops) > 20 else ''} (set TPU_LAUNCH_BLOCKING=1 "
-                               f"to run op by op)")
+            return type(error)(
+                f"{error}\n[torch_tpu] while running a fused graph of "
+                f"{len(self.nodes)} ops: {', '.join(ops[:20])}"
+                f"{' ...' if len(ops) > 20 else ''} (set TPU_LAUNCH_BLOCKING=1 "
+                f"to run op by op)"
+            )
         except Exception:  # noqa: BLE001  (an exception type with another signature)
             return error
 
@@ -414,30 +436,42 @@ class Graph:
         previous = _previous_by_start.get(start)
         _previous_by_start[start] = (fingerprint, list(self.sources))
         if previous is None:
-            explain(f"compiling a new graph of {len(keys)} ops (first graph starting with "
-                    f"{self.sources[0] if self.sources else '?'})")
+            explain(
+                f"compiling a new graph of {len(keys)} ops (first graph starting with "
+                f"{self.sources[0] if self.sources else '?'})"
+            )
             return
         (old_keys, old_outputs, old_avals, _), old_sources = previous
         for i, (new, old) in enumerate(zip(keys, old_keys)):
             if new != old:
-                explain(f"recompiling: op {i} differs from the previous graph: now "
-                        f"{self.sources[i]}, before {old_sources[i]}")
+                explain(
+                    f"recompiling: op {i} differs from the previous graph: now "
+                    f"{self.sources[i]}, before {old_sources[i]}"
+                )
                 return
         if len(keys) != len(old_keys):
-            explain(f"recompiling: {len(keys)} ops instead of {len(old_keys)} "
-                    f"(ends at {self.sources[-1]})")
+            explain(f"recompiling: {len(keys)} ops instead of {len(old_keys)} (ends at {self.sources[-1]})")
         elif fingerprint[2] != old_avals:
             changed = next(i for i, (a, b) in enumerate(zip(fingerprint[2], old_avals)) if a != b)
-            user = next((self.sources[n] for n, (_, args, kwargs) in enumerate(self.nodes)
-                         if _uses_leaf((*args, *(s for _, s in kwargs)), changed)), "?")
+            user = next(
+                (
+                    self.sources[n]
+                    for n, (_, args, kwargs) in enumerate(self.nodes)
+                    if _uses_leaf((*args, *(s for _, s in kwargs)), changed)
+                ),
+                "?",
+            )
             (old_shape, old_dtype, _), (shape, dtype, _) = old_avals[changed], fingerprint[2][changed]
-            explain(f"recompiling: an input changed shape or dtype, {old_dtype}"
-                    f"{list(old_shape)} -> {dtype}{list(shape)}, first used by {user}")
+            explain(
+                f"recompiling: an input changed shape or dtype, {old_dtype}"
+                f"{list(old_shape)} -> {dtype}{list(shape)}, first used by {user}"
+            )
         else:
-            explain("recompiling: other values of the graph are used afterwards, or other "
-                    "inputs can be donated")
+            explain(
+                "recompiling: other values of the graph are used afterwards, or other inputs can be donated"
+            )
 
-    def stablehlo(self) -> Optional[str]:
+    def stablehlo(self) -> str | None:
         with self.lock:
             if self.state is not _OPEN or not self.nodes:
                 return None
@@ -451,8 +485,7 @@ class Recorder:
     def __init__(self) -> None:
         self.graph = Graph()
 
-    def record(self, fn: Callable, args: tuple, kwargs: Optional[dict] = None,
-               name: str = "") -> Any:
+    def record(self, fn: Callable, args: tuple, kwargs: dict | None = None, name: str = "") -> Any:
         """Record ``fn(*args, **kwargs)`` (a jitted, pure function); returns its outputs as
         deferred values in the structure ``fn`` returns."""
         _computed_elsewhere(args, self.graph)
@@ -468,8 +501,10 @@ class Recorder:
             try:
                 outs = graph.record(fn, args, kwargs or {}, name)
             except TypeError:  # an unhashable static argument: run this op eagerly
-                return fn(*(buffer.resolved(a) for a in args),
-                          **{k: buffer.resolved(v) for k, v in (kwargs or {}).items()})
+                return fn(
+                    *(buffer.resolved(a) for a in args),
+                    **{k: buffer.resolved(v) for k, v in (kwargs or {}).items()},
+                )
             if outs is not None:
                 return outs
 
@@ -515,7 +550,7 @@ def pending() -> int:
     return recorder.pending() if recorder is not None else 0
 
 
-def stablehlo() -> Optional[str]:
+def stablehlo() -> str | None:
     """StableHLO text of this thread's pending graph, without running it (None when nothing
     is pending)."""
     recorder = context.recorder

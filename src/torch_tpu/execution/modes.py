@@ -24,11 +24,12 @@ Example::
     >>> torch_tpu.get_eager_mode()
     <EagerMode.STRICT: 'strict'>
 """
+
 from __future__ import annotations
 
 import contextlib
 import enum
-from typing import Iterator, Optional, Union
+from collections.abc import Iterator
 
 import torch
 
@@ -36,12 +37,20 @@ from .. import config
 from ..runtime import context as _context
 from ..runtime.context import context
 
-__all__ = ["EagerMode", "eager_mode", "get_eager_mode", "set_eager_mode", "pending_ops",
-           "pending_stablehlo", "last_sync_reason"]
+__all__ = [
+    "EagerMode",
+    "eager_mode",
+    "get_eager_mode",
+    "set_eager_mode",
+    "pending_ops",
+    "pending_stablehlo",
+    "last_sync_reason",
+]
 
 
-class EagerMode(str, enum.Enum):
+class EagerMode(enum.StrEnum):
     """The eager execution modes (upstream TorchTPU's names are aliases)."""
+
     STRICT = "strict"
     DEBUG = "debug"
     FUSED = "fused"
@@ -57,23 +66,24 @@ def get_eager_mode() -> EagerMode:
     return EagerMode.DEBUG if context.launch_blocking else EagerMode.STRICT
 
 
-def set_eager_mode(mode: Union[EagerMode, str]) -> None:
+def set_eager_mode(mode: EagerMode | str) -> None:
     """Switch this thread to ``mode`` ("strict", "debug" or "fused"); pending fused work runs
     first."""
     try:
         mode = EagerMode(mode)
     except ValueError:
-        raise ValueError(f"unknown eager mode {mode!r}: expected one of 'strict', 'debug', "
-                         "'fused'") from None
+        raise ValueError(f"unknown eager mode {mode!r}: expected one of 'strict', 'debug', 'fused'") from None
     from .. import device
+
     device.init()  # (fused eager records JAX values)
     from . import fused
+
     fused.set_active(mode is EagerMode.FUSED)
     context.launch_blocking = mode is EagerMode.DEBUG
 
 
 @contextlib.contextmanager
-def eager_mode(mode: Union[EagerMode, str]) -> Iterator[None]:
+def eager_mode(mode: EagerMode | str) -> Iterator[None]:
     """Run the block in ``mode``, then return to the previous mode (running pending work)."""
     previous = get_eager_mode()
     set_eager_mode(mode)
@@ -90,7 +100,7 @@ def pending_ops() -> int:
     return context.recorder.pending()
 
 
-def pending_stablehlo() -> Optional[str]:
+def pending_stablehlo() -> str | None:
     """The pending graph as StableHLO text, without running it (None when nothing is pending):
     what XLA will compile at the next sync point."""
     if context.recorder is None:
@@ -98,9 +108,10 @@ def pending_stablehlo() -> Optional[str]:
     return context.recorder.graph.stablehlo()
 
 
-def last_sync_reason() -> Optional[str]:
+def last_sync_reason() -> str | None:
     """Why the last fused graph ran ("end of backward()", "host read", ...)."""
     from . import fused
+
     return fused.last_flush_reason
 
 
@@ -129,12 +140,16 @@ class _GradientSnapshot:
 
     def __init__(self, leaves: list[torch.Tensor]):
         from ..runtime import buffer
-        self._entries = [(leaf, leaf.grad, None if leaf.grad is None else
-                          buffer.get(leaf.grad.untyped_storage())) for leaf in leaves
-                         if leaf.device.type == "tpu"]
+
+        self._entries = [
+            (leaf, leaf.grad, None if leaf.grad is None else buffer.get(leaf.grad.untyped_storage()))
+            for leaf in leaves
+            if leaf.device.type == "tpu"
+        ]
 
     def restore(self) -> None:
         from ..runtime import buffer
+
         for leaf, grad, value in self._entries:
             if grad is not None:
                 buffer.restore(grad.untyped_storage(), value)
@@ -151,17 +166,20 @@ class _SyncingEngine(torch._C._ImperativeEngine):
     thread's execution state (fused recording, debug mode) does not apply; one device gains
     nothing from that thread, as XLA runs asynchronously anyway."""
 
-    def run_backward(self, tensors, grad_tensors, keep_graph, create_graph, inputs,
-                     allow_unreachable, accumulate_grad):
+    def run_backward(
+        self, tensors, grad_tensors, keep_graph, create_graph, inputs, allow_unreachable, accumulate_grad
+    ):
         recorder = context.recorder
         snapshot = None
         if accumulate_grad and (recorder is not None or context.checks):
             snapshot = _GradientSnapshot(_accumulating_leaves(tensors))
         with torch.autograd.set_multithreading_enabled(False):
-            result = super().run_backward(tensors, grad_tensors, keep_graph, create_graph,
-                                          inputs, allow_unreachable, accumulate_grad)
+            result = super().run_backward(
+                tensors, grad_tensors, keep_graph, create_graph, inputs, allow_unreachable, accumulate_grad
+            )
         from ..runtime import checks
         from . import fused
+
         try:
             if recorder is not None and context.recorder is recorder:
                 fused.flush("end of backward()")
@@ -183,8 +201,10 @@ def install() -> None:
     mode."""
     torch.autograd.variable.Variable._execution_engine = _SyncingEngine()
     from torch.optim.optimizer import register_optimizer_step_post_hook
+
     register_optimizer_step_post_hook(_after_optimizer_step)
     from . import fused
+
     _context.new_recorder = fused.Recorder
     if config.defer_and_fuse and context.recorder is None:
         fused.set_active(True)

@@ -9,20 +9,25 @@ cannot be baked into that program as constants, so they become its inputs and ou
 - value checks (index bounds) cannot raise inside XLA: their results become extra outputs,
   reported after the call the way fused eager reports them.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 
 from ..runtime.context import context
 
-
 #: What JAX raises when traced code needs a concrete value (an output shape that depends on
 #: data, a host-side check): the compiled program names the op instead.
-NEEDS_VALUES = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
-                jax.errors.TracerIntegerConversionError, jax.errors.TracerBoolConversionError)
+NEEDS_VALUES = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerBoolConversionError,
+)
 
 
 class Trace:

@@ -20,9 +20,11 @@ Example::
     >>> torch.allclose(program(x)[0], model(x), atol=1e-6)
     True
 """
+
 from __future__ import annotations
 
 import dataclasses
+
 import jax
 import torch
 
@@ -44,8 +46,8 @@ class StableHLOProgram:
     buffers' new values first, as ``torch.export`` orders them, then the user outputs).
     """
 
-    text: str                      # StableHLO MLIR text
-    serialized: bytes              # ``jax.export`` serialization: ``jax.export.deserialize(...)``
+    text: str  # StableHLO MLIR text
+    serialized: bytes  # ``jax.export`` serialization: ``jax.export.deserialize(...)``
     state_names: tuple[str, ...]
     state: tuple[torch.Tensor, ...]
     input_names: tuple[str, ...]
@@ -69,12 +71,14 @@ def _placeholder_avals(graph_module: torch.fx.GraphModule) -> list[jax.ShapeDtyp
         if not isinstance(value, torch.Tensor):
             raise NotImplementedError(
                 f"to_stablehlo: input {node.name} is {type(value).__name__}, not a tensor; export "
-                "with tensor inputs only")
+                "with tensor inputs only"
+            )
         if any(not isinstance(d, int) for d in value.shape):
             raise NotImplementedError(
                 f"to_stablehlo: input {node.name} has a dynamic shape {list(value.shape)}; XLA "
                 "programs have static shapes. Export without dynamic_shapes (one program per "
-                "shape), or pad inputs to a few sizes (torch_tpu.pad_to_bucket)")
+                "shape), or pad inputs to a few sizes (torch_tpu.pad_to_bucket)"
+            )
         avals.append(jax.ShapeDtypeStruct(tuple(value.shape), to_jax(value.dtype)))
     return avals
 
@@ -86,9 +90,14 @@ def _jax_function(graph_module: torch.fx.GraphModule):
             if trace.draws:
                 raise NotImplementedError(
                     "to_stablehlo: the program draws random numbers (dropout in training mode?); "
-                    "export the model in eval mode")
-            return [tensor.read(o) for o in torch.utils._pytree.tree_leaves(outputs)
-                    if isinstance(o, torch.Tensor)]
+                    "export the model in eval mode"
+                )
+            return [
+                tensor.read(o)
+                for o in torch.utils._pytree.tree_leaves(outputs)
+                if isinstance(o, torch.Tensor)
+            ]
+
     return run
 
 
@@ -122,7 +131,14 @@ def to_stablehlo(exported: torch.export.ExportedProgram) -> StableHLOProgram:
     # every line)
     artifact = jax.export.export(jitted)(*avals)
     return StableHLOProgram(
-        text=jitted.lower(*avals).as_text(), serialized=bytes(artifact.serialize()),
-        state_names=tuple(state_names), state=tuple(state), input_names=tuple(input_names),
-        output_names=tuple(spec.arg.name for spec in signature.output_specs
-                           if isinstance(spec.arg, torch.export.graph_signature.TensorArgument)))
+        text=jitted.lower(*avals).as_text(),
+        serialized=bytes(artifact.serialize()),
+        state_names=tuple(state_names),
+        state=tuple(state),
+        input_names=tuple(input_names),
+        output_names=tuple(
+            spec.arg.name
+            for spec in signature.output_specs
+            if isinstance(spec.arg, torch.export.graph_signature.TensorArgument)
+        ),
+    )

@@ -3,10 +3,12 @@ them imports JAX): ``autocast`` (per-op casting on AutocastPrivateUse1), ``modul
 (``Module.to`` keeps shared parameters shared), ``serialization`` (save/load, deepcopy,
 safetensors), ``pin_memory`` (``DataLoader(pin_memory=True)``), ``accelerate`` (Accelerate's
 default device), ``dynamo`` (Dynamo never traces the runtime)."""
+
 from __future__ import annotations
 
 
 def install() -> None:
     from . import accelerate, autocast, dynamo, modules, pin_memory, serialization
+
     for integration in (modules, serialization, pin_memory, accelerate, autocast, dynamo):
         integration.install()

@@ -8,6 +8,7 @@ override ``Accelerator(cpu=True)``, so instead the CPU answer of ``default_devic
 when tpu is the current accelerator. The patch is applied when ``accelerate.state`` is imported
 (now, if it already is), so ``import torch_tpu`` never imports Accelerate itself.
 """
+
 from __future__ import annotations
 
 import torch

@@ -24,9 +24,11 @@ Example::
     ...     (a @ a).dtype, torch.softmax(a, 0).dtype
     (torch.bfloat16, torch.float32)
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -37,53 +39,149 @@ _EXCLUDE = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
 #: op name (``name`` or ``name.overload``; a bare name means its default overload) by policy.
 POLICIES: dict[str, tuple[str, ...]] = {
     "lower": (
-        "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc",
-        "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "convolution",
-        "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv", "linalg_vecdot",
-        "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot",
-        "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell", "gru_cell",
-        "rnn_tanh_cell", "rnn_relu_cell", "_scaled_dot_product_flash_attention",
-        "scaled_dot_product_attention"),
+        "_convolution.deprecated",
+        "_convolution",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_tbc",
+        "conv_transpose1d",
+        "conv_transpose2d.input",
+        "conv_transpose3d.input",
+        "convolution",
+        "prelu",
+        "addmm",
+        "addmv",
+        "addr",
+        "matmul",
+        "einsum",
+        "mm",
+        "mv",
+        "linalg_vecdot",
+        "linear",
+        "addbmm",
+        "baddbmm",
+        "bmm",
+        "chain_matmul",
+        "linalg_multi_dot",
+        "_thnn_fused_lstm_cell",
+        "_thnn_fused_gru_cell",
+        "lstm_cell",
+        "gru_cell",
+        "rnn_tanh_cell",
+        "rnn_relu_cell",
+        "_scaled_dot_product_flash_attention",
+        "scaled_dot_product_attention",
+    ),
     "fp32": (
-        "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
-        "reciprocal", "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor",
-        "pow.Scalar", "softplus", "layer_norm", "native_layer_norm", "group_norm",
-        "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim", "cosine_similarity",
-        "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
-        "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
-        "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss",
-        "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits", "dist",
-        "pdist", "cdist", "renorm", "logsumexp", "upsample_nearest1d", "_upsample_nearest_exact1d",
-        "upsample_nearest2d", "_upsample_nearest_exact2d", "upsample_nearest3d",
-        "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
-        "_upsample_bilinear2d_aa", "upsample_trilinear3d", "upsample_bicubic2d",
-        "_upsample_bicubic2d_aa"),
+        "acos",
+        "asin",
+        "cosh",
+        "erfinv",
+        "exp",
+        "expm1",
+        "log",
+        "log10",
+        "log2",
+        "log1p",
+        "reciprocal",
+        "rsqrt",
+        "sinh",
+        "tan",
+        "pow.Tensor_Scalar",
+        "pow.Tensor_Tensor",
+        "pow.Scalar",
+        "softplus",
+        "layer_norm",
+        "native_layer_norm",
+        "group_norm",
+        "frobenius_norm.dim",
+        "nuclear_norm",
+        "nuclear_norm.dim",
+        "cosine_similarity",
+        "poisson_nll_loss",
+        "cosine_embedding_loss",
+        "nll_loss",
+        "nll_loss2d",
+        "hinge_embedding_loss",
+        "kl_div",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "mse_loss",
+        "margin_ranking_loss",
+        "multilabel_margin_loss",
+        "soft_margin_loss",
+        "triplet_margin_loss",
+        "multi_margin_loss",
+        "binary_cross_entropy_with_logits",
+        "dist",
+        "pdist",
+        "cdist",
+        "renorm",
+        "logsumexp",
+        "upsample_nearest1d",
+        "_upsample_nearest_exact1d",
+        "upsample_nearest2d",
+        "_upsample_nearest_exact2d",
+        "upsample_nearest3d",
+        "_upsample_nearest_exact3d",
+        "upsample_linear1d",
+        "upsample_bilinear2d",
+        "_upsample_bilinear2d_aa",
+        "upsample_trilinear3d",
+        "upsample_bicubic2d",
+        "_upsample_bicubic2d_aa",
+    ),
     "fp32_dtype": (
-        "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum",
-        "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum",
-        "sum.dim_IntList"),
+        "prod",
+        "prod.dim_int",
+        "softmax.int",
+        "log_softmax.int",
+        "cumprod",
+        "cumsum",
+        "linalg_vector_norm",
+        "linalg_matrix_norm",
+        "linalg_matrix_norm.str_ord",
+        "sum",
+        "sum.dim_IntList",
+    ),
     "promote": (
-        "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
-        "index_put", "tensordot", "scatter_add"),
+        "addcdiv",
+        "addcmul",
+        "atan2",
+        "bilinear",
+        "cross",
+        "dot",
+        "vdot",
+        "grid_sampler",
+        "index_put",
+        "tensordot",
+        "scatter_add",
+    ),
     "banned": ("binary_cross_entropy",),
 }
 
 #: ``norm`` overloads without a dtype argument, and the overload they are redirected to with
 #: ``dtype=float32`` (CUDA's ``fp32_append_dtype``).
-NORM_WITH_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype",
-                   "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
+NORM_WITH_DTYPE = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
 
 _BANNED_MESSAGE = (
     "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
     "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
     "In this case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits\n"
     "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
-    "safe to autocast.")
+    "safe to autocast."
+)
 
 
 def _eligible(x: Any) -> bool:
-    return (isinstance(x, torch.Tensor) and x.device.type == "tpu" and x.is_floating_point()
-            and x.dtype != torch.float64)
+    return (
+        isinstance(x, torch.Tensor)
+        and x.device.type == "tpu"
+        and x.is_floating_point()
+        and x.dtype != torch.float64
+    )
 
 
 def _cast(x: Any, dtype: torch.dtype) -> Any:
@@ -101,8 +199,7 @@ def _tensors(args: tuple, kwargs: dict):
 
 
 def _cast_all(args: tuple, kwargs: dict, dtype: torch.dtype) -> tuple[tuple, dict]:
-    return (tuple(_cast(a, dtype) for a in args),
-            {k: _cast(v, dtype) for k, v in kwargs.items()})
+    return (tuple(_cast(a, dtype) for a in args), {k: _cast(v, dtype) for k, v in kwargs.items()})
 
 
 def _policy_kernel(policy: str, op: torch._ops.OpOverload) -> Callable:
@@ -128,7 +225,7 @@ def _policy_kernel(policy: str, op: torch._ops.OpOverload) -> Callable:
             return args, kwargs
         if len(args) > dtype_at:
             if args[dtype_at] is None:
-                args = (*args[:dtype_at], torch.float32, *args[dtype_at + 1:])
+                args = (*args[:dtype_at], torch.float32, *args[dtype_at + 1 :])
         elif kwargs.get("dtype") is None:
             kwargs = {**kwargs, "dtype": torch.float32}
         return args, kwargs
@@ -148,6 +245,7 @@ def _norm_kernel(target: torch._ops.OpOverload) -> Callable:
     def kernel(x: torch.Tensor, *args: Any) -> Any:
         with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE):
             return target(x, *args, dtype=torch.float32 if _eligible(x) else x.dtype)
+
     return kernel
 
 
@@ -164,8 +262,9 @@ _libraries: list[torch.library.Library] = []
 
 def registered_ops() -> dict[str, str]:
     """The ops with a tpu autocast kernel in this PyTorch build, with their policy."""
-    table = {name: policy for policy, names in POLICIES.items() for name in names
-             if _overload(name) is not None}
+    table = {
+        name: policy for policy, names in POLICIES.items() for name in names if _overload(name) is not None
+    }
     table.update({name: "fp32_dtype" for name in NORM_WITH_DTYPE if _overload(name) is not None})
     return table
 
@@ -176,8 +275,11 @@ def install() -> None:
     fallthrough.fallback(torch.library.fallthrough_kernel, _KEY)
     kernels = torch.library.Library("aten", "IMPL")
     for name, policy in registered_ops().items():
-        kernel = (_norm_kernel(_overload(NORM_WITH_DTYPE[name])) if name in NORM_WITH_DTYPE
-                  else _policy_kernel(policy, _overload(name)))
+        kernel = (
+            _norm_kernel(_overload(NORM_WITH_DTYPE[name]))
+            if name in NORM_WITH_DTYPE
+            else _policy_kernel(policy, _overload(name))
+        )
         kernels.impl(name, kernel, _KEY)
     _libraries[:] = [fallthrough, kernels]
     # The dtype lives in a thread-local that starts as float16 for PrivateUse1; this sets it for

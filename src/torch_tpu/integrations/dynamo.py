@@ -20,21 +20,31 @@ Code objects are marked as their modules load: the runtime's JAX-computing modul
 when the device starts, and Dynamo's import must not start it (:func:`refresh` is called again
 then, and by the compile backend).
 """
+
 from __future__ import annotations
 
 import functools
 import os
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from .import_hooks import after_import
 
 #: The runtime, as paths inside the package (a folder ends with ``/``). Everything else in the
 #: package (``demo/``, ``testing/``) is traced like user code.
-RUNTIME_PATHS = ("__init__.py", "_autoload.py", "config.py", "device.py", "runtime/",
-                 "execution/", "ops/", "frontends/", "integrations/")
+RUNTIME_PATHS = (
+    "__init__.py",
+    "_autoload.py",
+    "config.py",
+    "device.py",
+    "runtime/",
+    "execution/",
+    "ops/",
+    "frontends/",
+    "integrations/",
+)
 
 #: Runtime functions (qualified names) that call back into user code: ``backward()`` runs the
 #: user's tensor hooks and custom backward functions. Dynamo skips these frames but still sees

@@ -3,13 +3,14 @@
 torch_tpu adapts modules it must not import eagerly: ``accelerate.state`` (an optional
 dependency) and ``torch._dynamo`` (seconds to import, and only needed by ``torch.compile``).
 """
+
 from __future__ import annotations
 
 import importlib.abc
 import importlib.util
 import sys
 import types
-from typing import Callable
+from collections.abc import Callable
 
 
 class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -7,19 +7,21 @@ leaves an optimizer built before the move holding stale tensors. For conversions
 tpu boundary we switch ``Module._apply`` to its swap path (``torch.utils.swap_tensors``), which
 keeps every Parameter object, and so every tie and outside reference, intact.
 """
+
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 
 def _holds_tpu_tensors(module: nn.Module) -> bool:
-    return any(t.device.type == "tpu" for t in module.parameters()) or \
-        any(t.device.type == "tpu" for t in module.buffers())
+    return any(t.device.type == "tpu" for t in module.parameters()) or any(
+        t.device.type == "tpu" for t in module.buffers()
+    )
 
 
 @contextlib.contextmanager

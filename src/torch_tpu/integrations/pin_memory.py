@@ -3,6 +3,7 @@
 PyTorch's CPU ``_pin_memory`` kernel asks the PrivateUse1 hooks for a pinned allocator, which a
 Python backend cannot provide; here it is routed through :func:`_pin_memory` instead.
 """
+
 from __future__ import annotations
 
 import torch

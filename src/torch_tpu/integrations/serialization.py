@@ -13,9 +13,11 @@ checkpoints: a process without torch_tpu loads them with ``map_location="cpu"``.
 
 :func:`install` applies the patches (``torch_tpu`` calls it once, at registration).
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -33,6 +35,7 @@ def _is_tpu(storage: _StorageBase) -> bool:
 def _empty_tpu_storage(nbytes: int) -> torch.UntypedStorage:
     """A tpu storage of ``nbytes`` uninitialized bytes, made the way tpu tensors make theirs."""
     from ..runtime import tensor
+
     holder = tensor.empty([nbytes], torch.uint8)
     return holder.untyped_storage()  # the storage (and its value) outlives the holder tensor
 
@@ -86,8 +89,9 @@ def _copy_(self, source, non_blocking=None):
     if not (_is_tpu(self) or _is_tpu(source)):
         return _StorageBase.copy_(self, source, non_blocking)
     if self.nbytes() != source.nbytes():
-        raise RuntimeError(f"size does not match, self was {self.nbytes()} bytes but src was "
-                           f"{source.nbytes()} bytes")
+        raise RuntimeError(
+            f"size does not match, self was {self.nbytes()} bytes but src was {source.nbytes()} bytes"
+        )
     _as_bytes(self).copy_(_as_bytes(source), non_blocking=bool(non_blocking))
     return self
 
@@ -110,8 +114,11 @@ def _set_from_file(self, *args, **kwargs):
 
 
 _STORAGE_PATCHES: dict[str, Callable] = {
-    "__new__": _untyped_storage_new, "data_ptr": _data_ptr,
-    "copy_": _copy_, "_write_file": _write_file, "_set_from_file": _set_from_file,
+    "__new__": _untyped_storage_new,
+    "data_ptr": _data_ptr,
+    "copy_": _copy_,
+    "_write_file": _write_file,
+    "_set_from_file": _set_from_file,
 }
 
 
@@ -147,7 +154,7 @@ def install() -> None:
     torch.Tensor.data_ptr = _tensor_data_ptr
     # ``storage.tpu()`` / ``storage.is_tpu`` (PyTorch generates them only on request).
     if not hasattr(torch.storage._StorageBase, "tpu"):
-        from torch.utils.backend_registration import \
-            _generate_storage_methods_for_privateuse1_backend
+        from torch.utils.backend_registration import _generate_storage_methods_for_privateuse1_backend
+
         _generate_storage_methods_for_privateuse1_backend("tpu")
     _patch_safetensors()

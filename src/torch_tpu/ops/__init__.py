@@ -2,7 +2,22 @@
 
 ``optim`` comes after the families whose lowerings its ``_foreach_*`` ops apply per tensor.
 """
+
 from . import (  # noqa: F401
-    complex, core, creation, elementwise, fft, indexing, linalg, losses, nn, pooling, random,
-    reduction, sampling, shape, special)
-from . import optim  # noqa: F401,E402
+    complex,
+    core,
+    creation,
+    elementwise,
+    fft,
+    indexing,
+    linalg,
+    losses,
+    nn,
+    optim,  # noqa: F401,E402
+    pooling,
+    random,
+    reduction,
+    sampling,
+    shape,
+    special,
+)

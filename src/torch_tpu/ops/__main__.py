@@ -2,6 +2,7 @@
 
 ``--markdown`` prints docs/ops.md instead (``python -m torch_tpu.ops --markdown > docs/ops.md``).
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """What the op table covers, by family: the text of ``python -m torch_tpu.ops`` and docs/ops.md."""
+
 from __future__ import annotations
 
 import collections
@@ -25,11 +26,11 @@ def _is_foreach(op: torch._ops.OpOverload) -> bool:
 
 @dataclasses.dataclass
 class Coverage:
-    families: dict[str, list[str]]     # family -> overload names
-    functional: int                    # functional overloads lowered natively
-    foreach: int                       # of which _foreach_* (one list op each)
-    mutating_kernels: int              # in-place runtime kernels (copy_, fills, resize_, set_)
-    derived: list[str]                 # in-place / out= overloads derived by the dispatcher
+    families: dict[str, list[str]]  # family -> overload names
+    functional: int  # functional overloads lowered natively
+    foreach: int  # of which _foreach_* (one list op each)
+    mutating_kernels: int  # in-place runtime kernels (copy_, fills, resize_, set_)
+    derived: list[str]  # in-place / out= overloads derived by the dispatcher
 
     @property
     def total(self) -> int:
@@ -52,10 +53,12 @@ def coverage() -> Coverage:
 
 
 def _summary(c: Coverage) -> str:
-    return (f"{c.functional} functional ATen overloads lowered natively to JAX "
-            f"({c.functional - c.foreach} without the {c.foreach} `_foreach_*` list ops), "
-            f"{c.mutating_kernels} in-place runtime kernels (copies, fills, resizes), and "
-            f"{len(c.derived)} in-place / `out=` overloads derived from the functional ones")
+    return (
+        f"{c.functional} functional ATen overloads lowered natively to JAX "
+        f"({c.functional - c.foreach} without the {c.foreach} `_foreach_*` list ops), "
+        f"{c.mutating_kernels} in-place runtime kernels (copies, fills, resizes), and "
+        f"{len(c.derived)} in-place / `out=` overloads derived from the functional ones"
+    )
 
 
 def render_text(c: Coverage | None = None) -> str:
@@ -92,6 +95,10 @@ def render_markdown(c: Coverage | None = None) -> str:
     ]
     for family, names in c.families.items():
         lines += [f"## {family} ({len(names)})", "", ", ".join(f"`{n}`" for n in names), ""]
-    lines += [f"## derived in-place / out= variants ({len(c.derived)})", "",
-              ", ".join(f"`{n}`" for n in c.derived), ""]
+    lines += [
+        f"## derived in-place / out= variants ({len(c.derived)})",
+        "",
+        ", ".join(f"`{n}`" for n in c.derived),
+        "",
+    ]
     return "\n".join(lines)

@@ -1,13 +1,15 @@
 """Family helpers: most lowerings are one line built from these."""
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import torch
 import numpy as np
+import torch
 
 from ..runtime import checks
 from ..runtime.buffer import apply
@@ -29,15 +31,18 @@ def overload(packet, name: str):
 def unary(op, fn: Callable, promote: Promote = Promote.DEFAULT, **options) -> None:
     """``op(self)`` computed as ``fn`` in the promoted compute dtype, returned in the result dtype."""
     lower(op, promote=promote, promote_args=("self",), **options)(
-        lambda x, *, types: fn(x.astype(types.compute)).astype(types.result))
+        lambda x, *, types: fn(x.astype(types.compute)).astype(types.result)
+    )
 
 
 def binary(op, fn: Callable, promote: Promote = Promote.DEFAULT, **options) -> None:
     """``op(self, other)`` with PyTorch's type promotion (scalars and 0-dim tensors included)."""
     operands = tuple(a.name for a in op._schema.arguments[:2])
     lower(op, promote=promote, promote_args=operands, **options)(
-        lambda x, y, *, types: fn(jnp.asarray(x, types.compute),
-                                  jnp.asarray(y, types.compute)).astype(types.result))
+        lambda x, y, *, types: fn(jnp.asarray(x, types.compute), jnp.asarray(y, types.compute)).astype(
+            types.result
+        )
+    )
 
 
 def predicate(op, fn: Callable, **options) -> None:
@@ -82,23 +87,29 @@ def _first_out_of_bounds(index: jax.Array, low, high) -> tuple[jax.Array, jax.Ar
     return jnp.any(bad), flat[jnp.argmax(bad)]
 
 
-def check_bounds(checks: Sequence[tuple[jax.Array, int, bool]],
-                 error: Callable[[int, int, int], Exception]) -> None:
+def check_bounds(
+    checks: Sequence[tuple[jax.Array, int, bool]], error: Callable[[int, int, int], Exception]
+) -> None:
     """Raise ``error(position, value, size)`` for the first index outside its dimension.
 
     ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync
     (:func:`report_values`).
     """
-    pending = [(position, index, size, negative_ok)
-               for position, (index, size, negative_ok) in enumerate(checks)
-               if index.size and has_values(index)]
-    results = [apply(_first_out_of_bounds, index, -size if negative_ok else 0, size)
-               for _, index, size, negative_ok in pending]
+    pending = [
+        (position, index, size, negative_ok)
+        for position, (index, size, negative_ok) in enumerate(checks)
+        if index.size and has_values(index)
+    ]
+    results = [
+        apply(_first_out_of_bounds, index, -size if negative_ok else 0, size)
+        for _, index, size, negative_ok in pending
+    ]
 
     def report(results) -> None:
         for (position, _, size, _), (any_bad, value) in zip(pending, results):
             if any_bad:
                 raise error(position, int(value), size)
+
     report_values(results, report)
 
 
@@ -120,16 +131,19 @@ def check_nonzero(divisor, dtype) -> None:
     host value), is checked at once, even in fused eager; a tensor as :func:`check_bounds` does.
     """
     python_scalar = isinstance(divisor, (int, float)) or (
-        getattr(divisor, "weak_type", False) and isinstance(divisor, jax.Array)
-        and not isinstance(divisor, jax.core.Tracer))
+        getattr(divisor, "weak_type", False)
+        and isinstance(divisor, jax.Array)
+        and not isinstance(divisor, jax.core.Tracer)
+    )
     if python_scalar and context.trace is None:
         _zero_division(np.asarray(divisor).astype(dtype) == 0)
     elif has_values(divisor):
         report_values(apply(_has_zero, divisor, np.dtype(dtype)), _zero_division)
 
 
-def check_values(holds: Callable[..., jax.Array], values: Sequence[jax.Array],
-                 error: Callable[[], Exception]) -> None:
+def check_values(
+    holds: Callable[..., jax.Array], values: Sequence[jax.Array], error: Callable[[], Exception]
+) -> None:
     """Raise ``error()`` unless ``holds(*values)`` (a jitted function returning a boolean
     scalar) is true: checked like :func:`check_bounds`. Values that are Python numbers were
     already checked by the caller."""
@@ -139,4 +153,5 @@ def check_values(holds: Callable[..., jax.Array], values: Sequence[jax.Array],
     def report(ok) -> None:
         if not ok:
             raise error()
+
     report_values(apply(holds, *values), report)

@@ -1,4 +1,5 @@
 """Private helpers shared by the nn, losses and pooling lowerings."""
+
 from __future__ import annotations
 
 import jax
@@ -38,8 +39,9 @@ def require(valid: bool) -> None:
 def wrap_dim(dim: int, ndim: int) -> int:
     bound = max(ndim, 1)
     if not -bound <= dim < bound:
-        raise IndexError(f"Dimension out of range (expected to be in range of [{-bound}, "
-                         f"{bound - 1}], but got {dim})")
+        raise IndexError(
+            f"Dimension out of range (expected to be in range of [{-bound}, {bound - 1}], but got {dim})"
+        )
     return dim % bound
 
 

@@ -1,5 +1,6 @@
 """Complex-number lowerings: building complex tensors and taking them apart (real/imag are
 views, see ops/core.py's view_as_real)."""
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -7,9 +8,9 @@ import torch
 from jax import lax
 
 from ..runtime.dtypes import unsupported
-from .registry import Promote, lower, runtime
 from ._helpers import unary
 from ._nn_helpers import require
+from .registry import Promote, lower, runtime
 
 aten = torch.ops.aten
 
@@ -42,7 +43,8 @@ def _refuse_complex32(real, imag) -> None:
 
 lower(aten.complex.default, check=_refuse_complex32)(_complex_pair)
 lower(aten.polar.default, check=_refuse_complex32)(
-    lambda magnitude, phase: _complex_pair(magnitude * jnp.cos(phase), magnitude * jnp.sin(phase)))
+    lambda magnitude, phase: _complex_pair(magnitude * jnp.cos(phase), magnitude * jnp.sin(phase))
+)
 unary(aten._conj_physical.default, lambda x: jnp.conj(x) if _is_complex(x) else x)
 
 

@@ -5,6 +5,7 @@ entries of the table. Views redispatch to PyTorch's Meta kernels, which compute 
 and offset over the *same* storage: aliasing, version counters and autograd's view tracking are
 PyTorch's own.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,17 +44,29 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
 
 def _meta_view(op):
     """A view kernel: PyTorch's Meta kernel computes the geometry over the shared storage."""
+
     def view(self, *args, **kwargs):
         tensor.ensure_nbytes(self)
         return op.redispatch(_META, self, *args, **kwargs)
+
     runtime(op)(view)
 
 
 # In-place metadata ops (squeeze_, t_, ...) check the storage size directly, so they come here too.
-for _view_op in (aten.view.default, aten.as_strided.default, aten._reshape_alias.default,
-                 aten.unfold.default, aten.view_as_real.default, aten.view_as_complex.default,
-                 aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims,
-                 aten.unsqueeze_.default, aten.transpose_.default, aten.t_.default):
+for _view_op in (
+    aten.view.default,
+    aten.as_strided.default,
+    aten._reshape_alias.default,
+    aten.unfold.default,
+    aten.view_as_real.default,
+    aten.view_as_complex.default,
+    aten.squeeze_.default,
+    aten.squeeze_.dim,
+    aten.squeeze_.dims,
+    aten.unsqueeze_.default,
+    aten.transpose_.default,
+    aten.t_.default,
+):
     _meta_view(_view_op)
 
 
@@ -66,7 +79,8 @@ def unfold_backward(grad, input_sizes, dim, size, step):
     windows = grad.shape[dim]
     source = (jnp.arange(windows)[:, None] * step + jnp.arange(size)).reshape(-1)
     per_window = jnp.moveaxis(grad, -1, dim + 1).reshape(
-        input_sizes[:dim] + (windows * size,) + input_sizes[dim + 1:])
+        input_sizes[:dim] + (windows * size,) + input_sizes[dim + 1 :]
+    )
     return jnp.zeros(input_sizes, grad.dtype).at[(slice(None),) * dim + (source,)].add(per_window)
 
 
@@ -76,7 +90,8 @@ def set_storage(self, source, storage_offset, size, stride=()):
         raise RuntimeError("set_: the source storage is not a tpu storage")
     tensor.ensure_storage_nbytes(source)
     return aten.set_.source_Storage_storage_offset.redispatch(
-        _META, self, source, storage_offset, size, stride)
+        _META, self, source, storage_offset, size, stride
+    )
 
 
 @runtime(aten.set_.source_Storage)
@@ -108,7 +123,8 @@ def resize_(self, size, memory_format=None):
     # Meta's resize_ only accepts meta tensors; set_ gives the same contiguous geometry.
     strides = torch.empty(size, device="meta").stride()
     return aten.set_.source_Storage_storage_offset.redispatch(
-        _META, self, storage, self.storage_offset(), size, strides)
+        _META, self, storage, self.storage_offset(), size, strides
+    )
 
 
 def _host_to_device(host: torch.Tensor, dtype: torch.dtype) -> jax.Array:
@@ -124,8 +140,7 @@ def _host_to_device(host: torch.Tensor, dtype: torch.dtype) -> jax.Array:
 def _discards_imaginary(source: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether converting ``source`` to ``dtype`` drops an imaginary part (warned, as on CPU)."""
     if source.is_complex() and not dtype.is_complex:
-        warnings.warn("Casting complex values to real discards the imaginary part",
-                      UserWarning, stacklevel=3)
+        warnings.warn("Casting complex values to real discards the imaginary part", UserWarning, stacklevel=3)
         return True
     return False
 
@@ -146,8 +161,9 @@ def copy_(self, src, non_blocking=False):
 
 
 @runtime(aten._to_copy)
-def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
-            memory_format=None):
+def to_copy(
+    self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None
+):
     """A copy laid out as ``empty_like(self, memory_format=memory_format)``, as PyTorch's."""
     dtype = self.dtype if dtype is None else dtype
     target = torch.device(device) if device is not None else self.device
@@ -184,8 +200,9 @@ def local_scalar_dense(self):
 def fill_(self, value):
     if isinstance(value, torch.Tensor):
         if value.dim() != 0:
-            raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor "
-                               f"with {value.dim()} dimensions.")
+            raise RuntimeError(
+                f"fill_ only supports 0-dimension value tensor but got tensor with {value.dim()} dimensions."
+            )
         value = tensor.read(value) if tensor.is_tpu(value) else value.item()
     else:  # a Python number is converted as CPU converts it (a 0-dim tensor is cast instead)
         check_scalar(value, to_jax(self.dtype), self.numel())

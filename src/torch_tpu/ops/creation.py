@@ -5,6 +5,7 @@ Factories that read the default dtype, a global, resolve it outside any trace (`
 each is a handful of XLA ops. The ``*_like``/``new_*`` ones take their dtype from ``self`` and are
 jitted like any lowering.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,12 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-
 from jax.scipy.special import i0
 
 from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
-from .registry import Runs, lower, runtime
 from ._helpers import accumulator
+from .registry import Runs, lower, runtime
 
 aten = torch.ops.aten
 
@@ -101,8 +101,7 @@ def _fill_dtype(value) -> np.dtype:
     if isinstance(value, int):
         return np.dtype(jnp.int64)
     if isinstance(value, complex):
-        return to_jax(torch.complex128 if torch.get_default_dtype() == torch.float64
-                      else torch.complex64)
+        return to_jax(torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64)
     return _float_or_default(None)
 
 
@@ -119,6 +118,7 @@ def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None):
 def _constant_factory(value):
     def factory(size, dtype=None, layout=None, device=None, pin_memory=None):
         return jnp.full(size, value, _float_or_default(dtype))
+
     return factory
 
 
@@ -128,8 +128,7 @@ lower(aten.ones.default, runs=Runs.EAGER)(_constant_factory(1))
 
 
 @lower(aten.full_like.default)
-def full_like(x, fill_value, dtype=None, layout=None, device=None, pin_memory=None,
-              memory_format=None):
+def full_like(x, fill_value, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     """(The fill value is a device scalar here, so unlike ``full`` it is not overflow-checked:
     that would cost a host sync per call.)"""
     return jnp.full(x.shape, fill_value, x.dtype if dtype is None else dtype)
@@ -138,6 +137,7 @@ def full_like(x, fill_value, dtype=None, layout=None, device=None, pin_memory=No
 def _constant_like(value):
     def like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
         return jnp.full(x.shape, value, x.dtype if dtype is None else dtype)
+
     return like
 
 
@@ -153,6 +153,7 @@ def new_full(x, size, fill_value, dtype=None, layout=None, device=None, pin_memo
 def _constant_new(value):
     def new(x, size, dtype=None, layout=None, device=None, pin_memory=None):
         return jnp.full(size, value, x.dtype if dtype is None else dtype)
+
     return new
 
 
@@ -160,10 +161,13 @@ lower(aten.new_zeros.default)(_constant_new(0))
 lower(aten.new_ones.default)(_constant_new(1))
 
 
+_INT64 = np.dtype(jnp.int64)
+
+
 def _triangle_indices(triangle):
-    def indices(row, col, offset=0, dtype=np.dtype(jnp.int64), layout=None, device=None,
-                pin_memory=None):
+    def indices(row, col, offset=0, dtype=_INT64, layout=None, device=None, pin_memory=None):
         return jnp.stack(triangle(row, offset, col)).astype(dtype)
+
     return indices
 
 
@@ -195,8 +199,7 @@ def _linear_steps(start, end, steps: int, dtype) -> jax.Array:
         return start.reshape(1)
     step = (end - start) / (steps - 1)
     i = jnp.arange(steps, dtype=compute)
-    return jnp.where(jnp.arange(steps) < steps // 2, start + step * i,
-                     end - step * (steps - 1 - i))
+    return jnp.where(jnp.arange(steps) < steps // 2, start + step * i, end - step * (steps - 1 - i))
 
 
 def _check_steps(steps: int) -> None:
@@ -224,18 +227,31 @@ def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None,
 
 def _check_scalar_bounds(name: str):
     """The Tensor overloads of linspace/logspace take 0-dim tensors only."""
+
     def check(start, end, *rest):
         if jnp.ndim(start) or jnp.ndim(end):
             raise RuntimeError(
                 f"{name} only supports 0-dimensional start and end tensors, but got start with "
-                f"{jnp.ndim(start)} dimension(s) and end with {jnp.ndim(end)} dimension(s).")
+                f"{jnp.ndim(start)} dimension(s) and end with {jnp.ndim(end)} dimension(s)."
+            )
+
     return check
 
 
-lower(aten.linspace.Tensor_Tensor, aten.linspace.Tensor_Scalar, aten.linspace.Scalar_Tensor,
-      runs=Runs.EAGER, check=_check_scalar_bounds("linspace"))(linspace)
-lower(aten.logspace.Tensor_Tensor, aten.logspace.Tensor_Scalar, aten.logspace.Scalar_Tensor,
-      runs=Runs.EAGER, check=_check_scalar_bounds("logspace"))(logspace)
+lower(
+    aten.linspace.Tensor_Tensor,
+    aten.linspace.Tensor_Scalar,
+    aten.linspace.Scalar_Tensor,
+    runs=Runs.EAGER,
+    check=_check_scalar_bounds("linspace"),
+)(linspace)
+lower(
+    aten.logspace.Tensor_Tensor,
+    aten.logspace.Tensor_Scalar,
+    aten.logspace.Scalar_Tensor,
+    runs=Runs.EAGER,
+    check=_check_scalar_bounds("logspace"),
+)(logspace)
 
 
 # ----------------------------------------------------------------------------- windows
@@ -246,8 +262,7 @@ def _window(name: str, length: int, periodic: bool, dtype, shape) -> jax.Array:
     if not jnp.issubdtype(dtype, jnp.floating):
         raise RuntimeError(f"{name} expects floating point dtypes, got: {to_torch(dtype)}")
     if length < 0:
-        raise RuntimeError(
-            f"{name} requires non-negative window_length, got window_length={length}")
+        raise RuntimeError(f"{name} requires non-negative window_length, got window_length={length}")
     if length <= 1:
         return jnp.ones((length,), dtype)
     points = length + 1 if periodic else length
@@ -257,9 +272,11 @@ def _window(name: str, length: int, periodic: bool, dtype, shape) -> jax.Array:
 
 def _cosine_sum(*coefficients):
     """sum_k (-1)^k a_k cos(2 pi k n / (N - 1)): Hann, Hamming, Blackman."""
+
     def shape(n, points):
         phase = n * (2 * math.pi / (points - 1))
         return sum((-1) ** k * a * jnp.cos(k * phase) for k, a in enumerate(coefficients))
+
     return shape
 
 
@@ -273,62 +290,65 @@ def _kaiser(beta: float):
         alpha = (points - 1) / 2.0
         argument = beta * jnp.sqrt(jnp.abs(1 - ((n - alpha) / alpha) ** 2))
         return i0(argument) / i0(jnp.asarray(beta, n.dtype))
+
     return shape
 
 
 @lower(aten.hann_window.periodic, runs=Runs.EAGER)
-def hann_window(window_length, periodic=True, dtype=None, layout=None, device=None,
-                pin_memory=None):
+def hann_window(window_length, periodic=True, dtype=None, layout=None, device=None, pin_memory=None):
     return _window("hann_window", window_length, periodic, dtype, _cosine_sum(0.5, 0.5))
 
 
 @lower(aten.hamming_window.periodic_alpha_beta, runs=Runs.EAGER)
-def hamming_window(window_length, periodic=True, alpha=0.54, beta=0.46, dtype=None, layout=None,
-                   device=None, pin_memory=None):
+def hamming_window(
+    window_length, periodic=True, alpha=0.54, beta=0.46, dtype=None, layout=None, device=None, pin_memory=None
+):
     return _window("hamming_window", window_length, periodic, dtype, _cosine_sum(alpha, beta))
 
 
 @lower(aten.hamming_window.periodic_alpha, runs=Runs.EAGER)
-def hamming_window_alpha(window_length, periodic, alpha, dtype=None, layout=None, device=None,
-                         pin_memory=None):
+def hamming_window_alpha(
+    window_length, periodic, alpha, dtype=None, layout=None, device=None, pin_memory=None
+):
     return hamming_window(window_length, periodic, alpha, 0.46, dtype)
 
 
 @lower(aten.blackman_window.periodic, runs=Runs.EAGER)
-def blackman_window(window_length, periodic=True, dtype=None, layout=None, device=None,
-                    pin_memory=None):
-    return _window("blackman_window", window_length, periodic, dtype,
-                   _cosine_sum(0.42, 0.5, 0.08))
+def blackman_window(window_length, periodic=True, dtype=None, layout=None, device=None, pin_memory=None):
+    return _window("blackman_window", window_length, periodic, dtype, _cosine_sum(0.42, 0.5, 0.08))
 
 
 @lower(aten.bartlett_window.periodic, runs=Runs.EAGER)
-def bartlett_window(window_length, periodic=True, dtype=None, layout=None, device=None,
-                    pin_memory=None):
+def bartlett_window(window_length, periodic=True, dtype=None, layout=None, device=None, pin_memory=None):
     return _window("bartlett_window", window_length, periodic, dtype, _bartlett)
 
 
 @lower(aten.kaiser_window.beta, runs=Runs.EAGER)
-def kaiser_window(window_length, periodic=True, beta=12.0, dtype=None, layout=None, device=None,
-                  pin_memory=None):
+def kaiser_window(
+    window_length, periodic=True, beta=12.0, dtype=None, layout=None, device=None, pin_memory=None
+):
     return _window("kaiser_window", window_length, periodic, dtype, _kaiser(beta))
 
 
 def _leading_arguments(window, count: int):
     """A window overload taking only the first ``count`` of ``window``'s parameters (the rest
     default), then the factory options."""
+
     def lowering(*args):
         return window(*args[:count], dtype=args[count])
+
     return lowering
 
 
 for _overload, _window_fn, _count in [
-        (aten.hann_window.default, hann_window, 1),
-        (aten.hamming_window.default, hamming_window, 1),
-        (aten.hamming_window.periodic, hamming_window, 2),
-        (aten.blackman_window.default, blackman_window, 1),
-        (aten.bartlett_window.default, bartlett_window, 1),
-        (aten.kaiser_window.default, kaiser_window, 1),
-        (aten.kaiser_window.periodic, kaiser_window, 2)]:
+    (aten.hann_window.default, hann_window, 1),
+    (aten.hamming_window.default, hamming_window, 1),
+    (aten.hamming_window.periodic, hamming_window, 2),
+    (aten.blackman_window.default, blackman_window, 1),
+    (aten.bartlett_window.default, bartlett_window, 1),
+    (aten.kaiser_window.default, kaiser_window, 1),
+    (aten.kaiser_window.periodic, kaiser_window, 2),
+]:
     lower(_overload, runs=Runs.EAGER)(_leading_arguments(_window_fn, _count))
 
 
@@ -347,16 +367,21 @@ def eye_m(n, m, dtype=None, layout=None, device=None, pin_memory=None):
 
 def _factory_out(out_op, functional) -> None:
     """``<factory>(..., out=t)``: the functional factory in ``t``'s dtype, stored into ``t``."""
+
     def kernel(*args, out, **options):
         result = functional(*args, **options, dtype=out.dtype, device=out.device)
         if out.shape != result.shape:  # the composite factories pass a fresh empty((0,))
             return out.set_(result)
         return out.copy_(result)
+
     runtime(out_op)(kernel)
 
 
-for _out, _functional in [(aten.arange.start_out, aten.arange.start_step),
-                          (aten.linspace.out, aten.linspace.default),
-                          (aten.logspace.out, aten.logspace.default),
-                          (aten.eye.out, aten.eye.default), (aten.eye.m_out, aten.eye.m)]:
+for _out, _functional in [
+    (aten.arange.start_out, aten.arange.start_step),
+    (aten.linspace.out, aten.linspace.default),
+    (aten.logspace.out, aten.logspace.default),
+    (aten.eye.out, aten.eye.default),
+    (aten.eye.m_out, aten.eye.m),
+]:
     _factory_out(_out, _functional)

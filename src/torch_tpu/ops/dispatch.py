@@ -6,20 +6,21 @@ the results. In-place and ``out=`` overloads are derived from the same lowering 
 schemas. Ops with no lowering reach a boxed fallback that raises ``NotImplementedError`` (or, when
 opted in with ``TORCH_TPU_CPU_FALLBACK=1``, runs them on CPU and counts it).
 """
+
 from __future__ import annotations
 
 import collections
 import functools
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import torch
 
 from .. import config
 from ..execution.tracing import NEEDS_VALUES
-from ..runtime import checks, memory, overlap, platform, random, transfer
-from ..runtime import tensor
+from ..runtime import checks, memory, overlap, platform, random, tensor, transfer
 from ..runtime.buffer import Deferred
 from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
@@ -78,7 +79,8 @@ def _is_out(arg: torch._C.Argument) -> bool:
 def _device_mismatch(t: torch.Tensor) -> RuntimeError:
     return RuntimeError(
         "Expected all tensors to be on the same device, but found at least two devices, "
-        f"tpu:0 and {t.device}!")
+        f"tpu:0 and {t.device}!"
+    )
 
 
 _COMPLEX64 = torch.complex64
@@ -144,8 +146,12 @@ def promoted(kind, signature) -> Types:
     ((dtype or Python type, is 0-dim) per input)."""
     from torch._prims_common import elementwise_dtypes
 
-    examples = [torch.empty((() if zero_dim else (1,)), dtype=s, device="meta")
-                if isinstance(s, torch.dtype) else s(1) for s, zero_dim in signature]
+    examples = [
+        torch.empty((() if zero_dim else (1,)), dtype=s, device="meta")
+        if isinstance(s, torch.dtype)
+        else s(1)
+        for s, zero_dim in signature
+    ]
     compute, result = elementwise_dtypes(*examples, type_promotion_kind=kind)
     return Types(to_jax(compute), to_jax(result))
 
@@ -162,9 +168,19 @@ def promoted_types(kind, values) -> Types:
 
 # ----------------------------------------------------------------------------- kernels
 #: Schema defaults spell a ScalarType as its enum ordinal (randperm's ``dtype=4`` is torch.long).
-_SCALAR_TYPE_ORDINALS = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32,
-                         4: torch.int64, 5: torch.float16, 6: torch.float32, 7: torch.float64,
-                         9: torch.complex64, 11: torch.bool, 15: torch.bfloat16}
+_SCALAR_TYPE_ORDINALS = {
+    0: torch.uint8,
+    1: torch.int8,
+    2: torch.int16,
+    3: torch.int32,
+    4: torch.int64,
+    5: torch.float16,
+    6: torch.float32,
+    7: torch.float64,
+    9: torch.complex64,
+    11: torch.bool,
+    15: torch.bfloat16,
+}
 
 
 def _default(arg: torch._C.Argument) -> Any:
@@ -188,7 +204,7 @@ class _Binder:
 
     def bind(self, args: tuple, kwargs: dict) -> list:
         values = list(args)
-        for name, default in zip(self.names[len(args):], self.defaults[len(args):]):
+        for name, default in zip(self.names[len(args) :], self.defaults[len(args) :]):
             values.append(kwargs[name] if name in kwargs else default)
         return values
 
@@ -208,11 +224,13 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     # changes every step must not recompile)
     kinds = [_SCALAR if n in entry.dynamic else k for n, k in zip(binder.names, binder.kinds)]
     static_names = set(entry.static)
-    static_pos = tuple(i for i, (k, n) in enumerate(zip(kinds, binder.names))
-                       if k in (_STATIC, _DTYPE) or (k == _SCALAR and n in static_names))
+    static_pos = tuple(
+        i
+        for i, (k, n) in enumerate(zip(kinds, binder.names))
+        if k in (_STATIC, _DTYPE) or (k == _SCALAR and n in static_names)
+    )
     runs = entry.runs
-    jit = functools.partial(jax.jit, static_argnums=static_pos) if runs is Runs.TRACED \
-        else (lambda f: f)
+    jit = functools.partial(jax.jit, static_argnums=static_pos) if runs is Runs.TRACED else (lambda f: f)
     fn = jit(entry.fn)
     by_types: dict[Types, Callable] = {}
 
@@ -222,6 +240,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         if typed is None:
             typed = by_types[types] = jit(functools.partial(entry.fn, types=types))
         return typed
+
     promote_pos = None
     if entry.promote is not None:
         names = entry.promote_args or [n for n, k in zip(binder.names, kinds) if k in (_TENSOR, _SCALAR)]
@@ -242,8 +261,11 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         _SCALAR: _scalar,
         _SCALAR_LIST: _scalars,
     }
-    converters = [(i, convert_by_kind[k]) for i, k in enumerate(kinds)
-                  if k in convert_by_kind and not (k == _SCALAR and i in static_pos)]
+    converters = [
+        (i, convert_by_kind[k])
+        for i, k in enumerate(kinds)
+        if k in convert_by_kind and not (k == _SCALAR and i in static_pos)
+    ]
     generator_pos = [i for i, k in enumerate(kinds) if k == _GENERATOR]
 
     def compute(args: tuple, kwargs: dict):
@@ -253,8 +275,11 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             recorded_ops.add(op)
         values = binder.bind(args, kwargs)
         extra = {}
-        lowered = fn if promote_pos is None else \
-            fn_for(promoted_types(entry.promote, [values[i] for i in promote_pos]))
+        lowered = (
+            fn
+            if promote_pos is None
+            else fn_for(promoted_types(entry.promote, [values[i] for i in promote_pos]))
+        )
         for i in generator_pos:
             _check_generator(values[i])
             values[i] = None
@@ -349,17 +374,20 @@ def _functional_kernel(entry: Lowering, compute: Callable) -> Callable:
                 _block(out)
             return tensor.wrap_elementwise(out, args) if elementwise else wrap(out)
     elif shape == "list":
+
         def kernel(*args, **kwargs):
             outs = compute(args, kwargs)
             if context.launch_blocking:
                 _block(outs)
             return [wrap(o) for o in outs]
     else:
+
         def kernel(*args, **kwargs):
             outs = compute(args, kwargs)
             if context.launch_blocking:
                 _block(outs)
             return tuple(_wrap_output(o) for o in outs)
+
     return kernel
 
 
@@ -376,22 +404,28 @@ def _store(dst: torch.Tensor | list, value, resize: bool) -> None:
         raise _device_mismatch(dst)
     result = JAX_TO_TORCH[value.dtype]
     if not torch.can_cast(result, dst.dtype):
-        raise RuntimeError(f"result type {type_name(result)} can't be cast to the "
-                           f"desired output type {type_name(dst.dtype)}")
+        raise RuntimeError(
+            f"result type {type_name(result)} can't be cast to the desired output type {type_name(dst.dtype)}"
+        )
     if tuple(dst.shape) != value.shape:
         if not resize:
-            raise RuntimeError(f"output with shape {list(dst.shape)} doesn't match the broadcast "
-                               f"shape {list(value.shape)}")
+            raise RuntimeError(
+                f"output with shape {list(dst.shape)} doesn't match the broadcast shape {list(value.shape)}"
+            )
         if dst.numel():
-            warnings.warn(f"An output with one or more elements was resized since it had shape "
-                          f"{list(dst.shape)}, which does not match the required output shape "
-                          f"{list(value.shape)}.", stacklevel=4)
+            warnings.warn(
+                f"An output with one or more elements was resized since it had shape "
+                f"{list(dst.shape)}, which does not match the required output shape "
+                f"{list(value.shape)}.",
+                stacklevel=4,
+            )
         dst.resize_(value.shape)
     tensor.write(dst, value)
 
 
-def _mutating_kernel(compute: Callable, functional: torch._C.FunctionSchema,
-                     schema: torch._C.FunctionSchema, resize: bool) -> Callable:
+def _mutating_kernel(
+    compute: Callable, functional: torch._C.FunctionSchema, schema: torch._C.FunctionSchema, resize: bool
+) -> Callable:
     """The kernel of a derived in-place or ``out=`` overload: compute the functional op, then
     store its outputs, in order, into the arguments the schema marks as written (``self`` for
     ``add_``; the five state lists for ``_fused_adam_``; the ``out`` tensors for ``add.out``)."""
@@ -404,9 +438,13 @@ def _mutating_kernel(compute: Callable, functional: torch._C.FunctionSchema,
     # PyTorch leaves out arguments equal to *this* schema's defaults, which the functional schema
     # may lack (bernoulli_.float's p=0.5 vs bernoulli.p's required p): supply them here.
     functional_defaults = {a.name: _default(a) for a in functional.arguments}
-    own_defaults = [(i, a.name, _default(a)) for i, a in enumerate(schema.arguments)
-                    if a.has_default_value() and not _is_out(a)
-                    and functional_defaults.get(a.name, _NO_DEFAULT) != _default(a)]
+    own_defaults = [
+        (i, a.name, _default(a))
+        for i, a in enumerate(schema.arguments)
+        if a.has_default_value()
+        and not _is_out(a)
+        and functional_defaults.get(a.name, _NO_DEFAULT) != _default(a)
+    ]
 
     def kernel(*args, **kwargs):
         written = [args[i] if i < len(args) else kwargs[name] for i, name in targets]
@@ -424,6 +462,7 @@ def _mutating_kernel(compute: Callable, functional: torch._C.FunctionSchema,
         if not returns:
             return None
         return written[0] if returns == 1 else tuple(written[:returns])
+
     return kernel
 
 
@@ -441,19 +480,24 @@ def _derived_variants(op: torch._ops.OpOverload):
 
     def written(other):
         return [a for a in other._schema.arguments if _is_written(a)]
+
     packet = getattr(aten, base)
     for name in packet.overloads():
         other = getattr(packet, name)
         targets = written(other)
-        if (other is not op and targets and all(map(_is_out, targets)) and len(targets) == outputs
-                and _signature(other._schema, drop_out=True) == want):
+        if (
+            other is not op
+            and targets
+            and all(map(_is_out, targets))
+            and len(targets) == outputs
+            and _signature(other._schema, drop_out=True) == want
+        ):
             yield other, True
     inplace = getattr(aten, base + "_", None)
     if inplace is not None:
         for name in inplace.overloads():
             other = getattr(inplace, name)
-            if (_signature(other._schema, drop_out=False) == want
-                    and len(written(other)) == outputs):
+            if _signature(other._schema, drop_out=False) == want and len(written(other)) == outputs:
                 yield other, False
 
 
@@ -464,6 +508,7 @@ def _recording(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
         if recorded_ops is not None:
             recorded_ops.add(op)
         return kernel(*args, **kwargs)
+
     return recorded
 
 
@@ -477,8 +522,10 @@ def _is_purely_composite(op: torch._ops.OpOverload) -> bool:
 def check_installable(op: torch._ops.OpOverload) -> None:
     """Refuse lowerings PyTorch would never call, or would call behind autograd's back."""
     if _is_purely_composite(op):
-        raise RuntimeError(f"{op} is CompositeImplicitAutograd: lower the ops it decomposes "
-                           "into instead (a tpu kernel would bypass autograd)")
+        raise RuntimeError(
+            f"{op} is CompositeImplicitAutograd: lower the ops it decomposes "
+            "into instead (a tpu kernel would bypass autograd)"
+        )
 
 
 # ----------------------------------------------------------------------------- fallback
@@ -495,7 +542,8 @@ def fallback(op: torch._ops.OpOverload, *args, **kwargs):
     if not config.cpu_fallback:
         raise NotImplementedError(
             f"'{name}' has no tpu lowering. Set TORCH_TPU_CPU_FALLBACK=1 to run it on CPU instead "
-            f"(slow; counted in torch_tpu.cpu_fallback_counts()).")
+            f"(slow; counted in torch_tpu.cpu_fallback_counts())."
+        )
     cpu_fallback_counts[name] += 1
     tree = torch.utils._pytree
     cpu_args, cpu_kwargs = tree.tree_map(_cpu, (args, kwargs))
@@ -523,7 +571,8 @@ def _elsewhere_to_cpu(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
     result on that device, instead of the tpu lowering."""
     names = [a.name for a in op._schema.arguments]
     if "device" not in names or not torch._C._dispatch_has_kernel_for_dispatch_key(
-            qualified_name(op), "CompositeExplicitAutograd"):
+        qualified_name(op), "CompositeExplicitAutograd"
+    ):
         return kernel
     position = names.index("device")
 
@@ -532,6 +581,7 @@ def _elsewhere_to_cpu(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
         if device is not None and device.type != "tpu":
             return op.redispatch(_CPU_KEYS, *args, **kwargs)
         return kernel(*args, **kwargs)
+
     return routed
 
 
@@ -550,12 +600,13 @@ def install() -> None:
             continue
         # one compute (and so one set of compiled executables) serves the op and its variants
         compute, _ = _compute_fn(entry)
-        lib.impl(op, checked(op, _elsewhere_to_cpu(op, _functional_kernel(entry, compute))),
-                 "PrivateUse1")
+        lib.impl(op, checked(op, _elsewhere_to_cpu(op, _functional_kernel(entry, compute))), "PrivateUse1")
         for variant, resize in _derived_variants(op):
             if variant in explicit or variant in DERIVED:
                 continue
             DERIVED[variant] = op
-            lib.impl(variant, checked(variant, _mutating_kernel(compute, op._schema,
-                                                                variant._schema, resize)),
-                     "PrivateUse1")
+            lib.impl(
+                variant,
+                checked(variant, _mutating_kernel(compute, op._schema, variant._schema, resize)),
+                "PrivateUse1",
+            )

@@ -1,4 +1,5 @@
 """Elementwise lowerings: unary math, binary arithmetic, comparisons, ternary ops, activations."""
+
 from __future__ import annotations
 
 import functools
@@ -10,12 +11,13 @@ import numpy as np
 from jax import lax
 
 from ..runtime.buffer import apply
-from .registry import Promote, Runs, Types, lower, runtime
 from ._helpers import accumulator, binary, check_nonzero, predicate, result_dtype, unary
 from ._nn_helpers import require
+from .registry import Promote, Runs, Types, lower, runtime
 
 aten = __import__("torch").ops.aten
 INT_TO_FLOAT, BOOL = Promote.INT_TO_FLOAT, Promote.ALWAYS_BOOL
+
 
 # ----------------------------------------------------------------------------- unary
 def _digamma(x):
@@ -25,44 +27,76 @@ def _digamma(x):
 
 
 for _op, _fn in [
-    (aten.neg, jnp.negative), (aten.sign, lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x)),
+    (aten.neg, jnp.negative),
+    (aten.sign, lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x)),
     (aten.sgn, lambda x: x if x.dtype == jnp.bool_ else jnp.sign(x)),
-    (aten.ceil, jnp.ceil), (aten.floor, jnp.floor), (aten.trunc, jnp.trunc),
-    (aten.round, jnp.round), (aten.relu, jax.nn.relu),
-    (aten.bitwise_not, jnp.invert), (aten.frac, lambda x: x - jnp.trunc(x)),
+    (aten.ceil, jnp.ceil),
+    (aten.floor, jnp.floor),
+    (aten.trunc, jnp.trunc),
+    (aten.round, jnp.round),
+    (aten.relu, jax.nn.relu),
+    (aten.bitwise_not, jnp.invert),
+    (aten.frac, lambda x: x - jnp.trunc(x)),
 ]:
     unary(_op.default, _fn)
 
 for _op, _fn in [
-    (aten.exp, jnp.exp), (aten.exp2, jnp.exp2), (aten.expm1, jnp.expm1), (aten.log, jnp.log),
-    (aten.log2, jnp.log2), (aten.log10, jnp.log10), (aten.log1p, jnp.log1p),
-    (aten.sqrt, jnp.sqrt), (aten.rsqrt, lax.rsqrt), (aten.reciprocal, jnp.reciprocal),
-    (aten.sin, jnp.sin), (aten.cos, jnp.cos), (aten.tan, jnp.tan), (aten.asin, jnp.arcsin),
-    (aten.acos, jnp.arccos), (aten.atan, jnp.arctan), (aten.sinh, jnp.sinh),
-    (aten.cosh, jnp.cosh), (aten.tanh, jnp.tanh), (aten.asinh, jnp.arcsinh),
-    (aten.acosh, jnp.arccosh), (aten.atanh, jnp.arctanh), (aten.sigmoid, jax.nn.sigmoid),
-    (aten.erf, jax.scipy.special.erf), (aten.erfc, jax.scipy.special.erfc),
-    (aten.erfinv, jax.scipy.special.erfinv), (aten.lgamma, jax.scipy.special.gammaln),
-    (aten.digamma, _digamma), (aten.silu, jax.nn.silu),
+    (aten.exp, jnp.exp),
+    (aten.exp2, jnp.exp2),
+    (aten.expm1, jnp.expm1),
+    (aten.log, jnp.log),
+    (aten.log2, jnp.log2),
+    (aten.log10, jnp.log10),
+    (aten.log1p, jnp.log1p),
+    (aten.sqrt, jnp.sqrt),
+    (aten.rsqrt, lax.rsqrt),
+    (aten.reciprocal, jnp.reciprocal),
+    (aten.sin, jnp.sin),
+    (aten.cos, jnp.cos),
+    (aten.tan, jnp.tan),
+    (aten.asin, jnp.arcsin),
+    (aten.acos, jnp.arccos),
+    (aten.atan, jnp.arctan),
+    (aten.sinh, jnp.sinh),
+    (aten.cosh, jnp.cosh),
+    (aten.tanh, jnp.tanh),
+    (aten.asinh, jnp.arcsinh),
+    (aten.acosh, jnp.arccosh),
+    (aten.atanh, jnp.arctanh),
+    (aten.sigmoid, jax.nn.sigmoid),
+    (aten.erf, jax.scipy.special.erf),
+    (aten.erfc, jax.scipy.special.erfc),
+    (aten.erfinv, jax.scipy.special.erfinv),
+    (aten.lgamma, jax.scipy.special.gammaln),
+    (aten.digamma, _digamma),
+    (aten.silu, jax.nn.silu),
     (aten.mish, lambda x: x * jnp.tanh(jax.nn.softplus(x))),
-    (aten.hardsigmoid, jax.nn.hard_sigmoid), (aten.hardswish, jax.nn.hard_swish),
+    (aten.hardsigmoid, jax.nn.hard_sigmoid),
+    (aten.hardswish, jax.nn.hard_swish),
     (aten.sinc, jnp.sinc),
 ]:
     unary(_op.default, _fn, promote=INT_TO_FLOAT)
 
 unary(aten.abs.default, jnp.abs, promote=Promote.COMPLEX_TO_FLOAT)
 
-for _op, _fn in [(aten.isnan, jnp.isnan), (aten.isinf, jnp.isinf), (aten.isposinf, jnp.isposinf),
-                 (aten.isneginf, jnp.isneginf), (aten.signbit, jnp.signbit),
-                 (aten.logical_not, jnp.logical_not)]:
+for _op, _fn in [
+    (aten.isnan, jnp.isnan),
+    (aten.isinf, jnp.isinf),
+    (aten.isposinf, jnp.isposinf),
+    (aten.isneginf, jnp.isneginf),
+    (aten.signbit, jnp.signbit),
+    (aten.logical_not, jnp.logical_not),
+]:
     unary(_op.default, _fn, promote=BOOL)
 
 
 def _real_only(fn):
     """``fn``, refusing complex inputs as PyTorch does (deg2rad, rad2deg)."""
+
     def real(x):
         require(not jnp.issubdtype(x.dtype, jnp.complexfloating))
         return fn(x)
+
     return real
 
 
@@ -152,10 +186,12 @@ def _shrink_backward(grad, x, lambd, *, types):
     return jnp.where(_shrinks(x, jnp.asarray(lambd, types.result)), 0, grad)
 
 
-lower(aten.hardshrink_backward.default, promote=Promote.DEFAULT,
-      promote_args=("grad_out", "self"))(_shrink_backward)
-lower(aten.softshrink_backward.default, promote=Promote.DEFAULT,
-      promote_args=("grad_output", "self"))(_shrink_backward)
+lower(aten.hardshrink_backward.default, promote=Promote.DEFAULT, promote_args=("grad_out", "self"))(
+    _shrink_backward
+)
+lower(aten.softshrink_backward.default, promote=Promote.DEFAULT, promote_args=("grad_output", "self"))(
+    _shrink_backward
+)
 
 
 @lower(aten.softplus.default, promote=INT_TO_FLOAT, promote_args=("self",))
@@ -202,8 +238,10 @@ def prelu_backward(grad, x, weight, *, types):
     to the weight's shape itself."""
     grad, x, weight = (a.astype(types.compute) for a in jnp.broadcast_arrays(grad, x, weight))
     positive = x > 0
-    return (jnp.where(positive, grad, weight * grad).astype(types.result),
-            jnp.where(positive, 0, x * grad).astype(types.result))
+    return (
+        jnp.where(positive, grad, weight * grad).astype(types.result),
+        jnp.where(positive, 0, x * grad).astype(types.result),
+    )
 
 
 @lower(aten.rrelu_with_noise_functional.default, random=True)
@@ -219,11 +257,9 @@ def rrelu_with_noise(x, noise, lower=0.125, upper=1 / 3, training=False, generat
 
 
 @runtime(aten.rrelu_with_noise.default)
-def rrelu_with_noise_updating_noise(x, noise, lower=0.125, upper=1 / 3, training=False,
-                                    generator=None):
+def rrelu_with_noise_updating_noise(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
     """What ``F.rrelu`` calls: the functional op, then ``noise`` updated in place."""
-    output, new_noise = aten.rrelu_with_noise_functional.default(x, noise, lower, upper, training,
-                                                                 generator)
+    output, new_noise = aten.rrelu_with_noise_functional.default(x, noise, lower, upper, training, generator)
     noise.copy_(new_noise)
     return output
 
@@ -234,8 +270,12 @@ def rrelu_with_noise_in_place(x, noise, lower=0.125, upper=1 / 3, training=False
     return x.copy_(rrelu_with_noise_updating_noise(x, noise, lower, upper, training, generator))
 
 
-@lower(aten.rrelu_with_noise_backward.default, promote=Promote.DEFAULT,
-       promote_args=("grad_output", "self"), static=("lower", "upper"))
+@lower(
+    aten.rrelu_with_noise_backward.default,
+    promote=Promote.DEFAULT,
+    promote_args=("grad_output", "self"),
+    static=("lower", "upper"),
+)
 def rrelu_with_noise_backward(grad, x, noise, lower, upper, training, self_is_result, *, types):
     """PyTorch's formula: the sampled slopes when training (with a real range), else
     leaky_relu's gradient with the mean slope."""
@@ -308,12 +348,14 @@ def _division(divide, kernel: str):
     integer divisor for zeros first, as CPU does (:func:`check_nonzero`). Not jitted itself, so
     the check sees the promoted dtype; the division is. ``kernel`` names CPU's kernel, which
     has no bool version."""
+
     def lowering(x, y, *, types):
         if types.compute == jnp.bool_:
-            raise NotImplementedError(f'"{kernel}" not implemented for \'Bool\'')
+            raise NotImplementedError(f"\"{kernel}\" not implemented for 'Bool'")
         if jnp.issubdtype(types.compute, jnp.integer) and _size(x) and _size(y):
             check_nonzero(y, types.compute)
         return apply(_divided, x, y, divide, types)
+
     return lowering
 
 
@@ -331,27 +373,39 @@ def _tensor_binaries(name: str):
     for overload_name in packet.overloads():
         op = getattr(packet, overload_name)
         arguments = op._schema.arguments
-        if ([a.name for a in arguments] == ["self", "other"]
-                and "Tensor" in [str(a.type) for a in arguments]):
+        if [a.name for a in arguments] == ["self", "other"] and "Tensor" in [str(a.type) for a in arguments]:
             yield op
 
 
 # the shift operators (``x << 2``) share the bitwise shifts' CPU kernel
-for _names, _fn in [(("mul",), jnp.multiply), (("maximum",), jnp.maximum),
-                    (("minimum",), jnp.minimum), (("fmax",), jnp.fmax), (("fmin",), jnp.fmin),
-                    (("bitwise_and",), jnp.bitwise_and), (("bitwise_or",), jnp.bitwise_or),
-                    (("bitwise_xor",), jnp.bitwise_xor), (("gcd",), jnp.gcd),
-                    (("lcm",), _lcm), (("bitwise_left_shift", "__lshift__"), jnp.left_shift),
-                    (("bitwise_right_shift", "__rshift__"), jnp.right_shift)]:
+for _names, _fn in [
+    (("mul",), jnp.multiply),
+    (("maximum",), jnp.maximum),
+    (("minimum",), jnp.minimum),
+    (("fmax",), jnp.fmax),
+    (("fmin",), jnp.fmin),
+    (("bitwise_and",), jnp.bitwise_and),
+    (("bitwise_or",), jnp.bitwise_or),
+    (("bitwise_xor",), jnp.bitwise_xor),
+    (("gcd",), jnp.gcd),
+    (("lcm",), _lcm),
+    (("bitwise_left_shift", "__lshift__"), jnp.left_shift),
+    (("bitwise_right_shift", "__rshift__"), jnp.right_shift),
+]:
     for _name in _names:
         for _op in _tensor_binaries(_name):
             binary(_op, _fn)
 
-for _name, _fn, _kernel in [("remainder", jnp.remainder, "remainder_cpu"),
-                            ("fmod", jnp.fmod, "fmod_cpu"),
-                            ("floor_divide", _floor_divide, "div_floor_cpu")]:
+for _name, _fn, _kernel in [
+    ("remainder", jnp.remainder, "remainder_cpu"),
+    ("fmod", jnp.fmod, "fmod_cpu"),
+    ("floor_divide", _floor_divide, "div_floor_cpu"),
+]:
     for _op in _tensor_binaries(_name):
-        lower(_op, promote=Promote.DEFAULT, promote_args=("self", "other"), runs=Runs.EAGER)(_division(_fn, _kernel))
+        lower(_op, promote=Promote.DEFAULT, promote_args=("self", "other"), runs=Runs.EAGER)(
+            _division(_fn, _kernel)
+        )
+
 
 def _shift_in_place(shift):
     """``x <<= y``/``x >>= y``: the shift, written back into ``x`` in its own dtype."""
@@ -362,19 +416,34 @@ for _in_place, _shift in [(aten.__ilshift__, aten.__lshift__), (aten.__irshift__
     for _overload in ("Scalar", "Tensor"):
         runtime(getattr(_in_place, _overload))(_shift_in_place(getattr(_shift, _overload)))
 
-for _name, _fn in [("atan2", jnp.arctan2), ("hypot", jnp.hypot), ("logaddexp", jnp.logaddexp),
-                   ("logaddexp2", jnp.logaddexp2), ("copysign", jnp.copysign),
-                   ("xlogy", jax.scipy.special.xlogy), ("nextafter", jnp.nextafter)]:
+for _name, _fn in [
+    ("atan2", jnp.arctan2),
+    ("hypot", jnp.hypot),
+    ("logaddexp", jnp.logaddexp),
+    ("logaddexp2", jnp.logaddexp2),
+    ("copysign", jnp.copysign),
+    ("xlogy", jax.scipy.special.xlogy),
+    ("nextafter", jnp.nextafter),
+]:
     for _op in _tensor_binaries(_name):
         binary(_op, _fn, promote=INT_TO_FLOAT)
 
-for _name, _fn in [("eq", jnp.equal), ("ne", jnp.not_equal), ("lt", jnp.less),
-                   ("le", jnp.less_equal), ("gt", jnp.greater), ("ge", jnp.greater_equal)]:
+for _name, _fn in [
+    ("eq", jnp.equal),
+    ("ne", jnp.not_equal),
+    ("lt", jnp.less),
+    ("le", jnp.less_equal),
+    ("gt", jnp.greater),
+    ("ge", jnp.greater_equal),
+]:
     predicate(getattr(aten, _name).Tensor, _fn)
     predicate(getattr(aten, _name).Scalar, _fn)
 
-for _name, _fn in [("logical_and", jnp.logical_and), ("logical_or", jnp.logical_or),
-                   ("logical_xor", jnp.logical_xor)]:
+for _name, _fn in [
+    ("logical_and", jnp.logical_and),
+    ("logical_or", jnp.logical_or),
+    ("logical_xor", jnp.logical_xor),
+]:
     predicate(getattr(aten, _name).default, _fn)
 
 
@@ -384,8 +453,7 @@ def add(x, y, alpha=1, *, types):
     return (x + y * jnp.asarray(alpha, types.compute)).astype(types.result)
 
 
-@lower(aten._add_relu.Tensor, aten._add_relu.Scalar, promote=Promote.DEFAULT,
-       promote_args=("self", "other"))
+@lower(aten._add_relu.Tensor, aten._add_relu.Scalar, promote=Promote.DEFAULT, promote_args=("self", "other"))
 def add_relu(x, y, alpha=1, *, types):
     # CPU's fused kernel exists for float32, float64 and the integer types only
     require(x.dtype not in (jnp.bool_, jnp.float16, jnp.bfloat16, jnp.complex64))
@@ -426,12 +494,19 @@ binary(aten.div.Tensor, lambda x, y: x / y, promote=INT_TO_FLOAT)
 binary(aten.div.Scalar, lambda x, y: x / y, promote=INT_TO_FLOAT)
 
 
-_ROUNDED_DIVISIONS = {"trunc": _division(_trunc_divide, "div_trunc_cpu"),
-                      "floor": _division(_floor_divide, "div_floor_cpu")}
+_ROUNDED_DIVISIONS = {
+    "trunc": _division(_trunc_divide, "div_trunc_cpu"),
+    "floor": _division(_floor_divide, "div_floor_cpu"),
+}
 
 
-@lower(aten.div.Tensor_mode, aten.div.Scalar_mode, promote=Promote.DEFAULT,
-       promote_args=("self", "other"), runs=Runs.EAGER)
+@lower(
+    aten.div.Tensor_mode,
+    aten.div.Scalar_mode,
+    promote=Promote.DEFAULT,
+    promote_args=("self", "other"),
+    runs=Runs.EAGER,
+)
 def div_mode(x, y, rounding_mode=None, *, types):
     if rounding_mode is None:  # true division, in float32 for integers
         if not jnp.issubdtype(types.compute, jnp.inexact):
@@ -440,8 +515,9 @@ def div_mode(x, y, rounding_mode=None, *, types):
     return _ROUNDED_DIVISIONS[rounding_mode](x, y, types=types)
 
 
-@lower(aten.pow.Tensor_Scalar, promote=Promote.DEFAULT, promote_args=("self", "exponent"),
-       static=("exponent",))
+@lower(
+    aten.pow.Tensor_Scalar, promote=Promote.DEFAULT, promote_args=("self", "exponent"), static=("exponent",)
+)
 def pow_tensor_scalar(x, exponent, *, types):
     x = x.astype(types.compute)
     if isinstance(exponent, int) and not isinstance(exponent, bool):
@@ -502,8 +578,9 @@ def lerp(x, end, weight, *, types):
     x, end = x.astype(types.compute), jnp.asarray(end, types.compute)
     weight = jnp.asarray(weight, types.compute)
     # torch's formulation: exact at both ends
-    return jnp.where(jnp.abs(weight) < 0.5, x + weight * (end - x),
-                     end - (end - x) * (1 - weight)).astype(types.result)
+    return jnp.where(jnp.abs(weight) < 0.5, x + weight * (end - x), end - (end - x) * (1 - weight)).astype(
+        types.result
+    )
 
 
 @lower(aten.addcmul.default, promote=Promote.DEFAULT, promote_args=("self", "tensor1", "tensor2"))

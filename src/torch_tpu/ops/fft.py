@@ -6,6 +6,7 @@ The kernels take an ``int`` normalization: 0 leaves the transform unscaled, 1 sc
 dims' sizes; for ``c2r``, of the output's). JAX's transforms are computed unscaled (``norm``
 picks the unscaled direction) and scaled here, so both directions share one rule.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .registry import Runs, lower
 from .creation import _float_or_default
+from .registry import Runs, lower
 
 aten = torch.ops.aten
 

@@ -10,11 +10,12 @@ host, every other case records into fused graphs.
 Type and shape errors are raised as ``TypeError``; the dispatcher then replays the call on meta
 tensors, whose kernels raise PyTorch's own exception and message.
 """
+
 from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +25,8 @@ from jax import lax
 
 from ..runtime import checks
 from ..runtime.buffer import apply
-from .registry import Promote, Runs, lower
 from ._helpers import check_bounds, result_dtype, type_name
+from .registry import Promote, Runs, lower
 
 aten = torch.ops.aten
 _INDEX_DTYPES = (jnp.int64, jnp.int32)
@@ -73,16 +74,21 @@ def _at_reduce(x: jax.Array, key, values, reduce: str) -> jax.Array:
     work = x.astype(jnp.int32) if x.dtype == jnp.bool_ else x
     target = work.at[key]
     values = jnp.asarray(values).astype(work.dtype)
-    combine = {"set": target.set, "sum": target.add, "prod": target.multiply,
-               "amax": target.max, "amin": target.min}[reduce]
+    combine = {
+        "set": target.set,
+        "sum": target.add,
+        "prod": target.multiply,
+        "amax": target.max,
+        "amin": target.min,
+    }[reduce]
     return combine(values).astype(x.dtype)
 
 
 # ----------------------------------------------------------------------------- advanced indexing
-def _advanced_indices(x: jax.Array, indices) -> list[Optional[jax.Array]]:
+def _advanced_indices(x: jax.Array, indices) -> list[jax.Array | None]:
     """``Tensor?[] indices`` with boolean masks replaced by their nonzero coordinates (a host
     sync), validated and bounds-checked like PyTorch CPU."""
-    expanded: list[Optional[jax.Array]] = []
+    expanded: list[jax.Array | None] = []
     dim = 0
     for index in indices:
         if index is None:
@@ -92,13 +98,14 @@ def _advanced_indices(x: jax.Array, indices) -> list[Optional[jax.Array]]:
         if index.dtype in (jnp.bool_, jnp.uint8):
             if index.ndim == 0:
                 _reject("0-dim mask index")
-            if x.shape[dim:dim + index.ndim] != index.shape:
+            if x.shape[dim : dim + index.ndim] != index.shape:
                 for k, (mask_size, size) in enumerate(zip(index.shape, x.shape[dim:])):
                     if mask_size != size:
                         raise IndexError(
                             f"The shape of the mask {list(index.shape)} at index {k} does not "
                             f"match the shape of the indexed tensor {list(x.shape)} at index "
-                            f"{dim + k}")
+                            f"{dim + k}"
+                        )
                 raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
             expanded.extend(jnp.nonzero(checks.before_host_read(index)))  # a sync point in fused eager
             dim += index.ndim
@@ -138,9 +145,11 @@ def index(x, indices):
 @lower(aten.index_put.default, runs=Runs.EAGER)
 def index_put(x, indices, values, accumulate=False):
     if hasattr(values, "dtype") and values.dtype != x.dtype:
-        raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
-                           f"{type_name(x.dtype)} for the destination and "
-                           f"{type_name(values.dtype)} for the source.")
+        raise RuntimeError(
+            f"Index put requires the source and destination dtypes match, got "
+            f"{type_name(x.dtype)} for the destination and "
+            f"{type_name(values.dtype)} for the source."
+        )
     return apply(_put_advanced, x, tuple(_advanced_indices(x, indices)), values, accumulate)
 
 
@@ -152,8 +161,9 @@ def index_put_impl(x, indices, values, accumulate=False, unsafe=False):
 # ----------------------------------------------------------------------------- gather / scatter
 def _along(index: jax.Array, dim: int) -> tuple:
     """Coordinates selecting ``index``'s entries along ``dim`` and their own position elsewhere."""
-    return tuple(index if d == dim else lax.broadcasted_iota(jnp.int32, index.shape, d)
-                 for d in range(index.ndim))
+    return tuple(
+        index if d == dim else lax.broadcasted_iota(jnp.int32, index.shape, d) for d in range(index.ndim)
+    )
 
 
 def _check_along(x: jax.Array, dim: int, index: jax.Array, op: str) -> None:
@@ -161,9 +171,12 @@ def _check_along(x: jax.Array, dim: int, index: jax.Array, op: str) -> None:
     if index.size and index.ndim and x.ndim and index.ndim != x.ndim:
         _reject(f"{op}: index rank")
     size = _as_1d(x).shape[_wrap_dim(dim, x.ndim)]
-    check_bounds([(index, size, False)],
-                  lambda _, value, size: RuntimeError(
-                      f"index {value} is out of bounds for dimension {dim} with size {size}"))
+    check_bounds(
+        [(index, size, False)],
+        lambda _, value, size: RuntimeError(
+            f"index {value} is out of bounds for dimension {dim} with size {size}"
+        ),
+    )
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
@@ -203,15 +216,15 @@ def _scatter_lowering(reduce_arg: bool):
         _check_along(x, dim, index, "scatter")
         if not index.size:
             return x
-        return apply(_scatter, x, _wrap_dim(dim, x.ndim), index, src,
-                            _LEGACY_REDUCE[reduce] if reduce_arg else "set")
+        return apply(
+            _scatter, x, _wrap_dim(dim, x.ndim), index, src, _LEGACY_REDUCE[reduce] if reduce_arg else "set"
+        )
+
     return scatter
 
 
-lower(aten.scatter.src, aten.scatter.value, runs=Runs.EAGER)(
-    _scatter_lowering(reduce_arg=False))
-lower(aten.scatter.reduce, aten.scatter.value_reduce, runs=Runs.EAGER)(
-    _scatter_lowering(reduce_arg=True))
+lower(aten.scatter.src, aten.scatter.value, runs=Runs.EAGER)(_scatter_lowering(reduce_arg=False))
+lower(aten.scatter.reduce, aten.scatter.value_reduce, runs=Runs.EAGER)(_scatter_lowering(reduce_arg=True))
 
 
 @lower(aten.scatter_add.default, runs=Runs.EAGER)
@@ -263,14 +276,16 @@ def _dim_key(dim: int, index) -> tuple:
 
 
 def _selected_shape(shape, dim, index) -> tuple:
-    return shape[:dim] + (index.size,) + shape[dim + 1:]
+    return shape[:dim] + (index.size,) + shape[dim + 1 :]
 
 
-def _index_dim_check(op: str, error, negative_ok: bool = False, same_dtype: bool = False,
-                     scalar_value: bool = False) -> Callable:
+def _index_dim_check(
+    op: str, error, negative_ok: bool = False, same_dtype: bool = False, scalar_value: bool = False
+) -> Callable:
     """The ``check=`` of an ``index_*`` op: ``index`` a vector of indices (within bounds) into
     ``x``'s dimension ``dim``; the source (``index_add``...) of ``x``'s dtype; a 0-dim value
     (``index_fill``). ``error(position, value, size)`` is the op's out-of-bounds error."""
+
     def check(x, dim, index, source=None, *_):
         if same_dtype:
             _require_same_dtype(x, source, op)
@@ -279,14 +294,18 @@ def _index_dim_check(op: str, error, negative_ok: bool = False, same_dtype: bool
         _require_index_dtype(index, op)
         if index.ndim > 1:
             _reject(f"{op}: index must be a vector")
-        check_bounds([(index, _as_1d(x).shape[_wrap_dim(dim, x.ndim)], negative_ok)],
-                     lambda position, value, size: error(dim, value, size))
+        check_bounds(
+            [(index, _as_1d(x).shape[_wrap_dim(dim, x.ndim)], negative_ok)],
+            lambda position, value, size: error(dim, value, size),
+        )
+
     return check
 
 
 def _out_of_bounds_for_dim(prefix: str = "") -> Callable:
     return lambda dim, value, size: IndexError(
-        f"{prefix}index {value} is out of bounds for dimension {dim} with size {size}")
+        f"{prefix}index {value} is out of bounds for dimension {dim} with size {size}"
+    )
 
 
 @lower(aten.index_select.default, check=_index_dim_check("index_select", _out_of_range_in_self))
@@ -303,20 +322,24 @@ def _index_update(x, dim, index, source, reduce):
     return _at_reduce(flat, _dim_key(dim, index), source, reduce).reshape(x.shape)
 
 
-@lower(aten.index_add.default,
-       check=_index_dim_check("index_add", _out_of_range_in_self, same_dtype=True))
+@lower(aten.index_add.default, check=_index_dim_check("index_add", _out_of_range_in_self, same_dtype=True))
 def index_add(x, dim, index, source, alpha=1):
     return _index_update(x, dim, index, source * jnp.asarray(alpha, x.dtype), "sum")
 
 
-@lower(aten.index_copy.default, check=_index_dim_check(
-    "index_copy", _out_of_bounds_for_dim("index_copy_(): "), same_dtype=True))
+@lower(
+    aten.index_copy.default,
+    check=_index_dim_check("index_copy", _out_of_bounds_for_dim("index_copy_(): "), same_dtype=True),
+)
 def index_copy(x, dim, index, source):
     return _index_update(x, dim, index, source, "set")
 
 
-@lower(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, check=_index_dim_check(
-    "index_fill", _out_of_bounds_for_dim(), negative_ok=True, scalar_value=True))
+@lower(
+    aten.index_fill.int_Scalar,
+    aten.index_fill.int_Tensor,
+    check=_index_dim_check("index_fill", _out_of_bounds_for_dim(), negative_ok=True, scalar_value=True),
+)
 def index_fill(x, dim, index, value):
     return _index_update(x, dim, index, value, "set")
 
@@ -326,8 +349,13 @@ def _flat_index_check(op: str, same_dtype: bool = False) -> Callable:
         if same_dtype:
             _require_same_dtype(x, source, op)
         _require_index_dtype(index, op)
-        check_bounds([(index, x.size, True)], lambda _, value, size: IndexError(
-            f"out of range: tried to access index {value} on a tensor of {size} elements."))
+        check_bounds(
+            [(index, x.size, True)],
+            lambda _, value, size: IndexError(
+                f"out of range: tried to access index {value} on a tensor of {size} elements."
+            ),
+        )
+
     return check
 
 
@@ -338,12 +366,12 @@ def take(x, index):
 
 @lower(aten.put.default, check=_flat_index_check("put", same_dtype=True))
 def put(x, index, source, accumulate=False):
-    return _put_advanced(x.reshape(-1), (index.reshape(-1),), source.reshape(-1),
-                         accumulate).reshape(x.shape)
+    return _put_advanced(x.reshape(-1), (index.reshape(-1),), source.reshape(-1), accumulate).reshape(x.shape)
 
 
-@lower(aten.index_reduce.default, check=_index_dim_check(
-    "index_reduce", _out_of_range_in_self, same_dtype=True))
+@lower(
+    aten.index_reduce.default, check=_index_dim_check("index_reduce", _out_of_range_in_self, same_dtype=True)
+)
 def index_reduce(x, dim, index, source, reduce, include_self=True):
     """``scatter_reduce`` with ``index`` spread over ``source``'s other dimensions."""
     dim = _wrap_dim(dim, x.ndim)
@@ -417,7 +445,8 @@ def _searchsorted(boundaries, values, out_int32, right, side=None, sorter=None):
     else:
         rows = boundaries.reshape(-1, boundaries.shape[-1])
         found = jax.vmap(lambda row, v: jnp.searchsorted(row, v, side=side))(
-            rows, values.reshape(rows.shape[0], -1)).reshape(values.shape)
+            rows, values.reshape(rows.shape[0], -1)
+        ).reshape(values.shape)
     return found.astype(jnp.int32 if out_int32 else jnp.int64)
 
 
@@ -439,9 +468,11 @@ _NOTHING = jnp.zeros((0,), jnp.int64)  # PyTorch returns empty tensors for outpu
 
 
 def _unique_outputs(values, inverse, counts, return_inverse, return_counts):
-    return (values,
-            inverse.astype(jnp.int64) if return_inverse else _NOTHING,
-            counts.astype(jnp.int64) if return_counts else _NOTHING)
+    return (
+        values,
+        inverse.astype(jnp.int64) if return_inverse else _NOTHING,
+        counts.astype(jnp.int64) if return_counts else _NOTHING,
+    )
 
 
 @lower(aten._unique2.default, runs=Runs.HOST)
@@ -464,8 +495,7 @@ def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
 def _unique_consecutive(x, return_inverse, return_counts, dim):
     if dim is None:
         values, inverse, counts = _unique_consecutive(x.reshape(-1), True, True, 0)
-        return _unique_outputs(values, inverse.reshape(x.shape), counts,
-                               return_inverse, return_counts)
+        return _unique_outputs(values, inverse.reshape(x.shape), counts, return_inverse, return_counts)
     moved = jnp.moveaxis(x, dim, 0)
     if moved.shape[0] == 0:
         return _unique_outputs(x, _NOTHING, _NOTHING, return_inverse, return_counts)
@@ -475,8 +505,7 @@ def _unique_consecutive(x, return_inverse, return_counts, dim):
     first = np.flatnonzero(np.asarray(starts))
     counts = np.diff(np.append(first, moved.shape[0]))
     values = jnp.moveaxis(moved[first], 0, dim)
-    return _unique_outputs(values, jnp.cumsum(starts) - 1, jnp.asarray(counts),
-                           return_inverse, return_counts)
+    return _unique_outputs(values, jnp.cumsum(starts) - 1, jnp.asarray(counts), return_inverse, return_counts)
 
 
 lower(aten.unique_consecutive.default, runs=Runs.HOST)(_unique_consecutive)
@@ -516,6 +545,7 @@ def histc(x, bins=100, min=0, max=0, *, types):
     inside = (x >= low) & (x <= high)
     position = ((x - low) * bins / (high - low)).astype(jnp.int64)
     position = jnp.clip(position, 0, bins - 1)
-    counts = jnp.zeros((bins,), x.dtype).at[jnp.where(inside, position, bins)].add(
-        jnp.ones_like(x), mode="drop")
+    counts = (
+        jnp.zeros((bins,), x.dtype).at[jnp.where(inside, position, bins)].add(jnp.ones_like(x), mode="drop")
+    )
     return counts.astype(types.result)

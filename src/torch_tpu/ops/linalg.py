@@ -4,6 +4,7 @@ Products run at ``Precision.HIGHEST`` so float32 is true float32 on every backen
 otherwise use bfloat16 passes), and float16/bfloat16 accumulate in float32 like torch CPU.
 Integer products are exact; bool products are not implemented, as on CPU.
 """
+
 from __future__ import annotations
 
 import functools
@@ -19,9 +20,9 @@ from jax._src.lax.linalg import geqrf as _lapack_geqrf  # not re-exported by jax
 from ..runtime import tensor
 from ..runtime.buffer import apply
 from ..runtime.dtypes import to_jax, to_torch
-from .registry import Promote, Runs, lower, runtime
 from ._helpers import accumulator, type_name
 from .reduction import linalg_vector_norm
+from .registry import Promote, Runs, lower, runtime
 
 aten = torch.ops.aten
 HIGHEST = lax.Precision.HIGHEST
@@ -40,8 +41,10 @@ def _check_dtypes(name: str, *arrays) -> None:
     first = arrays[0].dtype
     for x in arrays[1:]:
         if x.dtype != first:
-            raise RuntimeError(f"{name}: expected all operands to have the same dtype, but got: "
-                               f"{to_torch(first)} != {to_torch(x.dtype)}")
+            raise RuntimeError(
+                f"{name}: expected all operands to have the same dtype, but got: "
+                f"{to_torch(first)} != {to_torch(x.dtype)}"
+            )
     if first == jnp.bool_:
         raise NotImplementedError(f"\"{name}\" not implemented for '{type_name(first)}'")
 
@@ -73,49 +76,59 @@ def _sizes(shape) -> str:
 
 def _check_mm(a, b, bias=None) -> None:
     if a.shape[1] != b.shape[0]:
-        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({_sizes(a.shape)} and "
-                           f"{_sizes(b.shape)})")
+        raise RuntimeError(
+            f"mat1 and mat2 shapes cannot be multiplied ({_sizes(a.shape)} and {_sizes(b.shape)})"
+        )
 
 
 def _check_bmm(a, b, bias=None) -> None:
     expected = [a.shape[0], a.shape[2]]
     if list(b.shape[:2]) != expected:
-        raise RuntimeError(f"Expected size for first two dimensions of batch2 tensor to be: "
-                           f"{expected} but got: {list(b.shape[:2])}.")
+        raise RuntimeError(
+            f"Expected size for first two dimensions of batch2 tensor to be: "
+            f"{expected} but got: {list(b.shape[:2])}."
+        )
 
 
 def _check_addbmm(a, b, bias=None) -> None:
     if a.shape[0] != b.shape[0]:
-        raise RuntimeError(f"batch1 and batch2 must have same number of batches, got "
-                           f"{a.shape[0]} and {b.shape[0]}")
+        raise RuntimeError(
+            f"batch1 and batch2 must have same number of batches, got {a.shape[0]} and {b.shape[0]}"
+        )
     if a.shape[2] != b.shape[1]:
-        raise RuntimeError(f"Incompatible matrix sizes for bmm ({_sizes(a.shape[1:])} and "
-                           f"{_sizes(b.shape[1:])})")
+        raise RuntimeError(
+            f"Incompatible matrix sizes for bmm ({_sizes(a.shape[1:])} and {_sizes(b.shape[1:])})"
+        )
 
 
 def _check_mv(a, b, bias=None) -> None:
     """``bias`` (addmv's input) has the output's length, or 1 (it broadcasts)."""
     length = a.shape[0] if bias is None or bias.ndim != 1 else bias.shape[0]
     if a.shape[1] != b.shape[0] or length not in (1, a.shape[0]):
-        raise RuntimeError(f"size mismatch, got input ({length}), mat ({_sizes(a.shape)}), "
-                           f"vec ({b.shape[0]})")
+        raise RuntimeError(
+            f"size mismatch, got input ({length}), mat ({_sizes(a.shape)}), vec ({b.shape[0]})"
+        )
 
 
 def _matmul_op(name: str, spec: str, ranks: tuple[int, int], check_sizes):
     """``op(a, b) = einsum(spec, a, b)``."""
+
     def product(a, b):
         _check_operands(name, ranks, a, b)
         check_sizes(a, b)
         return _product(spec, a, b).astype(a.dtype)
+
     return product
 
 
 def _scaled_matmul_op(name: str, spec: str, ranks: tuple[int, int], check_sizes):
     """``op(bias, a, b, beta, alpha) = beta * bias + alpha * einsum(spec, a, b)``."""
+
     def scaled(bias, a, b, beta=1, alpha=1):
         _check_operands(name, ranks, a, b, bias)
         check_sizes(a, b, bias)
         return _scaled_sum(bias, _product(spec, a, b), beta, alpha, a.dtype)
+
     return scaled
 
 
@@ -123,11 +136,9 @@ mm = lower(aten.mm.default)(_matmul_op("mm", "nk,km->nm", (2, 2), _check_mm))
 bmm = lower(aten.bmm.default)(_matmul_op("bmm", "bnk,bkm->bnm", (3, 3), _check_bmm))
 mv = lower(aten.mv.default)(_matmul_op("mv", "nk,k->n", (2, 1), _check_mv))
 addmm = lower(aten.addmm.default)(_scaled_matmul_op("addmm", "nk,km->nm", (2, 2), _check_mm))
-baddbmm = lower(aten.baddbmm.default)(
-    _scaled_matmul_op("baddbmm", "bnk,bkm->bnm", (3, 3), _check_bmm))
+baddbmm = lower(aten.baddbmm.default)(_scaled_matmul_op("baddbmm", "bnk,bkm->bnm", (3, 3), _check_bmm))
 addmv = lower(aten.addmv.default)(_scaled_matmul_op("addmv", "nk,k->n", (2, 1), _check_mv))
-addbmm = lower(aten.addbmm.default)(
-    _scaled_matmul_op("addbmm", "bnk,bkm->nm", (3, 3), _check_addbmm))
+addbmm = lower(aten.addbmm.default)(_scaled_matmul_op("addbmm", "bnk,bkm->nm", (3, 3), _check_addbmm))
 
 
 @runtime(aten.addbmm_.default)
@@ -143,9 +154,11 @@ def dot(a, b):
     _check_ranks("dot", (a, 1), (b, 1))
     _check_dtypes("dot", a, b)
     if a.shape != b.shape:
-        raise RuntimeError(f"inconsistent tensor size, expected tensor [{a.shape[0]}] and src "
-                           f"[{b.shape[0]}] to have the same number of elements, but got "
-                           f"{a.shape[0]} and {b.shape[0]} elements respectively")
+        raise RuntimeError(
+            f"inconsistent tensor size, expected tensor [{a.shape[0]}] and src "
+            f"[{b.shape[0]}] to have the same number of elements, but got "
+            f"{a.shape[0]} and {b.shape[0]} elements respectively"
+        )
     return _product("k,k->", a, b).astype(a.dtype)
 
 
@@ -160,7 +173,7 @@ def addr(bias, a, b, beta=1, alpha=1):
     if a.dtype == jnp.bool_:  # torch's boolean addr: (bias and beta) or (a outer b and alpha)
         outer = jnp.logical_and(a[:, None], b[None, :]) & (alpha != 0)
         return jnp.broadcast_to((bias & (beta != 0)) | outer, outer.shape)
-    outer = (a[:, None].astype(accumulator(a.dtype)) * b[None, :])
+    outer = a[:, None].astype(accumulator(a.dtype)) * b[None, :]
     return _scaled_sum(bias, outer, beta, alpha, a.dtype)
 
 
@@ -185,15 +198,17 @@ def _check_grouped(a, b, offs, bias, out_dtype) -> None:
     """CPU's ``_grouped_mm_validate_inputs`` (memory-alignment checks aside: tpu has none)."""
     for name, x in (("mat_a", a), ("mat_b", b)):
         if x.dtype not in _GROUPED_DTYPES:
-            raise RuntimeError(f"Expected {name} to be Float32, BFloat16 or Float16 matrix, "
-                               f"got {to_torch(x.dtype)}")
+            raise RuntimeError(
+                f"Expected {name} to be Float32, BFloat16 or Float16 matrix, got {to_torch(x.dtype)}"
+            )
         if x.ndim not in (2, 3):
             raise RuntimeError(f"{name} has to be 2 or 3d")
     if (a.ndim == 3 or b.ndim == 3) and a.shape[-1] != b.shape[-2]:
         raise RuntimeError("contraction dimension of mat_a and mat_b must match")
     if (offs is not None) != (a.ndim == 2 or b.ndim == 2):
-        raise RuntimeError("Have to provide offsets if there is a 2d matrix, or no offset if both "
-                           "matrices are 3d")
+        raise RuntimeError(
+            "Have to provide offsets if there is a 2d matrix, or no offset if both matrices are 3d"
+        )
     if offs is not None and offs.ndim != 1:
         raise RuntimeError("offs has to be 1D")
     if offs is not None and offs.dtype != jnp.int32:
@@ -231,8 +246,14 @@ def _grouped_product(a, b, offs):
         in_group = before_end & ~jnp.concatenate([jnp.zeros_like(before_end[:1]), before_end[:-1]])
         return jnp.where(in_group[:, None, :], _product("gmk,kn->gmn", a, b), 0).sum(0)
     # (m, k) x (k, n) -> (g, m, n): groups along the contraction (the weight gradient)
-    return _ragged(a, b, offs, lax.RaggedDotDimensionNumbers(
-        dot_dimension_numbers=_CONTRACT_2D, lhs_ragged_dimensions=[1], rhs_group_dimensions=[]))
+    return _ragged(
+        a,
+        b,
+        offs,
+        lax.RaggedDotDimensionNumbers(
+            dot_dimension_numbers=_CONTRACT_2D, lhs_ragged_dimensions=[1], rhs_group_dimensions=[]
+        ),
+    )
 
 
 @lower(aten._grouped_mm.default)
@@ -241,9 +262,13 @@ def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     return _grouped_product(a, b, offs).astype(a.dtype)
 
 
-def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None = None,
-                      bias: torch.Tensor | None = None,
-                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def _grouped_mm_shape(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """``_grouped_mm``'s shape function for fake tensors (torch.compile). PyTorch's meta kernel
     only accepts bfloat16 (its CUDA kernel's limit), which would keep float32 MoE models on tpu
     from tracing, so tpu tensors get the result's shape here (the lowering checks the arguments
@@ -251,8 +276,10 @@ def _grouped_mm_shape(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | Non
     ``register_fake`` also takes over the op's meta kernel; registering again replaces it."""
     if a.device.type != "tpu":
         return _torch_grouped_mm_meta(a, b, offs=offs, bias=bias, out_dtype=out_dtype)
-    torch._check((offs is not None) == (a.dim() == 2 or b.dim() == 2), lambda: (
-        "Have to provide offsets if there is a 2d matrix, or no offset if both matrices are 3d"))
+    torch._check(
+        (offs is not None) == (a.dim() == 2 or b.dim() == 2),
+        lambda: "Have to provide offsets if there is a 2d matrix, or no offset if both matrices are 3d",
+    )
     if a.dim() == b.dim() == 3:
         shape = (a.shape[0], a.shape[1], b.shape[2])
     elif a.dim() == b.dim() == 2:
@@ -296,9 +323,13 @@ def _cholesky(a):
 @lower(aten.linalg_cholesky_ex.default, runs=Runs.HOST)
 def linalg_cholesky_ex(a, upper=False, check_errors=False):
     factor, info = _cholesky(a)
-    _raise_if_failed(check_errors, info, "linalg.cholesky: The factorization could not be "
-                     "completed because the input is not positive-definite (the leading minor "
-                     "of order {} is not positive-definite).")
+    _raise_if_failed(
+        check_errors,
+        info,
+        "linalg.cholesky: The factorization could not be "
+        "completed because the input is not positive-definite (the leading minor "
+        "of order {} is not positive-definite).",
+    )
     return (_mT(factor) if upper else factor), info
 
 
@@ -315,8 +346,9 @@ def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
     if not pivot:
         raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
     lu, pivots, info = _lu(a)
-    _raise_if_failed(check_errors, info, "linalg.lu_factor: U[{0},{0}] is zero and therefore "
-                     "the matrix is singular.")
+    _raise_if_failed(
+        check_errors, info, "linalg.lu_factor: U[{0},{0}] is zero and therefore the matrix is singular."
+    )
     return lu, pivots, info
 
 
@@ -324,14 +356,17 @@ def _factored_transpose(op):
     """A kernel for ``op(A) -> (..., LU, pivots)``. torch factors A^T when A is contiguous and
     real (a copy-free LAPACK layout), and its backward formulas read LU that way, so the
     kernel must know A's strides: it is a runtime entry around a pure, jitted ``fn(A, A_T)``."""
+
     def register(fn):
         jitted = jax.jit(fn, static_argnums=1)
 
         def kernel(a):
             factor_transpose = a.is_contiguous() and not a.is_complex()
             return tuple(tensor.wrap(o) for o in apply(jitted, tensor.read(a), factor_transpose))
+
         runtime(op)(kernel)
         return fn
+
     return register
 
 
@@ -377,8 +412,12 @@ lower(aten.linalg_lu_solve.default)(_lu_solve)
 @lower(aten.linalg_inv_ex.default, runs=Runs.HOST)
 def linalg_inv_ex(a, check_errors=False):
     lu, pivots, info = _lu(a)
-    _raise_if_failed(check_errors, info, "linalg.inv: The diagonal element {} is zero, the "
-                     "inversion could not be completed because the input matrix is singular.")
+    _raise_if_failed(
+        check_errors,
+        info,
+        "linalg.inv: The diagonal element {} is zero, the "
+        "inversion could not be completed because the input matrix is singular.",
+    )
     identity = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
     return _jit_lu_solve(lu, pivots, identity), info
 
@@ -387,8 +426,9 @@ def linalg_inv_ex(a, check_errors=False):
 def linalg_solve_ex(a, b, left=True, check_errors=False):
     """torch.linalg.solve: ``b`` is a (batch of) vector(s) when it has one dim less than ``a``."""
     lu, pivots, info = _lu(a)
-    _raise_if_failed(check_errors, info, "torch.linalg.solve: The solver failed because the "
-                     "input matrix is singular.")
+    _raise_if_failed(
+        check_errors, info, "torch.linalg.solve: The solver failed because the input matrix is singular."
+    )
     vector = left and (b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1]))
     solution = _jit_lu_solve(lu, pivots, b[..., None] if vector else b, left, False)
     return (solution[..., 0] if vector else solution), lu, pivots, info
@@ -398,8 +438,9 @@ def _triangular_solve(a, b, upper, left, unitriangular, transpose=False):
     batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a = jnp.broadcast_to(a, batch + a.shape[-2:])
     b = jnp.broadcast_to(b, batch + b.shape[-2:])
-    return lax.linalg.triangular_solve(a, b, left_side=left, lower=not upper,
-                                       transpose_a=transpose, unit_diagonal=unitriangular), a
+    return lax.linalg.triangular_solve(
+        a, b, left_side=left, lower=not upper, transpose_a=transpose, unit_diagonal=unitriangular
+    ), a
 
 
 @lower(aten.linalg_solve_triangular.default)
@@ -439,9 +480,13 @@ def linalg_eigh(a, UPLO="L", compute_v=True):
 def cholesky(a, upper=False):
     """The deprecated ``torch.cholesky``: always checks, with torch's message for it."""
     factor, info = _cholesky(a)
-    _raise_if_failed(True, info, "cholesky: The factorization could not be completed because "
-                     "the input is not positive-definite (the leading minor of order {} is not "
-                     "positive-definite).")
+    _raise_if_failed(
+        True,
+        info,
+        "cholesky: The factorization could not be completed because "
+        "the input is not positive-definite (the leading minor of order {} is not "
+        "positive-definite).",
+    )
     return _mT(factor) if upper else factor
 
 
@@ -449,8 +494,9 @@ def _cholesky_factor_solve(factor, b, upper):
     """Solve ``A X = B`` for ``A = L L^H`` (``U^H U`` when ``upper``) given the factor."""
     lower_factor = _mT(factor) if upper else factor
     half = lax.linalg.triangular_solve(lower_factor, b, left_side=True, lower=True)
-    return lax.linalg.triangular_solve(lower_factor, half, left_side=True, lower=True,
-                                       transpose_a=True, conjugate_a=True)
+    return lax.linalg.triangular_solve(
+        lower_factor, half, left_side=True, lower=True, transpose_a=True, conjugate_a=True
+    )
 
 
 @lower(aten._cholesky_solve_helper.default)
@@ -544,7 +590,7 @@ def block_diag(tensors):
     result = jnp.zeros((rows, cols), dtype)
     row = col = 0
     for b in blocks:
-        result = result.at[row:row + b.shape[0], col:col + b.shape[1]].set(b.astype(result.dtype))
+        result = result.at[row : row + b.shape[0], col : col + b.shape[1]].set(b.astype(result.dtype))
         row, col = row + b.shape[0], col + b.shape[1]
     return result
 
@@ -579,8 +625,7 @@ def ormqr(a, tau, other, left=True, transpose=False):
     full_tau = jnp.pad(tau, padding[:-1] + [(0, rows - tau.shape[-1])])
     q = lax.linalg.householder_product(full_vectors, full_tau)
     q = _mT(q) if transpose else q
-    return _product("...ij,...jk->...ik", q, other) if left else \
-        _product("...ij,...jk->...ik", other, q)
+    return _product("...ij,...jk->...ik", q, other) if left else _product("...ij,...jk->...ik", other, q)
 
 
 # ----------------------------------------------------------------------------- least squares
@@ -648,7 +693,7 @@ def _p_norm(differences, p: float, axis: int = -1):
         return jnp.sum(magnitude, axis)
     if p == 2:
         return jnp.sqrt(jnp.sum(magnitude * magnitude, axis))
-    return jnp.sum(magnitude ** p, axis) ** (1 / p)
+    return jnp.sum(magnitude**p, axis) ** (1 / p)
 
 
 def _p_norm_gradient(differences, distance, p: float):
@@ -730,8 +775,7 @@ def renorm(x, p, dim, maxnorm):
         raise RuntimeError(f"renorm: expected maxnorm to be >= 0 but got {maxnorm}")
     dim = dim % x.ndim
     wide = accumulator(x.dtype)
-    norm = linalg_vector_norm(x.astype(wide), p, tuple(d for d in range(x.ndim) if d != dim),
-                              True, None)
+    norm = linalg_vector_norm(x.astype(wide), p, tuple(d for d in range(x.ndim) if d != dim), True, None)
     maxnorm = jnp.asarray(maxnorm, norm.dtype)
     factor = jnp.where(norm > maxnorm, maxnorm / (norm + 1e-7), 1).astype(x.dtype)
     return x * factor
@@ -798,8 +842,9 @@ def _ldl_step(hermitian: bool):
         # largest off-diagonal size in row/column imax of the trailing matrix
         row = a[imax, :]
         rowmax = jnp.max(jnp.where((index >= k) & (index != imax), _pivot_size(row), 0))
-        keep = (absakk >= _BUNCH_KAUFMAN_ALPHA * colmax) | \
-            (absakk * rowmax >= _BUNCH_KAUFMAN_ALPHA * colmax * colmax)
+        keep = (absakk >= _BUNCH_KAUFMAN_ALPHA * colmax) | (
+            absakk * rowmax >= _BUNCH_KAUFMAN_ALPHA * colmax * colmax
+        )
         take_imax = _diagonal_size(a[imax, imax], hermitian) >= _BUNCH_KAUFMAN_ALPHA * rowmax
         two = ~singular & ~keep & ~take_imax
         kp = jnp.where(singular | keep, k, imax)
@@ -818,6 +863,7 @@ def _ldl_step(hermitian: bool):
         pivots = jnp.where(two, pivots.at[k + 1].set(code), pivots)
         info = jnp.where(singular & (info == 0), k + 1, info).astype(jnp.int32)
         return a, pivots, k + 1 + two.astype(k.dtype), info
+
     return step
 
 
@@ -867,10 +913,10 @@ def _ldl_factor(a, hermitian: bool):
         return a, jnp.zeros(batch + (0,), jnp.int32), jnp.zeros(batch, jnp.int32)
 
     def factor(matrix):
-        state = (_full_from_lower(matrix, hermitian), jnp.zeros(n, jnp.int32), jnp.int32(0),
-                 jnp.int32(0))
+        state = (_full_from_lower(matrix, hermitian), jnp.zeros(n, jnp.int32), jnp.int32(0), jnp.int32(0))
         packed, pivots, _, info = lax.while_loop(lambda s: s[2] < n, _ldl_step(hermitian), state)
         return jnp.tril(packed), pivots, info
+
     flat = a.reshape((math.prod(batch), n, n))
     packed, pivots, info = jax.vmap(factor)(flat)
     return packed.reshape(a.shape), pivots.reshape(batch + (n,)), info.reshape(batch)
@@ -880,8 +926,9 @@ def _ldl_factor(a, hermitian: bool):
 def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
     packed, pivots, info = _ldl_factor(a, hermitian and jnp.iscomplexobj(a))
     if check_errors:
-        aten._linalg_check_errors.default(torch.from_numpy(jax.device_get(info).copy()),
-                                          "torch.linalg.ldl_factor_ex", is_matrix=a.ndim == 2)
+        aten._linalg_check_errors.default(
+            torch.from_numpy(jax.device_get(info).copy()), "torch.linalg.ldl_factor_ex", is_matrix=a.ndim == 2
+        )
     return packed, pivots, info
 
 
@@ -897,8 +944,7 @@ def _ldl_solve_one(packed, pivots, b, hermitian: bool):
         kk = k + two.astype(k.dtype)
         b = _swap(b, kk, jnp.abs(pivots[k]) - 1, 0)
         rest = (index > kk)[:, None]
-        b = b - jnp.where(rest, packed[:, k, None] * b[k] + jnp.where(two, packed[:, kk, None]
-                                                                       * b[kk], 0), 0)
+        b = b - jnp.where(rest, packed[:, k, None] * b[k] + jnp.where(two, packed[:, kk, None] * b[kk], 0), 0)
         # 1x1: b_k /= d; 2x2: solve [[d_kk, conj(e)], [e, d_k1k1]] against rows k, k+1
         e = packed[kk, k]
         first = packed[k, k] / conj(e)

@@ -1,6 +1,7 @@
 """Loss lowerings; backward ops are ``jax.vjp`` of the forward where PyTorch's formula is the
 exact derivative, and written out where PyTorch clamps or divides differently.
 """
+
 from __future__ import annotations
 
 import jax
@@ -9,9 +10,9 @@ import torch
 from jax import lax
 
 from ..runtime.buffer import apply
-from .registry import lower, runtime
 from ._helpers import check_bounds
 from ._nn_helpers import REDUCTIONS, compute_dtype, vjp
+from .registry import lower, runtime
 
 aten = torch.ops.aten
 
@@ -60,29 +61,30 @@ def _ignored_as_zero(target, ignore_index):
 
 def _check_targets(x, target, weight, reduction, ignore_index, *_):
     classes = x.shape[0 if x.ndim == 1 else 1]
-    check_bounds([(apply(_ignored_as_zero, target, ignore_index), classes, False)],
-                 lambda _, value, size: IndexError(f"Target {value} is out of bounds."))
+    check_bounds(
+        [(apply(_ignored_as_zero, target, ignore_index), classes, False)],
+        lambda _, value, size: IndexError(f"Target {value} is out of bounds."),
+    )
 
 
-lower(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default,
-      check=_check_targets)(_nll_loss)
+lower(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default, check=_check_targets)(_nll_loss)
 lower(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)(_nll_loss_backward)
 
 
 def _loss_entries(forward, backward, loss):
     """A pointwise loss ``loss(x, target, *args)`` reduced by ``reduction``; the backward is its
     vjp with respect to ``self``."""
+
     @lower(forward)
     def loss_forward(x, target, reduction=1, *args):
         compute = compute_dtype(x.dtype)
-        return _reduce(loss(x.astype(compute), target.astype(compute), *args),
-                       reduction).astype(x.dtype)
+        return _reduce(loss(x.astype(compute), target.astype(compute), *args), reduction).astype(x.dtype)
 
     if backward is not None:
+
         @lower(backward)
         def loss_backward(grad, x, target, reduction, *args):
-            return vjp(lambda x: loss_forward(x, target, reduction, *args), (x,), grad,
-                       (True,))[0]
+            return vjp(lambda x: loss_forward(x, target, reduction, *args), (x,), grad, (True,))[0]
 
 
 def _smooth_l1(x, target, beta):
@@ -94,12 +96,10 @@ def _smooth_l1(x, target, beta):
 
 def _huber(x, target, delta):
     diff = x - target
-    return jnp.where(jnp.abs(diff) < delta, 0.5 * diff * diff,
-                     delta * (jnp.abs(diff) - 0.5 * delta))
+    return jnp.where(jnp.abs(diff) < delta, 0.5 * diff * diff, delta * (jnp.abs(diff) - 0.5 * delta))
 
 
-_loss_entries(aten.mse_loss.default, aten.mse_loss_backward.default,
-              lambda x, target: jnp.square(x - target))
+_loss_entries(aten.mse_loss.default, aten.mse_loss_backward.default, lambda x, target: jnp.square(x - target))
 _loss_entries(aten.smooth_l1_loss.default, aten.smooth_l1_loss_backward.default, _smooth_l1)
 _loss_entries(aten.huber_loss.default, aten.huber_loss_backward.default, _huber)
 
@@ -110,8 +110,7 @@ _LOG_FLOOR, _BCE_EPSILON = -100.0, 1e-12  # PyTorch's clamps for log(0) and the 
 def binary_cross_entropy(x, target, weight=None, reduction=1):
     compute = compute_dtype(x.dtype)
     xc, t = x.astype(compute), target.astype(compute)
-    loss = -(t * jnp.maximum(jnp.log(xc), _LOG_FLOOR)
-             + (1 - t) * jnp.maximum(jnp.log1p(-xc), _LOG_FLOOR))
+    loss = -(t * jnp.maximum(jnp.log(xc), _LOG_FLOOR) + (1 - t) * jnp.maximum(jnp.log1p(-xc), _LOG_FLOOR))
     if weight is not None:
         loss = loss * weight.astype(compute)
     return _reduce(loss, reduction).astype(x.dtype)
@@ -143,8 +142,11 @@ def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, re
     return _reduce(loss, reduction).astype(x.dtype)
 
 
-_loss_entries(aten.soft_margin_loss.default, aten.soft_margin_loss_backward.default,
-              lambda x, target: jnp.log1p(jnp.exp(-target * x)))
+_loss_entries(
+    aten.soft_margin_loss.default,
+    aten.soft_margin_loss_backward.default,
+    lambda x, target: jnp.log1p(jnp.exp(-target * x)),
+)
 
 
 def _hinge(z, p):
@@ -171,8 +173,7 @@ def _multi_margin(x, target, p, margin, weight, reduction):
 
 def _check_class_targets(x, target, *_):
     classes = x.shape[-1] if x.ndim else 1  # a 0-d input is one score
-    check_bounds([(target, classes, False)],
-                 lambda *_: RuntimeError("target out of range"))
+    check_bounds([(target, classes, False)], lambda *_: RuntimeError("target out of range"))
 
 
 lower(aten.multi_margin_loss.default, static=("p",), check=_check_class_targets)(_multi_margin)
@@ -180,8 +181,9 @@ lower(aten.multi_margin_loss.default, static=("p",), check=_check_class_targets)
 
 @lower(aten.multi_margin_loss_backward.default, static=("p",))
 def multi_margin_loss_backward(grad, x, target, p, margin, weight=None, reduction=1):
-    return vjp(lambda x: _multi_margin(x, target, p, margin, weight, reduction), (x,),
-               grad.astype(x.dtype), (True,))[0]
+    return vjp(
+        lambda x: _multi_margin(x, target, p, margin, weight, reduction), (x,), grad.astype(x.dtype), (True,)
+    )[0]
 
 
 def _multilabel_margin(x, target, reduction):
@@ -194,25 +196,26 @@ def _multilabel_margin(x, target, reduction):
     classes = scores.shape[1]
     listed = jnp.cumprod(labels >= 0, axis=1).astype(jnp.bool_)
     safe = jnp.where(listed, labels, 0)
-    is_target = jax.nn.one_hot(jnp.where(listed, labels, classes), classes,
-                               dtype=jnp.bool_).any(1)
+    is_target = jax.nn.one_hot(jnp.where(listed, labels, classes), classes, dtype=jnp.bool_).any(1)
     target_scores = jnp.take_along_axis(scores, safe, 1)
     hinge = _hinge(1 - target_scores[:, :, None] + scores[:, None, :], 1)
     pairs = listed[:, :, None] & ~is_target[:, None, :]
     loss = jnp.where(pairs, hinge, 0).sum((1, 2)) / classes
-    return (_reduce(loss.reshape(x.shape[:-1]), reduction).astype(x.dtype),
-            is_target.reshape(x.shape).astype(x.dtype))
+    return (
+        _reduce(loss.reshape(x.shape[:-1]), reduction).astype(x.dtype),
+        is_target.reshape(x.shape).astype(x.dtype),
+    )
 
 
-lower(aten.multilabel_margin_loss_forward.default,
-      check=lambda x, target, *_: _check_class_targets(x, jnp.maximum(target, 0)))(
-          _multilabel_margin)
+lower(
+    aten.multilabel_margin_loss_forward.default,
+    check=lambda x, target, *_: _check_class_targets(x, jnp.maximum(target, 0)),
+)(_multilabel_margin)
 
 
 @lower(aten.multilabel_margin_loss_backward.default)
 def multilabel_margin_loss_backward(grad, x, target, reduction, is_target):
-    return vjp(lambda x: _multilabel_margin(x, target, reduction)[0], (x,),
-               grad.astype(x.dtype), (True,))[0]
+    return vjp(lambda x: _multilabel_margin(x, target, reduction)[0], (x,), grad.astype(x.dtype), (True,))[0]
 
 
 # ----------------------------------------------------------------------------- CTC
@@ -245,8 +248,7 @@ def _ctc_alpha(log_probs, targets, input_lengths, target_lengths, blank, max_tar
     # a label may skip the blank before it unless it repeats the label two states back
     previous = jnp.pad(extended, ((0, 0), (2, 0)), constant_values=blank)[:, :-2]
     can_skip = (extended != blank) & (extended != previous)
-    emissions = jnp.take_along_axis(log_probs, jnp.broadcast_to(extended, (time, batch, states)),
-                                    2)
+    emissions = jnp.take_along_axis(log_probs, jnp.broadcast_to(extended, (time, batch, states)), 2)
     emissions = jnp.where(valid_state, emissions, -jnp.inf)
     first = jnp.where(jnp.arange(states) < 2, emissions[0], -jnp.inf)
 
@@ -260,13 +262,13 @@ def _ctc_alpha(log_probs, targets, input_lengths, target_lengths, blank, max_tar
 
     _, rest = lax.scan(step, first, emissions[1:])
     log_alpha = jnp.concatenate([first[None], rest]).swapaxes(0, 1)  # (N, T, S)
-    log_alpha = jnp.where((jnp.arange(time) < input_lengths[:, None])[..., None], log_alpha,
-                          -jnp.inf)
+    log_alpha = jnp.where((jnp.arange(time) < input_lengths[:, None])[..., None], log_alpha, -jnp.inf)
     last = jnp.take_along_axis(log_alpha, (input_lengths - 1)[:, None, None], 1)[:, 0]
     end = 2 * target_lengths[:, None]
     final = jnp.take_along_axis(last, end, 1)[:, 0]
-    before_final = jnp.where(target_lengths > 0,
-                             jnp.take_along_axis(last, jnp.maximum(end - 1, 0), 1)[:, 0], -jnp.inf)
+    before_final = jnp.where(
+        target_lengths > 0, jnp.take_along_axis(last, jnp.maximum(end - 1, 0), 1)[:, 0], -jnp.inf
+    )
     nll = -_log_add(final, before_final, jnp.full_like(final, -jnp.inf))
     return nll, log_alpha
 
@@ -278,21 +280,26 @@ def _lengths(lengths):
 @lower(aten._ctc_loss.default)
 def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
     """PyTorch's CTC returns the raw likelihoods: ``ctc_loss`` zeroes infinities and reduces."""
-    nll, log_alpha = _ctc_alpha(log_probs, targets, _lengths(input_lengths),
-                                _lengths(target_lengths), blank, max(target_lengths, default=0))
+    nll, log_alpha = _ctc_alpha(
+        log_probs,
+        targets,
+        _lengths(input_lengths),
+        _lengths(target_lengths),
+        blank,
+        max(target_lengths, default=0),
+    )
     return nll.astype(log_probs.dtype), log_alpha.astype(log_probs.dtype)
 
 
 @runtime(aten._ctc_loss.Tensor)
-def ctc_loss_tensor_lengths(log_probs, targets, input_lengths, target_lengths, blank=0,
-                            zero_infinity=False):
+def ctc_loss_tensor_lengths(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
     """The lengths fix log_alpha's shape, so they are read to the host, as PyTorch does."""
-    return aten._ctc_loss.default(log_probs, targets, input_lengths.tolist(),
-                                  target_lengths.tolist(), blank, zero_infinity)
+    return aten._ctc_loss.default(
+        log_probs, targets, input_lengths.tolist(), target_lengths.tolist(), blank, zero_infinity
+    )
 
 
-def _ctc_backward(grad, log_probs, targets, input_lengths, target_lengths, log_alpha, blank,
-                  zero_infinity):
+def _ctc_backward(grad, log_probs, targets, input_lengths, target_lengths, log_alpha, blank, zero_infinity):
     """PyTorch's gradient assumes ``log_probs`` come from a log_softmax: it is the derivative
     of the likelihood plus ``exp(log_probs)`` (the softmax's share) over each sample's frames."""
     compute = compute_dtype(log_probs.dtype)
@@ -300,8 +307,8 @@ def _ctc_backward(grad, log_probs, targets, input_lengths, target_lengths, log_a
     max_target_length = (log_alpha.shape[2] - 1) // 2
 
     def nll(lp):
-        return _ctc_alpha(lp, targets, input_lengths, target_lengths, blank,
-                          max_target_length)[0]
+        return _ctc_alpha(lp, targets, input_lengths, target_lengths, blank, max_target_length)[0]
+
     likelihood, pullback = jax.vjp(nll, lp)
     g = grad.astype(compute)
     in_frame = (jnp.arange(lp.shape[0])[:, None] < input_lengths)[..., None]
@@ -309,20 +316,37 @@ def _ctc_backward(grad, log_probs, targets, input_lengths, target_lengths, log_a
     # a sample no alignment reaches (infinite loss) gets zeros with zero_infinity; without it
     # CPU's exp(log(alpha * beta) + nll - log_probs) is exp(-inf + inf): NaN over its frames
     unreachable = jnp.isinf(likelihood)[:, None]
-    result = jnp.where(unreachable, 0 if zero_infinity else jnp.where(in_frame, jnp.nan, 0),
-                       result)
+    result = jnp.where(unreachable, 0 if zero_infinity else jnp.where(in_frame, jnp.nan, 0), result)
     return result.astype(log_probs.dtype)
 
 
 @lower(aten._ctc_loss_backward.default)
-def ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha,
-                      blank, zero_infinity=False):
-    return _ctc_backward(grad, log_probs, targets, _lengths(input_lengths),
-                         _lengths(target_lengths), log_alpha, blank, zero_infinity)
+def ctc_loss_backward(
+    grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank, zero_infinity=False
+):
+    return _ctc_backward(
+        grad,
+        log_probs,
+        targets,
+        _lengths(input_lengths),
+        _lengths(target_lengths),
+        log_alpha,
+        blank,
+        zero_infinity,
+    )
 
 
 @lower(aten._ctc_loss_backward.Tensor)
-def ctc_loss_backward_tensor_lengths(grad, log_probs, targets, input_lengths, target_lengths,
-                                     nll, log_alpha, blank, zero_infinity=False):
-    return _ctc_backward(grad, log_probs, targets, input_lengths.astype(jnp.int64),
-                         target_lengths.astype(jnp.int64), log_alpha, blank, zero_infinity)
+def ctc_loss_backward_tensor_lengths(
+    grad, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank, zero_infinity=False
+):
+    return _ctc_backward(
+        grad,
+        log_probs,
+        targets,
+        input_lengths.astype(jnp.int64),
+        target_lengths.astype(jnp.int64),
+        log_alpha,
+        blank,
+        zero_infinity,
+    )

@@ -17,11 +17,13 @@ first replayed on meta tensors of the same shapes, strides and dtypes (factories
 
 Ops in :data:`UNCHECKED` are not replayed (no meta kernel, or one known to differ, each with why).
 """
+
 from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils import _pytree
@@ -38,10 +40,20 @@ _META = torch.device("meta")
 #: reports its calls (as arguments PyTorch rejects) until it is listed.
 UNCHECKED: dict[str, str] = {
     # output shape depends on the values: PyTorch has no meta kernel (or one that raises)
-    **dict.fromkeys(["aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2",
-                     "aten::unique_dim", "aten::unique_consecutive",
-                     "aten::unique_dim_consecutive", "aten::bincount",
-                     "aten::_ctc_loss.Tensor"], "output shape depends on values"),
+    **dict.fromkeys(
+        [
+            "aten::nonzero",
+            "aten::masked_select",
+            "aten::_unique",
+            "aten::_unique2",
+            "aten::unique_dim",
+            "aten::unique_consecutive",
+            "aten::unique_dim_consecutive",
+            "aten::bincount",
+            "aten::_ctc_loss.Tensor",
+        ],
+        "output shape depends on values",
+    ),
     # return values, which meta tensors do not have
     "aten::_local_scalar_dense": "returns a tensor's value",
     "aten::equal": "returns whether values are equal",
@@ -49,18 +61,35 @@ UNCHECKED: dict[str, str] = {
     "aten::set_.source_Storage": "takes a storage",
     "aten::set_.source_Storage_storage_offset": "takes a storage",
     # no meta kernel in PyTorch (nor a fake one)
-    **dict.fromkeys([
-        "aten::glu_jvp", "aten::glu_backward_jvp", "aten::_add_relu.Scalar", "aten::_add_relu.out",
-        "aten::_logcumsumexp", "aten::_compute_linear_combination", "aten::geqrf",
-        "aten::multi_margin_loss_backward", "aten::multilabel_margin_loss_backward",
-        "aten::_ctc_loss_backward", "aten::batch_norm_update_stats", "aten::_masked_softmax",
-        "aten::_masked_softmax_backward", "aten::fractional_max_pool3d_backward",
-        "aten::binomial", "aten::_sample_dirichlet", "aten::_standard_gamma_grad",
-        "aten::_dirichlet_grad", "aten::_native_batch_norm_legit.no_stats_out",
-        "aten::_fused_adam_.tensor_lr", "aten::_fused_adamw_.tensor_lr", "aten::_fused_sgd_",
-        "aten::_fused_adagrad_",
-        "aten::linalg_lstsq",  # (its composite kernel calls linalg_lstsq.out, which has none)
-    ], "no meta kernel"),
+    **dict.fromkeys(
+        [
+            "aten::glu_jvp",
+            "aten::glu_backward_jvp",
+            "aten::_add_relu.Scalar",
+            "aten::_add_relu.out",
+            "aten::_logcumsumexp",
+            "aten::_compute_linear_combination",
+            "aten::geqrf",
+            "aten::multi_margin_loss_backward",
+            "aten::multilabel_margin_loss_backward",
+            "aten::_ctc_loss_backward",
+            "aten::batch_norm_update_stats",
+            "aten::_masked_softmax",
+            "aten::_masked_softmax_backward",
+            "aten::fractional_max_pool3d_backward",
+            "aten::binomial",
+            "aten::_sample_dirichlet",
+            "aten::_standard_gamma_grad",
+            "aten::_dirichlet_grad",
+            "aten::_native_batch_norm_legit.no_stats_out",
+            "aten::_fused_adam_.tensor_lr",
+            "aten::_fused_adamw_.tensor_lr",
+            "aten::_fused_sgd_",
+            "aten::_fused_adagrad_",
+            "aten::linalg_lstsq",  # (its composite kernel calls linalg_lstsq.out, which has none)
+        ],
+        "no meta kernel",
+    ),
     # meta kernels known to differ from CPU's (tpu follows CPU, or CUDA where said)
     "aten::_grouped_mm": "meta requires bfloat16 inputs (CUDA's limit); CPU takes float32",
     "aten::_embedding_bag": "meta's offset2bag/max_indices shapes are not CPU's",
@@ -83,14 +112,18 @@ def checked(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
     made while ``config.check_meta`` is on (see the module docstring)."""
     if _unchecked(op):
         return kernel
-    written = [(i, a.name) for i, a in enumerate(op._schema.arguments)
-               if a.alias_info is not None and a.alias_info.is_write]
+    written = [
+        (i, a.name)
+        for i, a in enumerate(op._schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    ]
 
     @functools.wraps(kernel)
     def run(*args, **kwargs):
         if not config.check_meta:
             return kernel(*args, **kwargs)
         return _checked_call(op, kernel, written, args, kwargs)
+
     return run
 
 
@@ -136,13 +169,19 @@ def _checked_call(op, kernel: Callable, written, args: tuple, kwargs: dict):
         raise MetaMismatch(
             f"{op} accepted arguments PyTorch rejects with {type(rejection).__name__}: "
             f"{rejection} (an op with no meta kernel belongs in meta_check.UNCHECKED); "
-            f"arguments: {_describe(args, kwargs)}") from rejection
+            f"arguments: {_describe(args, kwargs)}"
+        ) from rejection
     result = kernel(*args, **kwargs)
     context = functools.partial(_describe, args, kwargs)
     _compare(op, "output", _leaves(result), _leaves(expected), context)
     for position, name in written:
-        _compare(op, f"argument '{name}'", _leaves(_argument(args, kwargs, position, name)),
-                 _leaves(_argument(*meta_arguments, position, name)), context)
+        _compare(
+            op,
+            f"argument '{name}'",
+            _leaves(_argument(args, kwargs, position, name)),
+            _leaves(_argument(*meta_arguments, position, name)),
+            context,
+        )
     return result
 
 
@@ -165,30 +204,42 @@ def _significant_strides(t: torch.Tensor) -> tuple:
 
 def _compare(op, what: str, actual: list, expected: list, context: Callable[[], str]) -> None:
     if len(actual) != len(expected):
-        raise MetaMismatch(f"{op}: {len(actual)} {what} values on tpu, PyTorch gives "
-                           f"{len(expected)}; arguments: {context()}")
+        raise MetaMismatch(
+            f"{op}: {len(actual)} {what} values on tpu, PyTorch gives {len(expected)}; arguments: {context()}"
+        )
     for index, (tpu, meta) in enumerate(zip(actual, expected)):
         if not isinstance(meta, torch.Tensor) or (tpu is None and meta.numel() == 0):
             continue  # numbers (meta's are placeholders), undefined outputs (meta: empty ones)
         name = f"{what} {index}" if len(expected) > 1 else what
         if not isinstance(tpu, torch.Tensor):
-            raise MetaMismatch(f"{op} {name}: {type(tpu).__name__} on tpu, PyTorch gives a tensor; "
-                               f"arguments: {context()}")
-        for field, get in (("shape", lambda t: tuple(t.shape)), ("dtype", lambda t: t.dtype),
-                           ("strides", _significant_strides)):
+            raise MetaMismatch(
+                f"{op} {name}: {type(tpu).__name__} on tpu, PyTorch gives a tensor; arguments: {context()}"
+            )
+        for field, get in (
+            ("shape", lambda t: tuple(t.shape)),
+            ("dtype", lambda t: t.dtype),
+            ("strides", _significant_strides),
+        ):
             if get(tpu) != get(meta):
-                detail = (f" (all strides: {tpu.stride()} on tpu, {meta.stride()} in PyTorch)"
-                          if field == "strides" else "")
-                raise MetaMismatch(f"{op} {name}: {field} {get(tpu)} on tpu, PyTorch's meta "
-                                   f"kernel gives {get(meta)}{detail}; arguments: {context()}")
+                detail = (
+                    f" (all strides: {tpu.stride()} on tpu, {meta.stride()} in PyTorch)"
+                    if field == "strides"
+                    else ""
+                )
+                raise MetaMismatch(
+                    f"{op} {name}: {field} {get(tpu)} on tpu, PyTorch's meta "
+                    f"kernel gives {get(meta)}{detail}; arguments: {context()}"
+                )
 
 
 def _describe(args: tuple, kwargs: dict) -> str:
     """The arguments with tensors as ``dtype[shape]`` (``@strides`` if not contiguous)."""
+
     def text(x):
         if isinstance(x, torch.Tensor):
             layout = "" if x.is_contiguous() else f"@{tuple(x.stride())}"
             return f"{str(x.dtype).replace('torch.', '')}{list(x.shape)}{layout}"
         return x
+
     shown = _pytree.tree_map(text, (args, kwargs))
     return ", ".join([*map(str, shown[0]), *(f"{k}={v}" for k, v in shown[1].items())])

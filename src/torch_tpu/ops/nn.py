@@ -5,6 +5,7 @@ Backward ops are ``jax.vjp`` of the forward lowering wherever PyTorch's formula 
 derivative of its forward; they are written out where PyTorch's formula differs at the edges
 (clamps, thresholds) or where PyTorch hands in saved statistics.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,9 +18,9 @@ from jax import lax
 from ..runtime import tensor
 from ..runtime.buffer import apply
 from ..runtime.random import next_key
-from .registry import Promote, lower, runtime
 from ._helpers import check_bounds
-from ._nn_helpers import compute_dtype, precision, require, ntuple, vjp, wrap_dim
+from ._nn_helpers import compute_dtype, ntuple, precision, require, vjp, wrap_dim
+from .registry import Promote, lower, runtime
 
 aten = torch.ops.aten
 
@@ -45,16 +46,23 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     n = x.ndim - 2
     stride, padding, dilation = ntuple(stride, n), ntuple(padding, n), ntuple(dilation, n)
     compute = compute_dtype(x.dtype)
-    options = dict(rhs_dilation=dilation, feature_group_count=groups,
-                   dimension_numbers=_conv_dimension_numbers(n),
-                   precision=precision(compute), preferred_element_type=compute)
+    options = dict(
+        rhs_dilation=dilation,
+        feature_group_count=groups,
+        dimension_numbers=_conv_dimension_numbers(n),
+        precision=precision(compute),
+        preferred_element_type=compute,
+    )
     if transposed:
         kernel = weight.shape[2:]
         output_padding = ntuple(output_padding, n)
-        pads = [(d * (k - 1) - p, d * (k - 1) - p + op)
-                for k, p, d, op in zip(kernel, padding, dilation, output_padding)]
-        out = lax.conv_general_dilated(x, _transposed_weight(weight, groups), (1,) * n, pads,
-                                       lhs_dilation=stride, **options)
+        pads = [
+            (d * (k - 1) - p, d * (k - 1) - p + op)
+            for k, p, d, op in zip(kernel, padding, dilation, output_padding)
+        ]
+        out = lax.conv_general_dilated(
+            x, _transposed_weight(weight, groups), (1,) * n, pads, lhs_dilation=stride, **options
+        )
     else:
         out = lax.conv_general_dilated(x, weight, stride, [(p, p) for p in padding], **options)
     if bias is not None:
@@ -63,11 +71,12 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
 
 
 @lower(aten.convolution_backward.default)
-def convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
-                         output_padding, groups, output_mask):
+def convolution_backward(
+    grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+):
     def forward(x, weight):
-        return convolution(x, weight, None, stride, padding, dilation, transposed,
-                           output_padding, groups)
+        return convolution(x, weight, None, stride, padding, dilation, transposed, output_padding, groups)
+
     grad_input, grad_weight = vjp(forward, (x, weight), grad, output_mask[:2])
     grad_bias = None
     if output_mask[2]:
@@ -76,14 +85,22 @@ def convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation,
     return grad_input, grad_weight, grad_bias
 
 
-
-
 @lower(aten.conv_tbc.default)
 def conv_tbc(x, weight, bias, pad=0):
     """A 1-d convolution in (time, batch, channel) layout with a (kernel, in, out) weight."""
-    out = convolution(jnp.transpose(x, (1, 2, 0)), jnp.transpose(weight, (2, 1, 0)), bias,
-                      (1,), (pad,), (1,), False, (0,), 1)
+    out = convolution(
+        jnp.transpose(x, (1, 2, 0)),
+        jnp.transpose(weight, (2, 1, 0)),
+        bias,
+        (1,),
+        (pad,),
+        (1,),
+        False,
+        (0,),
+        1,
+    )
     return jnp.transpose(out, (2, 0, 1))
+
 
 # ----------------------------------------------------------------------------- normalization
 def _channel_shape(x):
@@ -111,13 +128,17 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
     out = _affine((xc - mean.reshape(shape)) * invstd.reshape(shape), weight, bias, shape)
     if not training:
         mean = invstd = jnp.zeros((0,), compute)
-    return (out.astype(x.dtype), mean.astype(params.dtype), invstd.astype(params.dtype),
-            running_mean, running_var)
+    return (
+        out.astype(x.dtype),
+        mean.astype(params.dtype),
+        invstd.astype(params.dtype),
+        running_mean,
+        running_var,
+    )
 
 
 @lower(aten._native_batch_norm_legit_functional.default)
-def native_batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum,
-                                 eps):
+def native_batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
     return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
@@ -136,7 +157,8 @@ def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training
     """The training step updates the running statistics in place: the pure functional
     lowering computes them, this kernel writes them back into the caller's buffers."""
     out, mean, invstd, new_mean, new_var = aten._native_batch_norm_legit_functional(
-        x, weight, bias, running_mean, running_var, training, momentum, eps)
+        x, weight, bias, running_mean, running_var, training, momentum, eps
+    )
     if training:
         tensor.write(running_mean, tensor.read(new_mean))
         tensor.write(running_var, tensor.read(new_var))
@@ -147,8 +169,7 @@ def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training
 def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     if running_mean is None:
         return aten._native_batch_norm_legit.no_stats(x, weight, bias, training, momentum, eps)
-    return native_batch_norm_legit(x, weight, bias, running_mean, running_var, training,
-                                   momentum, eps)
+    return native_batch_norm_legit(x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
 # The batch_norm ops that torch.export / functionalization produce (eager uses those above).
@@ -158,30 +179,34 @@ def _reserve():
 
 @lower(aten._batch_norm_with_update_functional.default)
 def batch_norm_with_update_functional(x, weight, bias, running_mean, running_var, momentum, eps):
-    out, mean, invstd, new_mean, new_var = _batch_norm(x, weight, bias, running_mean, running_var,
-                                                       True, momentum, eps)
+    out, mean, invstd, new_mean, new_var = _batch_norm(
+        x, weight, bias, running_mean, running_var, True, momentum, eps
+    )
     return out, mean, invstd, _reserve(), new_mean, new_var
 
 
 @lower(aten._batch_norm_no_update.default)
 def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
     training = running_mean is None  # without running statistics only the batch's exist
-    return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum,
-                       eps)[:3] + (_reserve(),)
+    return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)[:3] + (
+        _reserve(),
+    )
 
 
 @runtime(aten._batch_norm_with_update.default)
 def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
-    return native_batch_norm_legit(x, weight, bias, running_mean, running_var, True, momentum,
-                                   eps) + (tensor.wrap(_reserve()),)
+    return native_batch_norm_legit(x, weight, bias, running_mean, running_var, True, momentum, eps) + (
+        tensor.wrap(_reserve()),
+    )
 
 
 def _normalization_grad(grad_normalized, normalized, rstd, axes):
     """d(input) given d(normalized) for ``normalized = (x - mean(x)) * rstd`` over ``axes``."""
+
     def mean(v):
         return v.mean(axes, keepdims=True)
-    return rstd * (grad_normalized - mean(grad_normalized)
-                   - normalized * mean(grad_normalized * normalized))
+
+    return rstd * (grad_normalized - mean(grad_normalized) - normalized * mean(grad_normalized * normalized))
 
 
 def _masked(values, dtypes, mask):
@@ -189,8 +214,9 @@ def _masked(values, dtypes, mask):
 
 
 @lower(aten.native_batch_norm_backward.default)
-def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean,
-                               save_invstd, train, eps, output_mask):
+def native_batch_norm_backward(
+    grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
+):
     compute = compute_dtype(x.dtype)
     shape, axes = _channel_shape(x), (0,) + tuple(range(2, x.ndim))
     if train:
@@ -201,24 +227,29 @@ def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_
     g = grad.astype(compute)
     normalized = (x.astype(compute) - mean) * invstd
     grad_normalized = g if weight is None else g * weight.astype(compute).reshape(shape)
-    grad_input = _normalization_grad(grad_normalized, normalized, invstd, axes) if train \
-        else grad_normalized * invstd
+    grad_input = (
+        _normalization_grad(grad_normalized, normalized, invstd, axes) if train else grad_normalized * invstd
+    )
     param_dtype = x.dtype if weight is None else weight.dtype
-    return _masked((grad_input, (g * normalized).sum(axes), g.sum(axes)),
-                   (x.dtype, param_dtype, param_dtype), output_mask)
+    return _masked(
+        (grad_input, (g * normalized).sum(axes), g.sum(axes)),
+        (x.dtype, param_dtype, param_dtype),
+        output_mask,
+    )
 
 
 @lower(aten.batch_norm_backward.default)
-def batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd,
-                        update, eps, output_mask, reserve):
-    return native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean,
-                                      save_invstd, update, eps, output_mask)
+def batch_norm_backward(
+    grad, x, weight, running_mean, running_var, save_mean, save_invstd, update, eps, output_mask, reserve
+):
+    return native_batch_norm_backward(
+        grad, x, weight, running_mean, running_var, save_mean, save_invstd, update, eps, output_mask
+    )
 
 
 def _update_stats(x, running_mean, running_var, momentum):
     """(batch mean, biased batch variance, new running mean, new running variance)."""
-    _, mean, _, new_mean, new_var = _batch_norm(x, None, None, running_mean, running_var, True,
-                                                momentum, 0.0)
+    _, mean, _, new_mean, new_var = _batch_norm(x, None, None, running_mean, running_var, True, momentum, 0.0)
     axes = (0,) + tuple(range(2, x.ndim))
     variance = x.astype(compute_dtype(x.dtype)).var(axes).astype(mean.dtype)
     return mean, variance, new_mean, new_var
@@ -232,8 +263,7 @@ def batch_norm_update_stats(x, running_mean, running_var, momentum):
     """A runtime entry because PyTorch updates the running statistics in place although the
     schema does not mark them written."""
     stats = [None if t is None else tensor.read(t) for t in (running_mean, running_var)]
-    mean, variance, new_mean, new_var = apply(_update_stats_jit, tensor.read(x), *stats,
-                                                     momentum)
+    mean, variance, new_mean, new_var = apply(_update_stats_jit, tensor.read(x), *stats, momentum)
     if running_mean is not None:
         tensor.write(running_mean, new_mean)
         tensor.write(running_var, new_var)
@@ -257,7 +287,7 @@ def _affine(x, weight, bias, shape):
 
 @lower(aten.native_layer_norm.default)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
-    require(tuple(x.shape[x.ndim - len(normalized_shape):]) == tuple(normalized_shape))
+    require(tuple(x.shape[x.ndim - len(normalized_shape) :]) == tuple(normalized_shape))
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     out, mean, rstd = _normalize(x.astype(compute_dtype(x.dtype)), axes, eps)
     out = _affine(out, weight, bias, normalized_shape)
@@ -275,8 +305,11 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
     grad_normalized = g if weight is None else g * weight.astype(compute)
     grad_input = _normalization_grad(grad_normalized, normalized, rstd, axes)
     param_dtype = x.dtype if weight is None else weight.dtype
-    return _masked((grad_input, (g * normalized).sum(batch_axes), g.sum(batch_axes)),
-                   (x.dtype, param_dtype, param_dtype), output_mask)
+    return _masked(
+        (grad_input, (g * normalized).sum(batch_axes), g.sum(batch_axes)),
+        (x.dtype, param_dtype, param_dtype),
+        output_mask,
+    )
 
 
 def _grouped(x, n, group):
@@ -303,10 +336,11 @@ def native_group_norm_backward(grad, x, mean, rstd, weight, n, channels, hxw, gr
     grad_input = _normalization_grad(_grouped(grad_normalized, n, group), normalized, rstd, (2,))
     per_channel = tuple(a for a in range(x.ndim) if a != 1)
     param_dtype = x.dtype if weight is None else weight.dtype
-    return _masked((grad_input.reshape(x.shape),
-                    (g * normalized.reshape(x.shape)).sum(per_channel), g.sum(per_channel)),
-                   (x.dtype, param_dtype, param_dtype), output_mask)
-
+    return _masked(
+        (grad_input.reshape(x.shape), (g * normalized.reshape(x.shape)).sum(per_channel), g.sum(per_channel)),
+        (x.dtype, param_dtype, param_dtype),
+        output_mask,
+    )
 
 
 def _weight_norm(v, g, dim):
@@ -325,10 +359,14 @@ lower(aten._weight_norm_interface.default)(lambda v, g, dim=0: _weight_norm(v, g
 @lower(aten._weight_norm_interface_backward.default)
 def weight_norm_interface_backward(grad_w, v, g, norms, dim):
     compute = compute_dtype(v.dtype)
-    grad_v, grad_g = vjp(lambda v, g: _weight_norm(v, g, dim)[0],
-                         (v.astype(compute), g.astype(compute)), grad_w.astype(compute),
-                         (True, True))
+    grad_v, grad_g = vjp(
+        lambda v, g: _weight_norm(v, g, dim)[0],
+        (v.astype(compute), g.astype(compute)),
+        grad_w.astype(compute),
+        (True, True),
+    )
     return grad_v.astype(v.dtype), grad_g.astype(g.dtype)
+
 
 # ----------------------------------------------------------------------------- activations
 @lower(aten.threshold.default, promote=Promote.DEFAULT, promote_args=("self",))
@@ -349,16 +387,17 @@ def _activation_backward(op, formula) -> None:
 
 
 _SQRT_HALF = math.sqrt(0.5)
-_GELU_PDF = 2 / math.sqrt(math.pi) * _SQRT_HALF * 0.5   # 1/sqrt(2 pi)
+_GELU_PDF = 2 / math.sqrt(math.pi) * _SQRT_HALF * 0.5  # 1/sqrt(2 pi)
 _GELU_TANH_BETA, _GELU_TANH_KAPPA = math.sqrt(2) * 2 / math.sqrt(math.pi) * 0.5, 0.044715
 
 
 def _gelu_grad(g, x, approximate="none"):
     if approximate == "tanh":
-        inner = _GELU_TANH_BETA * (x + _GELU_TANH_KAPPA * x ** 3)
+        inner = _GELU_TANH_BETA * (x + _GELU_TANH_KAPPA * x**3)
         tanh_inner = jnp.tanh(inner)
-        derivative = 0.5 * (1 + tanh_inner) + 0.5 * x * (1 - tanh_inner ** 2) * _GELU_TANH_BETA * (
-            1 + 3 * _GELU_TANH_KAPPA * x * x)
+        derivative = 0.5 * (1 + tanh_inner) + 0.5 * x * (1 - tanh_inner**2) * _GELU_TANH_BETA * (
+            1 + 3 * _GELU_TANH_KAPPA * x * x
+        )
         return g * derivative
     cdf = 0.5 * (1 + jax.scipy.special.erf(x * _SQRT_HALF))
     return g * (cdf + x * _GELU_PDF * jnp.exp(-0.5 * x * x))
@@ -371,7 +410,7 @@ def _silu_grad(g, x):
 
 def _mish_grad(g, x):
     tanh_softplus = jnp.tanh(jax.nn.softplus(x))
-    return g * (tanh_softplus + x * jax.nn.sigmoid(x) * (1 - tanh_softplus ** 2))
+    return g * (tanh_softplus + x * jax.nn.sigmoid(x) * (1 - tanh_softplus**2))
 
 
 def _elu_grad(g, alpha, scale, input_scale, is_result, x):
@@ -387,15 +426,17 @@ for _op, _formula in [
     (aten.sigmoid_backward.default, lambda g, y: g * (1 - y) * y),
     (aten.tanh_backward.default, lambda g, y: g * (1 - y * y)),
     (aten.threshold_backward.default, lambda g, x, threshold: jnp.where(x <= threshold, 0, g)),
-    (aten.leaky_relu_backward.default,
-     lambda g, x, slope, self_is_result: jnp.where(x > 0, g, g * slope)),
-    (aten.hardtanh_backward.default,
-     lambda g, x, low, high: jnp.where((x <= low) | (x >= high), 0, g)),
-    (aten.softplus_backward.default, lambda g, x, beta, threshold: jnp.where(
-        x * beta > threshold, g, g * jax.nn.sigmoid(x * beta))),
+    (aten.leaky_relu_backward.default, lambda g, x, slope, self_is_result: jnp.where(x > 0, g, g * slope)),
+    (aten.hardtanh_backward.default, lambda g, x, low, high: jnp.where((x <= low) | (x >= high), 0, g)),
+    (
+        aten.softplus_backward.default,
+        lambda g, x, beta, threshold: jnp.where(x * beta > threshold, g, g * jax.nn.sigmoid(x * beta)),
+    ),
     (aten.hardsigmoid_backward.default, lambda g, x: jnp.where((x > -3) & (x < 3), g / 6, 0)),
-    (aten.hardswish_backward.default, lambda g, x: jnp.where(
-        x <= -3, 0, jnp.where(x >= 3, g, g * (x / 3 + 0.5)))),
+    (
+        aten.hardswish_backward.default,
+        lambda g, x: jnp.where(x <= -3, 0, jnp.where(x >= 3, g, g * (x / 3 + 0.5))),
+    ),
 ]:
     _activation_backward(_op, _formula)
 
@@ -405,11 +446,9 @@ def _glu(x, dim):
     return first * jax.nn.sigmoid(second)
 
 
-_activation_backward(aten.log_sigmoid_backward.default,
-                     lambda g, x, buffer: g * jax.nn.sigmoid(-x))
+_activation_backward(aten.log_sigmoid_backward.default, lambda g, x, buffer: g * jax.nn.sigmoid(-x))
 lower(aten.glu.default)(lambda x, dim=-1: _glu(x, dim))
-lower(aten.glu_backward.default)(
-    lambda grad, x, dim: vjp(lambda x: _glu(x, dim), (x,), grad, (True,))[0])
+lower(aten.glu_backward.default)(lambda grad, x, dim: vjp(lambda x: _glu(x, dim), (x,), grad, (True,))[0])
 
 
 @lower(aten.log_sigmoid_forward.default)
@@ -420,12 +459,10 @@ def log_sigmoid_forward(x):
     return jax.nn.log_sigmoid(x.astype(compute)).astype(x.dtype), jnp.zeros((0,), x.dtype)
 
 
-@lower(aten.elu_backward.default, promote=Promote.DEFAULT,
-       promote_args=("grad_output", "self_or_result"))
+@lower(aten.elu_backward.default, promote=Promote.DEFAULT, promote_args=("grad_output", "self_or_result"))
 def elu_backward(grad, alpha, scale, input_scale, is_result, x, *, types):
     c = types.compute
-    return _elu_grad(grad.astype(c), alpha, scale, input_scale, is_result,
-                     x.astype(c)).astype(types.result)
+    return _elu_grad(grad.astype(c), alpha, scale, input_scale, is_result, x.astype(c)).astype(types.result)
 
 
 # ----------------------------------------------------------------------------- softmax
@@ -457,6 +494,7 @@ def safe_softmax(x, dim, dtype=None):
     def fn(x, axis):
         masked = jnp.all(x == -jnp.inf, axis=axis, keepdims=True)
         return jnp.where(masked, 0, jax.nn.softmax(x, axis=axis))
+
     return _along(fn, x.astype(compute), dim).astype(x.dtype)
 
 
@@ -464,15 +502,19 @@ def _softmax_backward_entry(op, fn):
     @lower(op)
     def backward(grad, output, dim, input_dtype):
         compute = compute_dtype(grad.dtype)
-        return _along(lambda out, axis: fn(grad.astype(compute).reshape(out.shape), out, axis),
-                      output.astype(compute), dim).astype(input_dtype)
+        return _along(
+            lambda out, axis: fn(grad.astype(compute).reshape(out.shape), out, axis),
+            output.astype(compute),
+            dim,
+        ).astype(input_dtype)
 
 
-_softmax_backward_entry(aten._softmax_backward_data.default,
-                        lambda g, y, axis: y * (g - (g * y).sum(axis, keepdims=True)))
-_softmax_backward_entry(aten._log_softmax_backward_data.default,
-                        lambda g, y, axis: g - jnp.exp(y) * g.sum(axis, keepdims=True))
-
+_softmax_backward_entry(
+    aten._softmax_backward_data.default, lambda g, y, axis: y * (g - (g * y).sum(axis, keepdims=True))
+)
+_softmax_backward_entry(
+    aten._log_softmax_backward_data.default, lambda g, y, axis: g - jnp.exp(y) * g.sum(axis, keepdims=True)
+)
 
 
 def _softmax_mask(mask, shape, mask_type):
@@ -504,10 +546,10 @@ def masked_softmax_backward(grad, output, mask, dim=None):
     axis = wrap_dim(output.ndim - 1 if dim is None else dim, output.ndim)
     return (y * (g - (g * y).sum(axis, keepdims=True))).astype(output.dtype)
 
+
 # ----------------------------------------------------------------------------- embedding
 def _check_embedding_indices(weight, indices, *_):
-    check_bounds([(indices, weight.shape[0], False)],
-                 lambda *_: IndexError("index out of range in self"))
+    check_bounds([(indices, weight.shape[0], False)], lambda *_: IndexError("index out of range in self"))
 
 
 @lower(aten.embedding.default, check=_check_embedding_indices)
@@ -538,7 +580,6 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
     return jnp.zeros((num_weights, rows.shape[1]), compute).at[flat].add(rows).astype(grad.dtype)
 
 
-
 _BAG_SUM, _BAG_MEAN, _BAG_MAX = 0, 1, 2  # EmbeddingBag's mode enum
 
 
@@ -548,9 +589,17 @@ def _offset2bag(indices, offsets, bags: int):
     return jnp.searchsorted(offsets[:bags], positions, side="right").astype(jnp.int64) - 1
 
 
-def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_BAG_SUM,
-                   sparse=False, per_sample_weights=None, include_last_offset=False,
-                   padding_idx=-1):
+def _embedding_bag(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=_BAG_SUM,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
     """(output, offset2bag, bag_size, max_indices) with PyTorch CPU's bookkeeping: bag sizes
     count the non-padding indices (zeros for sum), max_indices are the chosen rows' indices
     (max), a copy of the bag sizes (mean) or zeros (sum), and the sum's fast path (padding-free,
@@ -569,10 +618,12 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_BAG
         output = jnp.where(sizes[:, None] > 0, best, 0)
         # the first row reaching each maximum, as CPU's strict ``>`` scan keeps
         is_best = kept[:, None] & (rows == best[jnp.minimum(slot, bags - 1)])
-        first = jnp.full((bags + 1, weight.shape[1]), indices.shape[0], jnp.int64).at[slot].min(
-            jnp.where(is_best, jnp.arange(indices.shape[0])[:, None], indices.shape[0]))[:bags]
-        max_indices = jnp.where(sizes[:, None] > 0,
-                                indices[jnp.minimum(first, indices.shape[0] - 1)], 0)
+        first = (
+            jnp.full((bags + 1, weight.shape[1]), indices.shape[0], jnp.int64)
+            .at[slot]
+            .min(jnp.where(is_best, jnp.arange(indices.shape[0])[:, None], indices.shape[0]))[:bags]
+        )
+        max_indices = jnp.where(sizes[:, None] > 0, indices[jnp.minimum(first, indices.shape[0] - 1)], 0)
     else:
         if per_sample_weights is not None:
             rows = rows * per_sample_weights.astype(compute)[:, None]
@@ -588,8 +639,11 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_BAG
     return output.astype(weight.dtype), offset2bag, sizes, max_indices.astype(jnp.int64)
 
 
-lower(aten._embedding_bag.default, aten._embedding_bag_forward_only.default,
-      check=lambda weight, indices, *_: _check_embedding_indices(weight, indices))(_embedding_bag)
+lower(
+    aten._embedding_bag.default,
+    aten._embedding_bag_forward_only.default,
+    check=lambda weight, indices, *_: _check_embedding_indices(weight, indices),
+)(_embedding_bag)
 
 
 def _bag_frequency_divisor(indices, num_weights: int, compute):
@@ -600,9 +654,18 @@ def _bag_frequency_divisor(indices, num_weights: int, compute):
 
 
 @lower(aten._embedding_bag_dense_backward.default)
-def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices,
-                                 num_weights, scale_grad_by_freq, mode, per_sample_weights=None,
-                                 padding_idx=-1):
+def embedding_bag_dense_backward(
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights=None,
+    padding_idx=-1,
+):
     """Each bag's gradient back to the rows it used: all of them (sum, mean: divided by the
     bag size, scaled by the sample weights) or the chosen one per column (max)."""
     compute = compute_dtype(grad.dtype)
@@ -633,24 +696,46 @@ def _filled_offset2bag(indices, offsets, offset2bag):
 
 
 @lower(aten._embedding_bag_backward.default)
-def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
-                           num_weights, scale_grad_by_freq, mode, sparse,
-                           per_sample_weights=None, padding_idx=-1):
+def embedding_bag_backward(
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights=None,
+    padding_idx=-1,
+):
     require(not sparse)
     return embedding_bag_dense_backward(
-        grad, indices, _filled_offset2bag(indices, offsets, offset2bag), bag_size,
-        maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+        grad,
+        indices,
+        _filled_offset2bag(indices, offsets, offset2bag),
+        bag_size,
+        maximum_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )
 
 
 @lower(aten._embedding_bag_per_sample_weights_backward.default)
-def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode,
-                                              padding_idx=-1):
+def embedding_bag_per_sample_weights_backward(
+    grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1
+):
     """d(sum of weighted rows)/d(sample weight): each row dotted with its bag's gradient."""
     require(mode == _BAG_SUM)
     compute = compute_dtype(grad.dtype)
     bag = _filled_offset2bag(indices, offsets, offset2bag)
     products = (grad.astype(compute)[bag] * weight.astype(compute)[indices]).sum(1)
     return jnp.where(indices == padding_idx, 0, products).astype(grad.dtype)
+
 
 # ----------------------------------------------------------------------------- dropout
 def _dropout(x, p, key):
@@ -666,8 +751,11 @@ def native_dropout(x, p, train, *, key):
     return _dropout(x, p, key)
 
 
-@lower(aten.native_dropout_backward.default, promote=Promote.DEFAULT,
-       promote_args=("grad_output", "mask", "scale"))
+@lower(
+    aten.native_dropout_backward.default,
+    promote=Promote.DEFAULT,
+    promote_args=("grad_output", "mask", "scale"),
+)
 def native_dropout_backward(grad, mask, scale, *, types):
     """``grad * mask * scale`` as PyTorch computes it: an integer or bool gradient gives a
     floating result (the float ``scale`` promotes it)."""
@@ -677,8 +765,9 @@ def native_dropout_backward(grad, mask, scale, *, types):
 
 # ----------------------------------------------------------------------------- attention
 @runtime(aten._fused_sdp_choice.default)
-def fused_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
-                     scale=None, enable_gqa=False) -> int:
+def fused_sdp_choice(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
+) -> int:
     """The fused kernel below whenever the user leaves it enabled, else PyTorch's math path."""
     backend = torch.nn.attention.SDPBackend
     if torch._C._get_overrideable_sdp_enabled():
@@ -710,8 +799,9 @@ def _attention(q, k, v, bias, seed, dropout_p, is_causal, scale):
     if is_causal:
         scores = jnp.where(jnp.tril(jnp.ones(scores.shape[-2:], jnp.bool_)), scores, -jnp.inf)
     if bias is not None:
-        scores = jnp.where(bias, scores, -jnp.inf) if bias.dtype == jnp.bool_ \
-            else scores + bias.astype(compute)
+        scores = (
+            jnp.where(bias, scores, -jnp.inf) if bias.dtype == jnp.bool_ else scores + bias.astype(compute)
+        )
     row_max = lax.stop_gradient(scores.max(-1, keepdims=True))
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0)
     exps = jnp.exp(scores - row_max)
@@ -728,26 +818,61 @@ _attention_forward = jax.jit(_attention, static_argnums=(5, 6, 7))
 
 
 @runtime(aten._scaled_dot_product_fused_attention_overrideable.default)
-def scaled_dot_product_fused_attention(query, key, value, attn_bias=None, dropout_p=0.0,
-                                       is_causal=False, return_debug_mask=False, *, scale=None):
+def scaled_dot_product_fused_attention(
+    query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None
+):
     """A runtime entry only because the schema also returns ints (max_q, max_k)."""
     seed = _pack_key(next_key())
     bias = None if attn_bias is None else tensor.read(attn_bias)
-    out, logsumexp = apply(_attention_forward, tensor.read(query), tensor.read(key),
-                                  tensor.read(value), bias, seed, dropout_p, is_causal, scale)
-    return (tensor.wrap(out), tensor.wrap(logsumexp), None, None, query.shape[-2],
-            key.shape[-2], tensor.wrap(seed), tensor.wrap(jnp.zeros((), jnp.int64)), None)
+    out, logsumexp = apply(
+        _attention_forward,
+        tensor.read(query),
+        tensor.read(key),
+        tensor.read(value),
+        bias,
+        seed,
+        dropout_p,
+        is_causal,
+        scale,
+    )
+    return (
+        tensor.wrap(out),
+        tensor.wrap(logsumexp),
+        None,
+        None,
+        query.shape[-2],
+        key.shape[-2],
+        tensor.wrap(seed),
+        tensor.wrap(jnp.zeros((), jnp.int64)),
+        None,
+    )
 
 
 @lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default)
 def scaled_dot_product_fused_attention_backward(
-        grad, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q,
-        cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, scale=None):
+    grad,
+    query,
+    key,
+    value,
+    attn_bias,
+    grad_input_mask,
+    out,
+    logsumexp,
+    cum_seq_q,
+    cum_seq_k,
+    max_q,
+    max_k,
+    dropout_p,
+    is_causal,
+    philox_seed,
+    philox_offset,
+    scale=None,
+):
     primals = (query, key, value) + (() if attn_bias is None else (attn_bias,))
 
     def forward(q, k, v, *bias):
-        return _attention(q, k, v, bias[0] if bias else None, philox_seed, dropout_p, is_causal,
-                          scale)[0]
+        return _attention(q, k, v, bias[0] if bias else None, philox_seed, dropout_p, is_causal, scale)[0]
+
     grads = vjp(forward, primals, grad, grad_input_mask)
     return grads + (None,) * (4 - len(grads))
 
@@ -767,16 +892,19 @@ def _heads(x, num_heads: int):
     return x.reshape(batch, length, num_heads, embed // num_heads).transpose(0, 2, 1, 3)
 
 
-def _multi_head_attention(query, key, value, num_heads, qkv_weight, qkv_bias, proj_weight,
-                          proj_bias, mask, mask_type):
+def _multi_head_attention(
+    query, key, value, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type
+):
     """(output (B, T, E), attention weights (B, heads, T, S)), in the compute dtype."""
     require(query.ndim == 3 and query.shape == key.shape == value.shape)
     compute = compute_dtype(query.dtype)
     highest = precision(compute)
     weights = (w.astype(compute) for w in jnp.split(qkv_weight, 3))
     biases = (b.astype(compute) for b in jnp.split(qkv_bias, 3))
-    q, k, v = (_heads(_linear(x.astype(compute), w, b, highest), num_heads)
-               for x, w, b in zip((query, key, value), weights, biases))
+    q, k, v = (
+        _heads(_linear(x.astype(compute), w, b, highest), num_heads)
+        for x, w, b in zip((query, key, value), weights, biases)
+    )
     scores = jnp.einsum("bhtd,bhsd->bhts", q / math.sqrt(q.shape[-1]), k, precision=highest)
     if mask is not None:
         masked = _softmax_mask(mask.astype(jnp.bool_), scores.shape, mask_type)
@@ -788,11 +916,24 @@ def _multi_head_attention(query, key, value, num_heads, qkv_weight, qkv_bias, pr
 
 
 @lower(aten._native_multi_head_attention.default)
-def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias,
-                                proj_weight, proj_bias, mask=None, need_weights=True,
-                                average_attn_weights=True, mask_type=None):
-    out, attention = _multi_head_attention(query, key, value, num_head, qkv_weight, qkv_bias,
-                                           proj_weight, proj_bias, mask, mask_type)
+def native_multi_head_attention(
+    query,
+    key,
+    value,
+    embed_dim,
+    num_head,
+    qkv_weight,
+    qkv_bias,
+    proj_weight,
+    proj_bias,
+    mask=None,
+    need_weights=True,
+    average_attn_weights=True,
+    mask_type=None,
+):
+    out, attention = _multi_head_attention(
+        query, key, value, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type
+    )
     if not need_weights:
         return out.astype(query.dtype), None
     if average_attn_weights:
@@ -801,11 +942,28 @@ def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weig
 
 
 @lower(aten._transformer_encoder_layer_fwd.default)
-def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
-                                  proj_bias, use_gelu, norm_first, eps, norm_weight_1,
-                                  norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1,
-                                  ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None,
-                                  mask_type=None):
+def transformer_encoder_layer_fwd(
+    src,
+    embed_dim,
+    num_heads,
+    qkv_weight,
+    qkv_bias,
+    proj_weight,
+    proj_bias,
+    use_gelu,
+    norm_first,
+    eps,
+    norm_weight_1,
+    norm_bias_1,
+    norm_weight_2,
+    norm_bias_2,
+    ffn_weight_1,
+    ffn_bias_1,
+    ffn_weight_2,
+    ffn_bias_2,
+    mask=None,
+    mask_type=None,
+):
     compute = compute_dtype(src.dtype)
     highest = precision(compute)
 
@@ -813,8 +971,9 @@ def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bia
         return native_layer_norm(x, (embed_dim,), weight, bias, eps)[0].astype(compute)
 
     def attend(x):
-        return _multi_head_attention(x, x, x, num_heads, qkv_weight, qkv_bias, proj_weight,
-                                     proj_bias, mask, mask_type)[0]
+        return _multi_head_attention(
+            x, x, x, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type
+        )[0]
 
     def feed_forward(x):
         hidden = _linear(x, ffn_weight_1.astype(compute), ffn_bias_1.astype(compute), highest)

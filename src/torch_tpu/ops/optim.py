@@ -6,19 +6,20 @@ dispatch per phase instead of one per parameter. A foreach op is its single-tens
 applied tensor by tensor, with PyTorch's type promotion per tensor (one list can mix dtypes, e.g.
 float parameters and int64 step counters), as CPU's foreach kernels do.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 import torch
 
 from ..runtime.dtypes import cast
-from .dispatch import promoted
-from .registry import LOWERINGS, Types, lower
 from ._helpers import accumulator, to_torch, type_name
+from .dispatch import promoted
 from .elementwise import lerp
+from .registry import LOWERINGS, Types, lower
 
 aten = torch.ops.aten
 
@@ -55,10 +56,13 @@ def _per_tensor(op: torch._ops.OpOverload) -> Callable:
     taking_part = [(i, _is_tensor(a)) for i, a in enumerate(arguments) if a.name in names]
 
     def call(*values):
-        signature = tuple(_promotion_signature(values[i], is_tensor)
-                          for i, is_tensor in taking_part
-                          if i < len(values) and values[i] is not None)
+        signature = tuple(
+            _promotion_signature(values[i], is_tensor)
+            for i, is_tensor in taking_part
+            if i < len(values) and values[i] is not None
+        )
         return entry.fn(*values, types=promoted(entry.promote, signature))
+
     return call
 
 
@@ -76,8 +80,9 @@ def _list_checks(op: torch._ops.OpOverload, rows: Sequence[int] = ()) -> Callabl
             raise RuntimeError("Tensor list must have at least one tensor.")
         for i in tensor_lists[1:]:
             if len(values[i]) != count:
-                raise RuntimeError(f"Tensor lists must have the same number of tensors, got "
-                                   f"{count} and {len(values[i])}")
+                raise RuntimeError(
+                    f"Tensor lists must have the same number of tensors, got {count} and {len(values[i])}"
+                )
         for i in scalar_lists:
             if len(values[i]) != count:
                 raise RuntimeError("Tensor list must have same number of elements as scalar list.")
@@ -87,16 +92,22 @@ def _list_checks(op: torch._ops.OpOverload, rows: Sequence[int] = ()) -> Callabl
                 continue  # a CPU scalar tensor, already a number
             if i in rows:
                 if scalar.size != count:
-                    raise RuntimeError(f"Expected length of scalars to match input of length "
-                                       f"{count} but got {scalar.size} instead.")
+                    raise RuntimeError(
+                        f"Expected length of scalars to match input of length "
+                        f"{count} but got {scalar.size} instead."
+                    )
             elif scalar.ndim != 0:
-                raise RuntimeError(f"scalar tensor expected to be 0 dim but it has {scalar.ndim} "
-                                   f"dimensions and {scalar.size} elements.")
+                raise RuntimeError(
+                    f"scalar tensor expected to be 0 dim but it has {scalar.ndim} "
+                    f"dimensions and {scalar.size} elements."
+                )
+
     return check
 
 
-def foreach(op: torch._ops.OpOverload, single: torch._ops.OpOverload,
-            per_tensor_rows: Sequence[str] = ()) -> None:
+def foreach(
+    op: torch._ops.OpOverload, single: torch._ops.OpOverload, per_tensor_rows: Sequence[str] = ()
+) -> None:
     """Lower foreach ``op`` as ``single``'s lowering applied to each tensor of its lists.
 
     List arguments (``Tensor[]``, ``Scalar[]``) give one element per tensor, other arguments are
@@ -106,8 +117,11 @@ def foreach(op: torch._ops.OpOverload, single: torch._ops.OpOverload,
     """
     names = [a.name for a in op._schema.arguments]
     single_names = [a.name for a in single._schema.arguments]
-    static = tuple(name for name, single_name, arg in zip(names, single_names, op._schema.arguments)
-                   if _is_number(arg) and single_name in LOWERINGS[single].static)
+    static = tuple(
+        name
+        for name, single_name, arg in zip(names, single_names, op._schema.arguments)
+        if _is_number(arg) and single_name in LOWERINGS[single].static
+    )
     rows = [names.index(n) for n in per_tensor_rows]
     apply = _per_tensor(single)
 
@@ -115,13 +129,43 @@ def foreach(op: torch._ops.OpOverload, single: torch._ops.OpOverload,
         args = [list(a) if i in rows else a for i, a in enumerate(args)]
         count = len(next(a for a in args if isinstance(a, list)))
         return [apply(*(a[i] if isinstance(a, list) else a for a in args)) for i in range(count)]
+
     lowering.__name__ = op.__name__.replace(".", "_")
     lower(op, static=static, check=_list_checks(op, rows))(lowering)
 
 
-_UNARY = ("abs", "acos", "asin", "atan", "ceil", "cos", "cosh", "erf", "erfc", "exp", "expm1",
-          "floor", "frac", "lgamma", "log", "log10", "log1p", "log2", "neg", "reciprocal", "round",
-          "rsqrt", "sigmoid", "sign", "sin", "sinh", "sqrt", "tan", "tanh", "trunc")
+_UNARY = (
+    "abs",
+    "acos",
+    "asin",
+    "atan",
+    "ceil",
+    "cos",
+    "cosh",
+    "erf",
+    "erfc",
+    "exp",
+    "expm1",
+    "floor",
+    "frac",
+    "lgamma",
+    "log",
+    "log10",
+    "log1p",
+    "log2",
+    "neg",
+    "reciprocal",
+    "round",
+    "rsqrt",
+    "sigmoid",
+    "sign",
+    "sin",
+    "sinh",
+    "sqrt",
+    "tan",
+    "tanh",
+    "trunc",
+)
 for _name in _UNARY:
     foreach(getattr(aten, f"_foreach_{_name}").default, getattr(aten, _name).default)
 
@@ -131,8 +175,10 @@ foreach(aten._foreach_mm.default, aten.mm.default)
 # (foreach name, single op for Tensor[]/Tensor operands, single op for Scalar/Scalar[] operands);
 # CPU computes foreach maximum/minimum with a scalar as clamp_min/clamp_max
 _BINARY = [
-    ("add", aten.add.Tensor, aten.add.Scalar), ("sub", aten.sub.Tensor, aten.sub.Scalar),
-    ("mul", aten.mul.Tensor, aten.mul.Scalar), ("div", aten.div.Tensor, aten.div.Scalar),
+    ("add", aten.add.Tensor, aten.add.Scalar),
+    ("sub", aten.sub.Tensor, aten.sub.Scalar),
+    ("mul", aten.mul.Tensor, aten.mul.Scalar),
+    ("div", aten.div.Tensor, aten.div.Scalar),
     ("clamp_min", aten.clamp_min.Tensor, aten.clamp_min.default),
     ("clamp_max", aten.clamp_max.Tensor, aten.clamp_max.default),
     ("maximum", aten.maximum.default, aten.clamp_min.default),
@@ -144,12 +190,15 @@ for _name, _tensor_op, _scalar_op in _BINARY:
     _packet = getattr(aten, f"_foreach_{_name}")
     for _overload in ("List", "Tensor", "Scalar", "ScalarList"):
         if _overload in _packet.overloads():
-            foreach(getattr(_packet, _overload),
-                    _tensor_op if _overload in ("List", "Tensor") else _scalar_op)
+            foreach(
+                getattr(_packet, _overload), _tensor_op if _overload in ("List", "Tensor") else _scalar_op
+            )
 foreach(aten._foreach_pow.ScalarAndTensor, aten.pow.Scalar)
 
-for _packet, _single in [(aten._foreach_addcmul, aten.addcmul.default),
-                         (aten._foreach_addcdiv, aten.addcdiv.default)]:
+for _packet, _single in [
+    (aten._foreach_addcmul, aten.addcmul.default),
+    (aten._foreach_addcdiv, aten.addcdiv.default),
+]:
     foreach(_packet.Scalar, _single)
     foreach(_packet.ScalarList, _single)
     foreach(_packet.Tensor, _single, per_tensor_rows=("scalars",))
@@ -182,7 +231,7 @@ def foreach_powsum(xs, ord=2, dtype=None):
     sums = []
     for x in xs:
         if not jnp.issubdtype(x.dtype, jnp.inexact):
-            raise NotImplementedError(f'"powsum_cpu" not implemented for \'{type_name(x.dtype)}\'')
+            raise NotImplementedError(f"\"powsum_cpu\" not implemented for '{type_name(x.dtype)}'")
         magnitude = jnp.abs(x)
         result = magnitude.dtype if dtype is None else dtype
         wide = accumulator(result)
@@ -192,8 +241,7 @@ def foreach_powsum(xs, ord=2, dtype=None):
 
 # ----------------------------------------------------------------------------- fused optimizers
 # Hyperparameters arrive as device scalars: a scheduler changing lr every step never recompiles.
-_HYPERPARAMETERS = ("lr", "beta1", "beta2", "weight_decay", "eps", "lr_decay", "momentum",
-                    "dampening")
+_HYPERPARAMETERS = ("lr", "beta1", "beta2", "weight_decay", "eps", "lr_decay", "momentum", "dampening")
 
 
 class _Step:
@@ -232,28 +280,45 @@ def _unless_inf(found_inf, new: list, old: list) -> list:
 
 def _fused_adam(decoupled_weight_decay: bool) -> Callable:
     """``_fused_adam`` (weight decay added to the gradient) or ``_fused_adamw`` (decoupled)."""
-    def fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr,
-                   beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale=None,
-                   found_inf=None):
+
+    def fused_adam(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        max_exp_avg_sqs,
+        state_steps,
+        lr,
+        beta1,
+        beta2,
+        weight_decay,
+        eps,
+        amsgrad,
+        maximize,
+        grad_scale=None,
+        found_inf=None,
+    ):
         lr = jnp.asarray(lr, jnp.float64)  # tensor_lr: CPU reads lr as a double too
         outputs = ([], [], [], [], [])
         for i, (param, grad, exp_avg, exp_avg_sq, step) in enumerate(
-                zip(params, grads, exp_avgs, exp_avg_sqs, state_steps)):
+            zip(params, grads, exp_avgs, exp_avg_sqs, state_steps)
+        ):
             t = _Step(param, grad, grad_scale, maximize)
             step = step.astype(jnp.float64)
-            step_size = lr / (1 - beta1 ** step)
-            bias_correction2_sqrt = jnp.sqrt(1 - beta2 ** step)
+            step_size = lr / (1 - beta1**step)
+            bias_correction2_sqrt = jnp.sqrt(1 - beta2**step)
             new_param, grad_term = t.param, t.grad
             if decoupled_weight_decay:
-                new_param = jnp.where(weight_decay != 0,
-                                      t.param * t.coefficient(1 - lr * weight_decay), t.param)
+                new_param = jnp.where(
+                    weight_decay != 0, t.param * t.coefficient(1 - lr * weight_decay), t.param
+                )
             else:
                 grad_term = t.decayed_grad(weight_decay)
             opmath_types = Types(t.opmath, t.opmath)
-            new_exp_avg = lerp(t.state(exp_avg), grad_term, t.coefficient(1 - beta1),
-                               types=opmath_types)
-            new_exp_avg_sq = (t.state(exp_avg_sq) * t.coefficient(beta2)
-                              + t.coefficient(1 - beta2) * grad_term * grad_term)
+            new_exp_avg = lerp(t.state(exp_avg), grad_term, t.coefficient(1 - beta1), types=opmath_types)
+            new_exp_avg_sq = (
+                t.state(exp_avg_sq) * t.coefficient(beta2) + t.coefficient(1 - beta2) * grad_term * grad_term
+            )
             second_moment, new_state = new_exp_avg_sq, []
             if amsgrad:
                 second_moment = jnp.maximum(t.state(max_exp_avg_sqs[i]), new_exp_avg_sq)
@@ -265,18 +330,33 @@ def _fused_adam(decoupled_weight_decay: bool) -> Callable:
             for output, value in zip(outputs, _unless_inf(found_inf, new, old)):
                 output.append(value)
         return outputs
+
     return fused_adam
 
 
 lower(aten._fused_adam.default, aten._fused_adam.tensor_lr, dynamic=_HYPERPARAMETERS)(
-    _fused_adam(decoupled_weight_decay=False))
+    _fused_adam(decoupled_weight_decay=False)
+)
 lower(aten._fused_adamw.default, aten._fused_adamw.tensor_lr, dynamic=_HYPERPARAMETERS)(
-    _fused_adam(decoupled_weight_decay=True))
+    _fused_adam(decoupled_weight_decay=True)
+)
 
 
 @lower(aten._fused_sgd.default, aten._fused_sgd.tensor_lr, dynamic=_HYPERPARAMETERS)
-def fused_sgd(params, grads, momentum_buffer_list, weight_decay, momentum, lr, dampening,
-              nesterov, maximize, is_first_step, grad_scale=None, found_inf=None):
+def fused_sgd(
+    params,
+    grads,
+    momentum_buffer_list,
+    weight_decay,
+    momentum,
+    lr,
+    dampening,
+    nesterov,
+    maximize,
+    is_first_step,
+    grad_scale=None,
+    found_inf=None,
+):
     """The optimizer passes no momentum buffers when momentum is 0 (plain SGD)."""
     outputs = ([], [], [])
     buffers = momentum_buffer_list or [None] * len(params)
@@ -285,8 +365,11 @@ def fused_sgd(params, grads, momentum_buffer_list, weight_decay, momentum, lr, d
         update = t.decayed_grad(weight_decay)
         old, new = [param, grad], []
         if buffer is not None:
-            new_buffer = update if is_first_step else (
-                t.state(buffer) * t.coefficient(momentum) + update * t.coefficient(1 - dampening))
+            new_buffer = (
+                update
+                if is_first_step
+                else (t.state(buffer) * t.coefficient(momentum) + update * t.coefficient(1 - dampening))
+            )
             update = update + new_buffer * t.coefficient(momentum) if nesterov else new_buffer
             old, new = old + [buffer], [new_buffer]
         new_param = t.param - update * t.coefficient(jnp.asarray(lr, jnp.float64))
@@ -295,8 +378,9 @@ def fused_sgd(params, grads, momentum_buffer_list, weight_decay, momentum, lr, d
     return outputs
 
 
-def _adagrad(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps, maximize,
-             grad_scale, found_inf) -> tuple[list, list, list]:
+def _adagrad(
+    params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps, maximize, grad_scale, found_inf
+) -> tuple[list, list, list]:
     lr = jnp.asarray(lr, jnp.float64)
     outputs = ([], [], [])
     for param, grad, state_sum, step in zip(params, grads, state_sums, state_steps):
@@ -306,26 +390,74 @@ def _adagrad(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay,
         new_sum = t.state(state_sum) + update * update
         std = jnp.sqrt(new_sum) + t.coefficient(eps)
         new_param = t.param - t.coefficient(clr) * update / std
-        for output, value in zip(outputs, _unless_inf(
-                found_inf, [new_param, t.unscaled_grad, new_sum], [param, grad, state_sum])):
+        for output, value in zip(
+            outputs, _unless_inf(found_inf, [new_param, t.unscaled_grad, new_sum], [param, grad, state_sum])
+        ):
             output.append(value)
     return outputs
 
 
 @lower(aten._fused_adagrad.default, dynamic=_HYPERPARAMETERS)
-def fused_adagrad(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps,
-                  maximize, grad_scale=None, found_inf=None):
+def fused_adagrad(
+    params,
+    grads,
+    state_sums,
+    state_steps,
+    lr,
+    lr_decay,
+    weight_decay,
+    eps,
+    maximize,
+    grad_scale=None,
+    found_inf=None,
+):
     """This overload also returns the (unchanged) step counters: its in-place form marks them
     written."""
-    return (*_adagrad(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps,
-                      maximize, grad_scale, found_inf), list(state_steps))
+    return (
+        *_adagrad(
+            params,
+            grads,
+            state_sums,
+            state_steps,
+            lr,
+            lr_decay,
+            weight_decay,
+            eps,
+            maximize,
+            grad_scale,
+            found_inf,
+        ),
+        list(state_steps),
+    )
 
 
 @lower(aten._fused_adagrad.tensor_lr, dynamic=_HYPERPARAMETERS)
-def fused_adagrad_tensor_lr(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay,
-                            eps, maximize, grad_scale=None, found_inf=None):
-    return _adagrad(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps,
-                    maximize, grad_scale, found_inf)
+def fused_adagrad_tensor_lr(
+    params,
+    grads,
+    state_sums,
+    state_steps,
+    lr,
+    lr_decay,
+    weight_decay,
+    eps,
+    maximize,
+    grad_scale=None,
+    found_inf=None,
+):
+    return _adagrad(
+        params,
+        grads,
+        state_sums,
+        state_steps,
+        lr,
+        lr_decay,
+        weight_decay,
+        eps,
+        maximize,
+        grad_scale,
+        found_inf,
+    )
 
 
 # ----------------------------------------------------------------------------- AMP
@@ -333,8 +465,10 @@ def fused_adagrad_tensor_lr(params, grads, state_sums, state_steps, lr, lr_decay
 def amp_foreach_non_finite_check_and_unscale(grads, found_inf, inv_scale):
     """Multiply every gradient by ``inv_scale`` (in opmath); ``found_inf`` becomes 1 if any
     value is inf or NaN, and keeps its value otherwise."""
-    unscaled = [(g.astype(accumulator(g.dtype)) * inv_scale.astype(accumulator(g.dtype)))
-                .astype(g.dtype) for g in grads]
+    unscaled = [
+        (g.astype(accumulator(g.dtype)) * inv_scale.astype(accumulator(g.dtype))).astype(g.dtype)
+        for g in grads
+    ]
     if not grads:
         return unscaled, found_inf
     non_finite = jnp.stack([~jnp.all(jnp.isfinite(g)) for g in grads]).any()
@@ -342,8 +476,14 @@ def amp_foreach_non_finite_check_and_unscale(grads, found_inf, inv_scale):
 
 
 @lower(aten._amp_update_scale.default)
-def amp_update_scale(scale, growth_tracker, found_inf, scale_growth_factor: float,
-                     scale_backoff_factor: float, growth_interval: int):
+def amp_update_scale(
+    scale,
+    growth_tracker,
+    found_inf,
+    scale_growth_factor: float,
+    scale_backoff_factor: float,
+    growth_interval: int,
+):
     """Back off on inf/NaN gradients; grow after ``growth_interval`` clean steps in a row
     (unless growing overflows float32). CPU multiplies by the double factors, then rounds."""
     wide = scale.astype(jnp.float64)

@@ -3,6 +3,7 @@
 Backward ops scatter the output gradient to the argmax (max pooling) or are ``jax.vjp`` of the
 forward lowering (average pooling).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -13,9 +14,9 @@ import numpy as np
 import torch
 from jax import lax
 
-from .registry import lower
 from ._helpers import check_bounds
-from ._nn_helpers import compute_dtype, precision, require, ntuple, vjp
+from ._nn_helpers import compute_dtype, ntuple, precision, require, vjp
+from .registry import lower
 
 aten = torch.ops.aten
 
@@ -33,10 +34,14 @@ def _pool_geometry(x, kernel_size, stride, padding, dilation, ceil_mode, n):
     kernel = ntuple(kernel_size, n)
     stride = ntuple(stride, n) if stride else kernel
     padding, dilation = ntuple(padding, n), ntuple(dilation, n)
-    out = tuple(_pooled_size(size, k, s, p, d, ceil_mode) for size, k, s, p, d in
-                zip(x.shape[-n:], kernel, stride, padding, dilation))
-    require(all(o > 0 for o in out) and all(
-        2 * p <= (k - 1) * d + 1 for k, p, d in zip(kernel, padding, dilation)))
+    out = tuple(
+        _pooled_size(size, k, s, p, d, ceil_mode)
+        for size, k, s, p, d in zip(x.shape[-n:], kernel, stride, padding, dilation)
+    )
+    require(
+        all(o > 0 for o in out)
+        and all(2 * p <= (k - 1) * d + 1 for k, p, d in zip(kernel, padding, dilation))
+    )
     return kernel, stride, padding, dilation, out
 
 
@@ -49,17 +54,29 @@ def _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode,
     """Max over each window, and the argmax as a flat index into the input's spatial plane
     (PyTorch's convention). Windows are gathered as one strided slice per kernel offset."""
     kernel, stride, padding, dilation, out = _pool_geometry(
-        x, kernel_size, stride, padding, dilation, ceil_mode, n)
+        x, kernel_size, stride, padding, dilation, ceil_mode, n
+    )
     spatial = x.shape[-n:]
     lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-    high = [max(0, (o - 1) * s + d * (k - 1) + 1 - p - size)
-            for o, s, d, k, p, size in zip(out, stride, dilation, kernel, padding, spatial)]
+    high = [
+        max(0, (o - 1) * s + d * (k - 1) + 1 - p - size)
+        for o, s, d, k, p, size in zip(out, stride, dilation, kernel, padding, spatial)
+    ]
     padded = _pad_spatial(x, n, padding, high, lowest)
     offsets = list(itertools.product(*(range(k) for k in kernel)))
-    windows = jnp.stack([
-        padded[(...,) + tuple(slice(o * d, o * d + (size - 1) * s + 1, s)
-                              for o, d, size, s in zip(offset, dilation, out, stride))]
-        for offset in offsets], axis=-n - 1)
+    windows = jnp.stack(
+        [
+            padded[
+                (...,)
+                + tuple(
+                    slice(o * d, o * d + (size - 1) * s + 1, s)
+                    for o, d, size, s in zip(offset, dilation, out, stride)
+                )
+            ]
+            for offset in offsets
+        ],
+        axis=-n - 1,
+    )
     best = jnp.argmax(windows, axis=-n - 1)
     values = jnp.max(windows, axis=-n - 1)
     kernel_offsets = jnp.asarray(offsets, jnp.int64)[best]  # (..., *out, n)
@@ -90,29 +107,26 @@ def _max_pool_entries(forward, backward, n):
         return _scatter_to_plane(grad, x, indices, n)
 
 
-_max_pool_entries(aten.max_pool2d_with_indices.default,
-                  aten.max_pool2d_with_indices_backward.default, 2)
-_max_pool_entries(aten.max_pool3d_with_indices.default,
-                  aten.max_pool3d_with_indices_backward.default, 3)
+_max_pool_entries(aten.max_pool2d_with_indices.default, aten.max_pool2d_with_indices_backward.default, 2)
+_max_pool_entries(aten.max_pool3d_with_indices.default, aten.max_pool3d_with_indices_backward.default, 3)
 
 
 def _window_counts(k, s, out, covered):
     """Per output position, how many of the positions ``covered`` (on the padded axis) its
     window holds: the avg-pool divisor along one axis."""
-    return np.array([covered[o * s: o * s + k].sum() for o in range(out)], np.float64)
+    return np.array([covered[o * s : o * s + k].sum() for o in range(out)], np.float64)
 
 
 def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n):
-    kernel, stride, padding, _, out = _pool_geometry(x, kernel_size, stride, padding, 1,
-                                                     ceil_mode, n)
+    kernel, stride, padding, _, out = _pool_geometry(x, kernel_size, stride, padding, 1, ceil_mode, n)
     spatial = x.shape[-n:]
     compute = compute_dtype(x.dtype)
-    high = [max(0, (o - 1) * s + k - p - size)
-            for o, s, k, p, size in zip(out, stride, kernel, padding, spatial)]
+    high = [
+        max(0, (o - 1) * s + k - p - size) for o, s, k, p, size in zip(out, stride, kernel, padding, spatial)
+    ]
     padded = _pad_spatial(x.astype(compute), n, padding, high, 0)
     lead = (1,) * (x.ndim - n)
-    sums = lax.reduce_window(padded, np.zeros((), compute), lax.add, lead + kernel,
-                             lead + stride, "VALID")
+    sums = lax.reduce_window(padded, np.zeros((), compute), lax.add, lead + kernel, lead + stride, "VALID")
     sums = sums[(...,) + tuple(slice(0, o) for o in out)]
     if divisor_override:
         return (sums / divisor_override).astype(x.dtype)
@@ -123,23 +137,30 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
         if count_include_pad:
             covered[: p + size + min(p, h)] = 1
         else:
-            covered[p: p + size] = 1
+            covered[p : p + size] = 1
         divisor = np.multiply.outer(divisor, _window_counts(k, s, o, covered))
     return (sums / divisor.astype(compute)).astype(x.dtype)
 
 
 def _avg_pool_entries(forward, backward, n):
     @lower(forward)
-    def avg_pool(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-                 divisor_override=None):
-        return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                         divisor_override, n)
+    def avg_pool(
+        x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
+    ):
+        return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n)
 
     @lower(backward)
-    def avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                          divisor_override):
-        return vjp(lambda x: avg_pool(x, kernel_size, stride, padding, ceil_mode,
-                                      count_include_pad, divisor_override), (x,), grad, (True,))[0]
+    def avg_pool_backward(
+        grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+    ):
+        return vjp(
+            lambda x: avg_pool(
+                x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+            ),
+            (x,),
+            grad,
+            (True,),
+        )[0]
 
 
 _avg_pool_entries(aten.avg_pool2d.default, aten.avg_pool2d_backward.default, 2)
@@ -161,8 +182,13 @@ def _adaptive_avg_pool(x, output_size, n):
         averaging = np.zeros((out, size))
         for row, (start, end) in enumerate(zip(*_adaptive_bounds(size, out))):
             averaging[row, start:end] = 1 / (end - start)
-        y = jnp.moveaxis(jnp.tensordot(y, jnp.asarray(averaging.T, compute), ((axis,), (0,)),
-                                       precision=precision(compute)), -1, axis)
+        y = jnp.moveaxis(
+            jnp.tensordot(
+                y, jnp.asarray(averaging.T, compute), ((axis,), (0,)), precision=precision(compute)
+            ),
+            -1,
+            axis,
+        )
     return y.astype(x.dtype)
 
 
@@ -174,10 +200,8 @@ def _adaptive_avg_pool_entries(forward, backward, n):
         return vjp(lambda x: _adaptive_avg_pool(x, grad.shape[-n:], n), (x,), grad, (True,))[0]
 
 
-_adaptive_avg_pool_entries(aten._adaptive_avg_pool2d.default,
-                           aten._adaptive_avg_pool2d_backward.default, 2)
-_adaptive_avg_pool_entries(aten._adaptive_avg_pool3d.default,
-                           aten._adaptive_avg_pool3d_backward.default, 3)
+_adaptive_avg_pool_entries(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d_backward.default, 2)
+_adaptive_avg_pool_entries(aten._adaptive_avg_pool3d.default, aten._adaptive_avg_pool3d_backward.default, 3)
 
 
 def _adaptive_max_pool(x, output_size, n):
@@ -192,9 +216,9 @@ def _adaptive_max_pool(x, output_size, n):
         gathers.append(idx)
         # axis -> (out, width), with the width axes collected at the end
         gathered = jnp.take(windows, jnp.asarray(idx.reshape(-1)), axis=axis)
-        gathered = gathered.reshape(windows.shape[:axis] + idx.shape + windows.shape[axis + 1:])
+        gathered = gathered.reshape(windows.shape[:axis] + idx.shape + windows.shape[axis + 1 :])
         windows = jnp.moveaxis(gathered, axis + 1, -1)
-    windows = windows.reshape(windows.shape[:x.ndim] + (-1,))
+    windows = windows.reshape(windows.shape[: x.ndim] + (-1,))
     best = jnp.argmax(windows, axis=-1)
     widths = tuple(g.shape[1] for g in gathers)
     offsets = jnp.unravel_index(best, widths)
@@ -210,10 +234,8 @@ def _adaptive_max_pool_entries(forward, backward, n):
     lower(backward)(lambda grad, x, indices: _scatter_to_plane(grad, x, indices, n))
 
 
-_adaptive_max_pool_entries(aten.adaptive_max_pool2d.default,
-                           aten.adaptive_max_pool2d_backward.default, 2)
-_adaptive_max_pool_entries(aten.adaptive_max_pool3d.default,
-                           aten.adaptive_max_pool3d_backward.default, 3)
+_adaptive_max_pool_entries(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool2d_backward.default, 2)
+_adaptive_max_pool_entries(aten.adaptive_max_pool3d.default, aten.adaptive_max_pool3d_backward.default, 3)
 
 
 # ----------------------------------------------------------------------------- unpooling
@@ -223,8 +245,9 @@ def _planes(x, n):
 
 
 def _check_unpool_indices(x, indices, output_size, *_):
-    check_bounds([(indices, math.prod(output_size), False)],
-                 lambda *_: RuntimeError("Found an invalid max index"))
+    check_bounds(
+        [(indices, math.prod(output_size), False)], lambda *_: RuntimeError("Found an invalid max index")
+    )
 
 
 def _max_unpool(x, indices, output_size, n):
@@ -236,9 +259,11 @@ def _max_unpool(x, indices, output_size, n):
 
 
 lower(aten.max_unpool2d.default, check=_check_unpool_indices)(
-    lambda x, indices, output_size: _max_unpool(x, indices, output_size, 2))
+    lambda x, indices, output_size: _max_unpool(x, indices, output_size, 2)
+)
 lower(aten.max_unpool3d.default, check=_check_unpool_indices)(
-    lambda x, indices, output_size, stride, padding: _max_unpool(x, indices, output_size, 3))
+    lambda x, indices, output_size, stride, padding: _max_unpool(x, indices, output_size, 3)
+)
 
 
 # ----------------------------------------------------------------------------- fractional
@@ -249,8 +274,9 @@ def _fractional_starts(sample, size: int, out: int, k: int):
         return jnp.full(sample.shape + (1,), size - k, jnp.int64)
     alpha = jnp.asarray(size - k, sample.dtype) / jnp.asarray(out - 1, sample.dtype)
     steps = jnp.arange(out - 1, dtype=sample.dtype)
-    starts = ((steps + sample[..., None]) * alpha).astype(jnp.int64) \
-        - (sample * alpha).astype(jnp.int64)[..., None]
+    starts = ((steps + sample[..., None]) * alpha).astype(jnp.int64) - (sample * alpha).astype(jnp.int64)[
+        ..., None
+    ]
     return jnp.concatenate([starts, jnp.full(sample.shape + (1,), size - k, jnp.int64)], -1)
 
 
@@ -260,34 +286,31 @@ def _fractional_max_pool(x, kernel_size, output_size, samples, n):
     first for 3-d (T, H, W)."""
     spatial = x.shape[-n:]
     # PyTorch's 3-d kernel also rejects a last window ending exactly at the edge
-    require(all(o + k - 1 < size + (n == 2) for o, k, size in
-                zip(output_size, kernel_size, spatial)))
+    require(all(o + k - 1 < size + (n == 2) for o, k, size in zip(output_size, kernel_size, spatial)))
     samples = samples.reshape(x.shape[:-n] + (n,))
     axis_samples = [samples[..., n - 1 - axis if n == 2 else axis] for axis in range(n)]
     flat = jnp.zeros(x.shape[:-n] + (1,) * (2 * n), jnp.int64)
-    for axis, (sample, size, out, k) in enumerate(zip(axis_samples, spatial, output_size,
-                                                      kernel_size)):
+    for axis, (sample, size, out, k) in enumerate(zip(axis_samples, spatial, output_size, kernel_size)):
         positions = _fractional_starts(sample, size, out, k)[..., None] + jnp.arange(k)
         # axis -> (out, k) at output slot ``axis`` and window slot ``n + axis``
         shape = [1] * (2 * n)
         shape[axis], shape[n + axis] = out, k
         flat = flat * size + positions.reshape(positions.shape[:-2] + tuple(shape))
-    flat = flat.reshape(flat.shape[:x.ndim] + (-1,))
+    flat = flat.reshape(flat.shape[: x.ndim] + (-1,))
     planes = _planes(x, n)
     windows = jnp.take_along_axis(planes, flat.reshape(planes.shape[0], -1), 1).reshape(flat.shape)
     best = jnp.argmax(windows, axis=-1)
-    return (jnp.max(windows, axis=-1),
-            jnp.take_along_axis(flat, best[..., None], -1)[..., 0])
+    return (jnp.max(windows, axis=-1), jnp.take_along_axis(flat, best[..., None], -1)[..., 0])
 
 
 def _fractional_entries(forward, backward, n):
-    lower(forward)(lambda x, kernel_size, output_size, samples: _fractional_max_pool(
-        x, kernel_size, output_size, samples, n))
-    lower(backward)(lambda grad, x, kernel_size, output_size, indices: _scatter_to_plane(
-        grad, x, indices, n))
+    lower(forward)(
+        lambda x, kernel_size, output_size, samples: _fractional_max_pool(
+            x, kernel_size, output_size, samples, n
+        )
+    )
+    lower(backward)(lambda grad, x, kernel_size, output_size, indices: _scatter_to_plane(grad, x, indices, n))
 
 
-_fractional_entries(aten.fractional_max_pool2d.default,
-                    aten.fractional_max_pool2d_backward.default, 2)
-_fractional_entries(aten.fractional_max_pool3d.default,
-                    aten.fractional_max_pool3d_backward.default, 3)
+_fractional_entries(aten.fractional_max_pool2d.default, aten.fractional_max_pool2d_backward.default, 2)
+_fractional_entries(aten.fractional_max_pool3d.default, aten.fractional_max_pool3d_backward.default, 3)

@@ -6,6 +6,7 @@ reproducible under ``torch.manual_seed`` but are not CPU's values (the bit gener
 Half types are sampled in float32 and rounded, as torch does. Argument checks raise PyTorch CPU's
 exceptions; the ones that depend on tensor values run before the jitted sampler (``check=``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,9 +18,9 @@ import numpy as np
 import torch
 from jax.scipy.special import digamma
 
-from .registry import Runs, lower, runtime
 from ._helpers import accumulator, check_values, result_dtype, type_name
 from .creation import _factory_out, _float_or_default
+from .registry import Runs, lower, runtime
 
 aten = torch.ops.aten
 
@@ -33,20 +34,26 @@ def _is_complex(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.complexfloating)
 
 
-def _require_dtype(kernel: str, dtype, *, floating=True, complex_=False, integral=False,
-                   boolean=False) -> None:
+def _require_dtype(
+    kernel: str, dtype, *, floating=True, complex_=False, integral=False, boolean=False
+) -> None:
     """PyTorch CPU's NotImplementedError for a dtype its kernel is not built for."""
-    allowed = ((floating and _is_floating(dtype)) or (complex_ and _is_complex(dtype))
-               or (integral and jnp.issubdtype(dtype, jnp.integer))
-               or (boolean and dtype == jnp.bool_))
+    allowed = (
+        (floating and _is_floating(dtype))
+        or (complex_ and _is_complex(dtype))
+        or (integral and jnp.issubdtype(dtype, jnp.integer))
+        or (boolean and dtype == jnp.bool_)
+    )
     if not allowed:
-        raise NotImplementedError(f'"{kernel}" not implemented for \'{type_name(dtype)}\'')
+        raise NotImplementedError(f"\"{kernel}\" not implemented for '{type_name(dtype)}'")
 
 
 def _require_continuous(distribution: str, dtype) -> None:
     if not _is_floating(dtype):
-        raise RuntimeError(f"{distribution} distribution is a continuous probability distribution. "
-                           f"dtype must be a floating point but you specified {type_name(dtype)}")
+        raise RuntimeError(
+            f"{distribution} distribution is a continuous probability distribution. "
+            f"dtype must be a floating point but you specified {type_name(dtype)}"
+        )
 
 
 # ----------------------------------------------------------------------------- samplers
@@ -61,15 +68,13 @@ def _continuous(key, shape, dtype, draw):
 
 
 def _uniform(key, shape, dtype, low=0.0, high=1.0):
-    return _continuous(key, shape, dtype,
-                       lambda k, s, d: jax.random.uniform(k, s, d, low, high))
+    return _continuous(key, shape, dtype, lambda k, s, d: jax.random.uniform(k, s, d, low, high))
 
 
 def _normal(key, shape, dtype, mean=0.0, std=1.0):
     # complex normals split the variance between the two parts, as torch does
     scale = std / math.sqrt(2) if _is_complex(dtype) else std
-    return _continuous(key, shape, dtype,
-                       lambda k, s, d: mean + scale * jax.random.normal(k, s, d))
+    return _continuous(key, shape, dtype, lambda k, s, d: mean + scale * jax.random.normal(k, s, d))
 
 
 def _integers(key, shape, low, high):
@@ -78,7 +83,7 @@ def _integers(key, shape, low, high):
     bits = jax.random.bits(key, tuple(shape), jnp.uint64)
     span = high - low
     if isinstance(span, int):
-        offset = bits if span == 2 ** 64 else bits % np.uint64(span)
+        offset = bits if span == 2**64 else bits % np.uint64(span)
     else:
         offset = bits % span.astype(jnp.uint64)
     start = jnp.asarray(low).astype(jnp.int64).astype(jnp.uint64)  # two's complement
@@ -90,8 +95,9 @@ def _integers(key, shape, low, high):
 def uniform(x, low=0.0, high=1.0, generator=None, *, key):
     _require_dtype("check_uniform_bounds", x.dtype, complex_=True)
     if low > high:
-        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found "
-                           f"from={low:g} > to={high:g}")
+        raise RuntimeError(
+            f"uniform_ expects to return a [from, to) range, but found from={low:g} > to={high:g}"
+        )
     return _uniform(key, x.shape, x.dtype, low, high)
 
 
@@ -134,8 +140,7 @@ def _random_integers(key, shape, dtype, low: int, high: int | None):
     if high is None:
         high = largest + 1
     elif low >= high:
-        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} "
-                           f">= to={high}")
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
     for name, bound in (("from", low), ("to - 1", high - 1)):
         if not smallest <= bound <= largest:
             raise RuntimeError(f"{name} is out of bounds for {type_name(dtype)}")
@@ -176,8 +181,11 @@ def _are_probabilities(p):
 
 
 def _check_probabilities(p) -> None:
-    check_values(_are_probabilities, [p], lambda: RuntimeError(
-        "Expected p_in >= 0 && p_in <= 1 to be true, but got false."))
+    check_values(
+        _are_probabilities,
+        [p],
+        lambda: RuntimeError("Expected p_in >= 0 && p_in <= 1 to be true, but got false."),
+    )
 
 
 @lower(aten.bernoulli.Tensor, random=True, check=lambda x, p, generator: _check_probabilities(p))
@@ -197,8 +205,7 @@ def exponential(x, lambd=1.0, generator=None, *, key):
     _require_continuous("Exponential", x.dtype)
     if not lambd > 0:
         raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd:g}")
-    return _continuous(key, x.shape, x.dtype,
-                       lambda k, s, d: jax.random.exponential(k, s, d) / lambd)
+    return _continuous(key, x.shape, x.dtype, lambda k, s, d: jax.random.exponential(k, s, d) / lambd)
 
 
 @lower(aten.cauchy.default, random=True)
@@ -206,8 +213,7 @@ def cauchy(x, median=0.0, sigma=1.0, generator=None, *, key):
     _require_continuous("Cauchy", x.dtype)
     if not sigma > 0:
         raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma:g}")
-    return _continuous(key, x.shape, x.dtype,
-                       lambda k, s, d: median + sigma * jax.random.cauchy(k, s, d))
+    return _continuous(key, x.shape, x.dtype, lambda k, s, d: median + sigma * jax.random.cauchy(k, s, d))
 
 
 @lower(aten.geometric.default, random=True)
@@ -223,8 +229,9 @@ def log_normal(x, mean=1.0, std=2.0, generator=None, *, key):
     _require_dtype("log_normal_cpu", x.dtype)
     if not std > 0:
         raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std:g}")
-    return _continuous(key, x.shape, x.dtype,
-                       lambda k, s, d: jnp.exp(mean + std * jax.random.normal(k, s, d)))
+    return _continuous(
+        key, x.shape, x.dtype, lambda k, s, d: jnp.exp(mean + std * jax.random.normal(k, s, d))
+    )
 
 
 # ----------------------------------------------------------------------------- normal(Tensor...)
@@ -234,8 +241,7 @@ def _all_non_negative(x):
 
 
 def _check_std_tensor(std) -> None:
-    check_values(_all_non_negative, [std],
-                 lambda: RuntimeError("normal expects all elements of std >= 0.0"))
+    check_values(_all_non_negative, [std], lambda: RuntimeError("normal expects all elements of std >= 0.0"))
 
 
 def _normal_around(key, mean, std, dtype):
@@ -252,22 +258,23 @@ def normal_tensor_float(mean, std=1.0, generator=None, *, key):
     return _normal_around(key, mean, std, mean.dtype)
 
 
-@lower(aten.normal.float_Tensor, random=True,
-       check=lambda mean, std, generator: _check_std_tensor(std))
+@lower(aten.normal.float_Tensor, random=True, check=lambda mean, std, generator: _check_std_tensor(std))
 def normal_float_tensor(mean, std, generator=None, *, key):
     return _normal_around(key, mean, std, std.dtype)
 
 
-@lower(aten.normal.Tensor_Tensor, random=True,
-       check=lambda mean, std, generator: _check_std_tensor(std))
+@lower(aten.normal.Tensor_Tensor, random=True, check=lambda mean, std, generator: _check_std_tensor(std))
 def normal_tensor_tensor(mean, std, generator=None, *, key):
     return _normal_around(key, mean, std, result_dtype(mean.dtype, std.dtype))
 
 
 # ----------------------------------------------------------------------------- distributions
 def _check_rates(rates) -> None:
-    check_values(_all_non_negative, [rates], lambda: RuntimeError(
-        "invalid Poisson rate, expected rate to be non-negative"))
+    check_values(
+        _all_non_negative,
+        [rates],
+        lambda: RuntimeError("invalid Poisson rate, expected rate to be non-negative"),
+    )
 
 
 @lower(aten.poisson.default, random=True, check=lambda rates, generator: _check_rates(rates))
@@ -282,8 +289,7 @@ def binomial(count, prob, generator=None, *, key):
     _require_dtype("binomial_cpu", count.dtype)
     wide = accumulator(count.dtype)
     shape = jnp.broadcast_shapes(count.shape, prob.shape)
-    return jax.random.binomial(key, count.astype(wide), prob.astype(wide), shape,
-                               wide).astype(count.dtype)
+    return jax.random.binomial(key, count.astype(wide), prob.astype(wide), shape, wide).astype(count.dtype)
 
 
 def _require_gamma_dtype(dtype) -> None:
@@ -314,12 +320,31 @@ def _polynomial(coefficients, x):
     return result
 
 
-_GAMMA_GRAD_UV = np.array([
-    [0.16009398, -0.094634809, 0.025146376, -0.0030648343, 1, 0.32668115, 0.10406089, 0.0014179084],
-    [0.53487893, 0.1298071, 0.065735949, -0.0015649758, 0.16639465, 0.020070113, -0.0035938915,
-     -0.00058392623],
-    [0.040121004, -0.0065914022, -0.0026286047, -0.0013441777, 0.017050642, -0.0021309326,
-     0.00085092367, -1.5247877e-07]])
+_GAMMA_GRAD_UV = np.array(
+    [
+        [0.16009398, -0.094634809, 0.025146376, -0.0030648343, 1, 0.32668115, 0.10406089, 0.0014179084],
+        [
+            0.53487893,
+            0.1298071,
+            0.065735949,
+            -0.0015649758,
+            0.16639465,
+            0.020070113,
+            -0.0035938915,
+            -0.00058392623,
+        ],
+        [
+            0.040121004,
+            -0.0065914022,
+            -0.0026286047,
+            -0.0013441777,
+            0.017050642,
+            -0.0021309326,
+            0.00085092367,
+            -1.5247877e-07,
+        ],
+    ]
+)
 
 
 @lower(aten._standard_gamma_grad.default)
@@ -334,16 +359,18 @@ def standard_gamma_grad(alpha_in, sample):
         numer = numer * -x / i
         denom = denom + 1
         series1, series2 = series1 + numer / denom, series2 + numer / (denom * denom)
-    pow_x_alpha = x ** alpha
+    pow_x_alpha = x**alpha
     gamma_pdf = x ** (alpha - 1) * jnp.exp(-x)
     gamma_cdf = pow_x_alpha * series1
     gamma_cdf_alpha = (jnp.log(x) - digamma(alpha)) * gamma_cdf - pow_x_alpha * series2
     small = -gamma_cdf_alpha / gamma_pdf
     small = jnp.where(jnp.isnan(small), 0.0, small)
     # Rice saddle point expansion for large alpha
-    near_mean = ((1 + 24 * alpha * (1 + 12 * alpha))
-                 * (1440 * alpha ** 2 + 6 * x * (53 - 120 * x) - 65 * x * x / alpha
-                    + alpha * (107 + 3600 * x)) / (1244160 * alpha ** 4))
+    near_mean = (
+        (1 + 24 * alpha * (1 + 12 * alpha))
+        * (1440 * alpha**2 + 6 * x * (53 - 120 * x) - 65 * x * x / alpha + alpha * (107 + 3600 * x))
+        / (1244160 * alpha**4)
+    )
     saddle_denom = jnp.sqrt(8 * alpha)
     term2 = saddle_denom / (alpha - x)
     term3 = (x - alpha - alpha * jnp.log(x / alpha)) ** -1.5
@@ -381,7 +408,7 @@ def _beta_grad_beta_small(x, alpha, beta):
         dbetas = dbetas * (beta - i) + betas
         betas = betas * (beta - i)
         series = series + numer / (alpha + i) * (dbetas + factor * betas)
-    result = -(1 - x) ** (1 - beta) * series
+    result = -((1 - x) ** (1 - beta)) * series
     return jnp.where(jnp.isnan(result), 0.0, result)
 
 
@@ -389,49 +416,72 @@ def _beta_grad_alpha_mid(x, alpha, beta):
     total = alpha + beta
     mean = alpha / total
     std = jnp.sqrt(alpha * beta / (total + 1)) / total
-    poly = 47 * x * beta ** 4 + alpha * (
-        (43 + 20 * (16 + 27 * beta) * x) * beta ** 3 + alpha * (
-            3 * (59 + 180 * beta - 90 * x) * beta ** 2 + alpha * (
-                (453 + 1620 * beta * (1 - x) - 455 * x) * beta + alpha * (
-                    8 * (1 - x) * (135 * beta - 11)))))
+    poly = 47 * x * beta**4 + alpha * (
+        (43 + 20 * (16 + 27 * beta) * x) * beta**3
+        + alpha
+        * (
+            3 * (59 + 180 * beta - 90 * x) * beta**2
+            + alpha
+            * ((453 + 1620 * beta * (1 - x) - 455 * x) * beta + alpha * (8 * (1 - x) * (135 * beta - 11)))
+        )
+    )
     prefactor_num = (1 + 12 * alpha) * (1 + 12 * beta) / (total * total)
-    prefactor_den = 12960 * alpha ** 3 * beta ** 2 * (1 + 12 * total)
+    prefactor_den = 12960 * alpha**3 * beta**2 * (1 + 12 * total)
     at_mean = prefactor_num / (1 - x) * poly / prefactor_den
     prefactor = -x / jnp.sqrt(2 * alpha * beta / total)
-    stirling = ((1 + 1 / (12 * alpha) + 1 / (288 * alpha * alpha))
-                * (1 + 1 / (12 * beta) + 1 / (288 * beta * beta))
-                / (1 + 1 / (12 * total) + 1 / (288 * total * total)))
-    term1_num = 2 * alpha ** 2 * (x - 1) + alpha * beta * (x - 1) - x * beta ** 2
+    stirling = (
+        (1 + 1 / (12 * alpha) + 1 / (288 * alpha * alpha))
+        * (1 + 1 / (12 * beta) + 1 / (288 * beta * beta))
+        / (1 + 1 / (12 * total) + 1 / (288 * total * total))
+    )
+    term1_num = 2 * alpha**2 * (x - 1) + alpha * beta * (x - 1) - x * beta**2
     axbx = alpha * (x - 1) + beta * x
-    term1 = term1_num / (jnp.sqrt(2 * alpha / beta) * total ** 1.5 * axbx * axbx)
+    term1 = term1_num / (jnp.sqrt(2 * alpha / beta) * total**1.5 * axbx * axbx)
     term2 = 0.5 * jnp.log(alpha / (total * x))
     term3 = jnp.sqrt(8 * alpha * beta / total) / (beta * x + alpha * (x - 1))
-    term4 = (beta * jnp.log(beta / (total * (1 - x)))
-             + alpha * jnp.log(alpha / (total * x))) ** -1.5
+    term4 = (beta * jnp.log(beta / (total * (1 - x))) + alpha * jnp.log(alpha / (total * x))) ** -1.5
     away = stirling * prefactor * (term1 + term2 * (term3 + jnp.where(x < mean, term4, -term4)))
     return jnp.where((mean - 0.1 * std <= x) & (x <= mean + 0.1 * std), at_mean, away)
 
 
-_DIRICHLET_GRAD_P = np.array([
-    [[1.003668233, -0.01061107488, -0.0657888334, 0.01201642863],
-     [0.6336835991, -0.3557432599, 0.05486251648, -0.001465281033],
-     [-0.03276231906, 0.004474107445, 0.002429354597, -0.0001557569013]],
-    [[0.221950385, -0.3187676331, 0.01799915743, 0.01074823814],
-     [-0.2951249643, 0.06219954479, 0.01535556598, 0.001550077057],
-     [0.02155310298, 0.004170831599, 0.001292462449, 6.976601077e-05]],
-    [[-0.05980841433, 0.008441916499, 0.01085618172, 0.002319392565],
-     [0.02911413504, 0.01400243777, -0.002721828457, 0.000751041181],
-     [0.005900514878, -0.001936558688, -9.495446725e-06, 5.385558597e-05]]])
-_DIRICHLET_GRAD_Q = np.array([
-    [[1, -0.02924021934, -0.04438342661, 0.007285809825],
-     [0.6357567472, -0.3473456711, 0.05454656494, -0.002407477521],
-     [-0.03301322327, 0.004845219414, 0.00231480583, -0.0002307248149]],
-    [[0.5925320577, -0.1757678135, 0.01505928619, 0.000564515273],
-     [0.1014815858, -0.06589186703, 0.01272886114, -0.0007316646956],
-     [-0.007258481865, 0.001096195486, 0.0003934994223, -4.12701925e-05]],
-    [[0.06469649321, -0.0236701437, 0.002902096474, -5.896963079e-05],
-     [0.001925008108, -0.002869809258, 0.0008000589141, -6.063713228e-05],
-     [-0.0003477407336, 6.959756487e-05, 1.097287507e-05, -1.650964693e-06]]])
+_DIRICHLET_GRAD_P = np.array(
+    [
+        [
+            [1.003668233, -0.01061107488, -0.0657888334, 0.01201642863],
+            [0.6336835991, -0.3557432599, 0.05486251648, -0.001465281033],
+            [-0.03276231906, 0.004474107445, 0.002429354597, -0.0001557569013],
+        ],
+        [
+            [0.221950385, -0.3187676331, 0.01799915743, 0.01074823814],
+            [-0.2951249643, 0.06219954479, 0.01535556598, 0.001550077057],
+            [0.02155310298, 0.004170831599, 0.001292462449, 6.976601077e-05],
+        ],
+        [
+            [-0.05980841433, 0.008441916499, 0.01085618172, 0.002319392565],
+            [0.02911413504, 0.01400243777, -0.002721828457, 0.000751041181],
+            [0.005900514878, -0.001936558688, -9.495446725e-06, 5.385558597e-05],
+        ],
+    ]
+)
+_DIRICHLET_GRAD_Q = np.array(
+    [
+        [
+            [1, -0.02924021934, -0.04438342661, 0.007285809825],
+            [0.6357567472, -0.3473456711, 0.05454656494, -0.002407477521],
+            [-0.03301322327, 0.004845219414, 0.00231480583, -0.0002307248149],
+        ],
+        [
+            [0.5925320577, -0.1757678135, 0.01505928619, 0.000564515273],
+            [0.1014815858, -0.06589186703, 0.01272886114, -0.0007316646956],
+            [-0.007258481865, 0.001096195486, 0.0003934994223, -4.12701925e-05],
+        ],
+        [
+            [0.06469649321, -0.0236701437, 0.002902096474, -5.896963079e-05],
+            [0.001925008108, -0.002869809258, 0.0008000589141, -6.063713228e-05],
+            [-0.0003477407336, 6.959756487e-05, 1.097287507e-05, -1.650964693e-06],
+        ],
+    ]
+)
 
 
 @lower(aten._dirichlet_grad.default)
@@ -448,15 +498,19 @@ def dirichlet_grad(x_in, alpha_in, total_in):
     p = q = jnp.zeros_like(x)
     for i in range(3):
         for j in range(3):
-            ua = u ** i * a ** j
+            ua = u**i * a**j
             p = p + ua * _polynomial(list(_DIRICHLET_GRAD_P[i, j]), b)
             q = q + ua * _polynomial(list(_DIRICHLET_GRAD_Q[i, j]), b)
     rational = p / q * x * (digamma(total) - digamma(alpha)) / beta
     result = jnp.where(
-        (x <= 0.5) & (boundary < 2.5), _beta_grad_alpha_small(x, alpha, beta),
-        jnp.where((x >= 0.5) & (boundary < 0.75), -_beta_grad_beta_small(1 - x, beta, alpha),
-                  jnp.where((alpha > 6) & (beta > 6), _beta_grad_alpha_mid(x, alpha, beta),
-                            rational)))
+        (x <= 0.5) & (boundary < 2.5),
+        _beta_grad_alpha_small(x, alpha, beta),
+        jnp.where(
+            (x >= 0.5) & (boundary < 0.75),
+            -_beta_grad_beta_small(1 - x, beta, alpha),
+            jnp.where((alpha > 6) & (beta > 6), _beta_grad_alpha_mid(x, alpha, beta), rational),
+        ),
+    )
     return result.astype(x_in.dtype)
 
 
@@ -464,19 +518,25 @@ def _check_multinomial(probs, num_samples, replacement, generator=None) -> None:
     if probs.ndim not in (1, 2):
         raise RuntimeError("prob_dist must be 1 or 2 dim")
     if not _is_floating(probs.dtype):
-        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: "
-                           f"{type_name(probs.dtype)}")
+        raise RuntimeError(
+            f"multinomial only supports floating-point dtypes for input, got: {type_name(probs.dtype)}"
+        )
     if num_samples <= 0:
         raise RuntimeError("cannot sample n_sample <= 0 samples")
     if not replacement and num_samples > probs.shape[-1]:
-        raise RuntimeError(
-            "cannot sample n_sample > prob_dist.size(-1) samples without replacement")
-    if probs.shape[-1] > 2 ** 24:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    if probs.shape[-1] > 2**24:
         raise RuntimeError("number of categories cannot exceed 2^24")
-    check_values(_valid_probabilities, [probs], lambda: RuntimeError(
-        "probability tensor contains either `inf`, `nan` or element < 0"))
-    check_values(_positive_sums, [probs], lambda: RuntimeError(
-        "invalid multinomial distribution (sum of probabilities <= 0)"))
+    check_values(
+        _valid_probabilities,
+        [probs],
+        lambda: RuntimeError("probability tensor contains either `inf`, `nan` or element < 0"),
+    )
+    check_values(
+        _positive_sums,
+        [probs],
+        lambda: RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)"),
+    )
 
 
 @jax.jit
@@ -519,6 +579,7 @@ def _lower_overloads(general, *narrower, missing: dict, **options):
         def adapted(*args, key):
             given = dict(zip(own, args))
             return fn(*(given[n] if n in given else missing[n] for n in names), key=key)
+
         return adapted
 
     def register(fn):
@@ -526,6 +587,7 @@ def _lower_overloads(general, *narrower, missing: dict, **options):
         for op in narrower:
             lower(op, random=True, **options)(adapt(fn, op))
         return fn
+
     return register
 
 
@@ -550,8 +612,9 @@ def randn(size, generator=None, dtype=None, layout=None, device=None, pin_memory
 
 
 @lower(aten.normal.float_float, random=True, runs=Runs.EAGER)
-def normal_float_float(mean, std, size, generator=None, dtype=None, layout=None, device=None,
-                       pin_memory=None, *, key):
+def normal_float_float(
+    mean, std, size, generator=None, dtype=None, layout=None, device=None, pin_memory=None, *, key
+):
     _check_std(std)
     return _draw(_normal, key, size, _factory_dtype(dtype, "normal_kernel_cpu"), mean, std)
 
@@ -559,10 +622,14 @@ def normal_float_float(mean, std, size, generator=None, dtype=None, layout=None,
 _INT64 = np.dtype(jnp.int64)
 
 
-@_lower_overloads(aten.randint.low_generator, aten.randint.low, aten.randint.generator,
-                  aten.randint.default, missing={"low": 0, "generator": None})
-def randint(low, high, size, generator=None, dtype=_INT64, layout=None, device=None,
-            pin_memory=None, *, key):
+@_lower_overloads(
+    aten.randint.low_generator,
+    aten.randint.low,
+    aten.randint.generator,
+    aten.randint.default,
+    missing={"low": 0, "generator": None},
+)
+def randint(low, high, size, generator=None, dtype=_INT64, layout=None, device=None, pin_memory=None, *, key):
     return _random_integers(key, size, _INT64 if dtype is None else dtype, low, high)
 
 
@@ -577,26 +644,43 @@ _factory_out(aten.randperm.generator_out, aten.randperm.generator)
 
 
 @_lower_overloads(aten.rand_like.generator, aten.rand_like.default, missing=_NO_GENERATOR)
-def rand_like(x, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
-              memory_format=None, *, key):
+def rand_like(
+    x, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, *, key
+):
     dtype = x.dtype if dtype is None else dtype
     _require_dtype("check_uniform_bounds", dtype, complex_=True)
     return _uniform(key, x.shape, dtype)
 
 
 @_lower_overloads(aten.randn_like.generator, aten.randn_like.default, missing=_NO_GENERATOR)
-def randn_like(x, generator=None, dtype=None, layout=None, device=None, pin_memory=None,
-               memory_format=None, *, key):
+def randn_like(
+    x, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, *, key
+):
     dtype = x.dtype if dtype is None else dtype
     _require_dtype("normal_kernel_cpu", dtype, complex_=True)
     return _normal(key, x.shape, dtype)
 
 
-@_lower_overloads(aten.randint_like.low_generator_dtype, aten.randint_like.low_dtype,
-                  aten.randint_like.generator, aten.randint_like.default,
-                  missing={"low": 0, "generator": None})
-def randint_like(x, low, high, generator=None, dtype=None, layout=None, device=None,
-                 pin_memory=None, memory_format=None, *, key):
+@_lower_overloads(
+    aten.randint_like.low_generator_dtype,
+    aten.randint_like.low_dtype,
+    aten.randint_like.generator,
+    aten.randint_like.default,
+    missing={"low": 0, "generator": None},
+)
+def randint_like(
+    x,
+    low,
+    high,
+    generator=None,
+    dtype=None,
+    layout=None,
+    device=None,
+    pin_memory=None,
+    memory_format=None,
+    *,
+    key,
+):
     return _random_integers(key, x.shape, x.dtype if dtype is None else dtype, low, high)
 
 
@@ -607,10 +691,15 @@ def _check_scalar_high(x, high, *rest) -> None:
         raise RuntimeError("high must be a scalar tensor and on CPU")
 
 
-@_lower_overloads(aten.randint_like.Tensor_generator, aten.randint_like.Tensor,
-                  missing=_NO_GENERATOR, check=_check_scalar_high)
-def randint_like_tensor(x, high, generator=None, dtype=None, layout=None, device=None,
-                        pin_memory=None, memory_format=None, *, key):
+@_lower_overloads(
+    aten.randint_like.Tensor_generator,
+    aten.randint_like.Tensor,
+    missing=_NO_GENERATOR,
+    check=_check_scalar_high,
+)
+def randint_like_tensor(
+    x, high, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, *, key
+):
     """``high`` is a tensor here, so its bounds are the sampler's, not checked up front."""
     dtype = x.dtype if dtype is None else dtype
     _require_dtype("random_from_to_kernel_cpu", dtype, integral=True, boolean=True)

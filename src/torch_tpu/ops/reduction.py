@@ -5,10 +5,10 @@ input first, float16/bfloat16 accumulate in float32 (torch's opmath), means and 
 floating input. ``dim=None`` or ``[]`` reduce every dim. Index results are int64 and pick the
 element a sequential CPU kernel picks (first maximum, stable sort order, last mode).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -16,8 +16,8 @@ import numpy as np
 from jax import lax
 
 from ..runtime.dtypes import to_torch
-from .registry import lower, runtime
 from ._helpers import accumulator, type_name
+from .registry import lower, runtime
 
 aten = __import__("torch").ops.aten
 INDEX = jnp.int64
@@ -32,8 +32,9 @@ def _dims(x: jax.Array, dim) -> tuple[int, ...]:
     rank = max(x.ndim, 1)  # a 0-dim tensor accepts dim 0 and -1
     for d in dims:
         if not -rank <= d < rank:
-            raise IndexError(f"Dimension out of range (expected to be in range of "
-                             f"[{-rank}, {rank - 1}], but got {d})")
+            raise IndexError(
+                f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {d})"
+            )
     normalized = [d % rank for d in dims]
     for i, d in enumerate(normalized):
         if d in normalized[:i]:
@@ -41,7 +42,7 @@ def _dims(x: jax.Array, dim) -> tuple[int, ...]:
     return tuple(sorted(normalized)) if x.ndim else ()
 
 
-def _dim(x: jax.Array, dim: int) -> Optional[int]:
+def _dim(x: jax.Array, dim: int) -> int | None:
     """One dim in ``[0, ndim)``; None for a 0-dim tensor (whose only "dim" is itself)."""
     dims = _dims(x, (dim,))
     return dims[0] if dims else None
@@ -73,8 +74,10 @@ def _float_dtype(name: str, x_dtype, dtype) -> np.dtype:
     result = np.dtype(dtype if dtype is not None else x_dtype)
     if _is_integral(result):
         which = "Optional" if dtype is not None else "Input"
-        raise RuntimeError(f"{name}(): could not infer output dtype. {which} dtype must be either "
-                           f"a floating point or complex dtype. Got: {to_torch(result)}")
+        raise RuntimeError(
+            f"{name}(): could not infer output dtype. {which} dtype must be either "
+            f"a floating point or complex dtype. Got: {to_torch(result)}"
+        )
     return result
 
 
@@ -171,49 +174,57 @@ def std_mean(x, dim=None, correction=None, keepdim=False):
 # ----------------------------------------------------------------------------- max / min / arg
 def _extreme(name, reduce):
     """``max``/``min`` over everything: an error on empty inputs (there is no identity)."""
+
     def full(x):
         if x.size == 0:
-            raise RuntimeError(f"{name}(): Expected reduction dim to be specified for "
-                               "input.numel() == 0. Specify the reduction dim with the 'dim' "
-                               "argument.")
+            raise RuntimeError(
+                f"{name}(): Expected reduction dim to be specified for "
+                "input.numel() == 0. Specify the reduction dim with the 'dim' "
+                "argument."
+            )
         return reduce(x)
+
     return full
 
 
 def _extreme_dim(name, reduce, arg):
     """``max.dim``/``min.dim``: values and the index of the first extreme (NaN wins)."""
+
     def along(x, dim, keepdim=False):
         axis = _dim(x, dim)
         if axis is None:
             return x, jnp.zeros((), INDEX)
         _nonempty(x, (axis,), name)
-        return (reduce(x, axis=axis, keepdims=keepdim),
-                arg(x, axis=axis, keepdims=keepdim).astype(INDEX))
+        return (reduce(x, axis=axis, keepdims=keepdim), arg(x, axis=axis, keepdims=keepdim).astype(INDEX))
+
     return along
 
 
 def _extreme_dims(name, reduce):
     """``amax``/``amin``: several dims, no indices."""
+
     def over(x, dim=(), keepdim=False):
         dims = _dims(x, dim)
         _nonempty(x, dims, name)
         return reduce(x, axis=dims, keepdims=keepdim)
+
     return over
 
 
 def _arg_extreme(name, arg):
     """``argmax``/``argmin``: ``dim=None`` flattens (``keepdim`` then keeps every dim as 1)."""
+
     def index(x, dim=None, keepdim=False):
         if dim is None:
             if x.size == 0:
-                raise IndexError(f"{name}(): Expected reduction dim to be specified for "
-                                 "input.numel() == 0.")
+                raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
             return _keep_all(arg(x.reshape(-1)).astype(INDEX), x.ndim, keepdim)
         axis = _dim(x, dim)
         if axis is None:
             return jnp.zeros((), INDEX)
         _nonempty(x, (axis,), name)
         return arg(x, axis=axis, keepdims=keepdim).astype(INDEX)
+
     return index
 
 
@@ -229,8 +240,9 @@ for _name, _reduce, _arg in [("max", jnp.max, jnp.argmax), ("min", jnp.min, jnp.
 def aminmax(x, dim=None, keepdim=False):
     if dim is None:
         if x.size == 0:
-            raise RuntimeError("aminmax(): cannot compute aminmax over an empty dimension as the "
-                               "operation has no identity.")
+            raise RuntimeError(
+                "aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity."
+            )
         return _keep_all(jnp.min(x), x.ndim, keepdim), _keep_all(jnp.max(x), x.ndim, keepdim)
     dims = _dims(x, (dim,))
     for d in dims:
@@ -242,9 +254,11 @@ def aminmax(x, dim=None, keepdim=False):
 # ----------------------------------------------------------------------------- all / any / count
 def _logical(reduce):
     """``all``/``any``: bool results, except uint8 inputs give uint8 (a torch legacy rule)."""
+
     def over(x, dim=None, keepdim=False):
         out = reduce(x.astype(bool), axis=_dims(x, dim), keepdims=keepdim)
         return out.astype(jnp.uint8) if x.dtype == jnp.uint8 else out
+
     return over
 
 
@@ -269,8 +283,10 @@ def _vector_norm(x, ord, dims, keepdim):
     magnitude = jnp.abs(x)
     if ord in (math.inf, -math.inf):
         if any(x.shape[d] == 0 for d in dims) or (not dims and x.size == 0):
-            raise RuntimeError("linalg.vector_norm cannot compute the inf norm on an empty tensor "
-                               "because the operation does not have an identity")
+            raise RuntimeError(
+                "linalg.vector_norm cannot compute the inf norm on an empty tensor "
+                "because the operation does not have an identity"
+            )
         return (jnp.max if ord > 0 else jnp.min)(magnitude, axis=dims, keepdims=keepdim)
     if ord == 0:
         return jnp.sum(magnitude != 0, axis=dims, keepdims=keepdim).astype(x.dtype)
@@ -278,7 +294,7 @@ def _vector_norm(x, ord, dims, keepdim):
         return jnp.sum(magnitude, axis=dims, keepdims=keepdim)
     if ord == 2:
         return jnp.sqrt(jnp.sum(jnp.square(magnitude), axis=dims, keepdims=keepdim))
-    return jnp.sum(magnitude ** ord, axis=dims, keepdims=keepdim) ** (1.0 / ord)
+    return jnp.sum(magnitude**ord, axis=dims, keepdims=keepdim) ** (1.0 / ord)
 
 
 @lower(aten.linalg_vector_norm.default, static=("ord",))
@@ -322,11 +338,13 @@ def logsumexp(x, dim, keepdim=False):
 # ----------------------------------------------------------------------------- scans
 def _scan(fn):
     """A cumulative op along ``dim``; a 0-dim tensor is its own prefix."""
+
     def along(x, dim, dtype=None):
         result = _sum_dtype(x.dtype, dtype)
         axis = _dim(x, dim)
         wide = x.astype(accumulator(result))
         return (wide if axis is None else fn(wide, axis=axis)).astype(result)
+
     return along
 
 
@@ -337,8 +355,7 @@ lower(aten.cumprod.default)(_scan(jnp.cumprod))
 @lower(aten.logcumsumexp.default, aten._logcumsumexp.default)
 def logcumsumexp(x, dim):
     if _is_integral(x.dtype):
-        raise NotImplementedError(
-            f"logcumsumexp not implemented for '{type_name(x.dtype)}'")
+        raise NotImplementedError(f"logcumsumexp not implemented for '{type_name(x.dtype)}'")
     axis = _dim(x, dim)
     if axis is None or x.shape[axis] == 0:
         return x
@@ -359,16 +376,17 @@ def _complex_log_add_exp(total, x):
     infinite = jnp.where(jnp.real(low) < 0, low, jnp.log(jnp.exp(low) + jnp.exp(high)))
     both_infinite = jnp.isinf(jnp.real(low)) & (jnp.real(low) == jnp.real(high))
     nan = lax.complex(jnp.nan, jnp.nan).astype(x.dtype)
-    return jnp.where(jnp.isnan(x) | jnp.isnan(total), nan,
-                     jnp.where(both_infinite, infinite, shifted))
+    return jnp.where(jnp.isnan(x) | jnp.isnan(total), nan, jnp.where(both_infinite, infinite, shifted))
 
 
 def _complex_logcumsumexp(x, axis: int):
     """The CPU kernel's sequential scan (its branch choices make the step non-associative)."""
+
     def step(total, element):
         total = _complex_log_add_exp(total, element)
         return total, total
-    start = jnp.full(x.shape[:axis] + x.shape[axis + 1:], -jnp.inf, x.dtype)
+
+    start = jnp.full(x.shape[:axis] + x.shape[axis + 1 :], -jnp.inf, x.dtype)
     _, out = lax.scan(step, start, jnp.moveaxis(x, axis, 0))
     return jnp.moveaxis(out, 0, axis)
 
@@ -377,6 +395,7 @@ def _running_extreme(later_wins):
     """``cummax``/``cummin``: the CPU kernel's running (value, index) pair. A later element
     replaces the current one when it ties or beats it, or is NaN; once NaN, it stays. That
     rule is associative, so it runs as a parallel scan."""
+
     def combine(a, b):
         (va, ia), (vb, ib) = a, b
         take_b = ~_isnan(va) & (_isnan(vb) | later_wins(vb, va))
@@ -390,6 +409,7 @@ def _running_extreme(later_wins):
             return x, jnp.zeros(x.shape, INDEX)
         index = lax.broadcasted_iota(INDEX, x.shape, axis)
         return lax.associative_scan(combine, (x, index), axis=axis)
+
     return along
 
 
@@ -430,8 +450,11 @@ def sort(x, dim=-1, descending=False):
 
 def _take(values, index, axis, position, keepdim):
     """Element ``position`` (static int or per-slice array) along ``axis`` of sorted outputs."""
-    position = jnp.expand_dims(jnp.asarray(position, INDEX), axis) if jnp.ndim(position) \
-        else jnp.full(values.shape[:axis] + (1,) + values.shape[axis + 1:], position, INDEX)
+    position = (
+        jnp.expand_dims(jnp.asarray(position, INDEX), axis)
+        if jnp.ndim(position)
+        else jnp.full(values.shape[:axis] + (1,) + values.shape[axis + 1 :], position, INDEX)
+    )
     picked = [jnp.take_along_axis(a, position, axis) for a in (values, index)]
     return tuple(p if keepdim else jnp.squeeze(p, axis) for p in picked)
 
@@ -461,8 +484,9 @@ def kthvalue(x, k, dim=-1, keepdim=False):
     axis = _selection("kthvalue", x, dim)
     size = 1 if axis is None else x.shape[axis]
     if not 1 <= k <= size:
-        raise RuntimeError(f"kthvalue(): selected number k out of range for dimension "
-                           f"{0 if axis is None else axis}")
+        raise RuntimeError(
+            f"kthvalue(): selected number k out of range for dimension {0 if axis is None else axis}"
+        )
     if axis is None:
         return x, jnp.zeros((), INDEX)
     return _take(*_sort(x, axis), axis, k - 1, keepdim)
@@ -490,6 +514,7 @@ def _median(name, ignore_nan):
         if x.size == 0:
             return jnp.full((), jnp.nan, x.dtype)
         return along(x.reshape(-1), 0)[0]
+
     return full, along
 
 
@@ -509,16 +534,18 @@ def mode(x, dim=-1, keepdim=False):
     values = jnp.sort(x, axis=axis)
     size = x.shape[axis]
     position = lax.broadcasted_iota(INDEX, x.shape, axis)
-    previous = jnp.concatenate([lax.slice_in_dim(values, 0, 1, axis=axis),
-                                lax.slice_in_dim(values, 0, size - 1, axis=axis)], axis)
+    previous = jnp.concatenate(
+        [lax.slice_in_dim(values, 0, 1, axis=axis), lax.slice_in_dim(values, 0, size - 1, axis=axis)], axis
+    )
     run_start = jnp.where((position == 0) | (values != previous), position, 0)
     run_start = lax.cummax(run_start, axis=axis)
     run_length = position - run_start + 1
     # the last element of the longest (first, hence smallest) run
     best_end = jnp.argmax(run_length, axis=axis, keepdims=True)
     value = jnp.take_along_axis(values, best_end, axis)
-    last_index = jnp.max(jnp.where(x == value, lax.broadcasted_iota(INDEX, x.shape, axis), -1),
-                         axis=axis, keepdims=True)
+    last_index = jnp.max(
+        jnp.where(x == value, lax.broadcasted_iota(INDEX, x.shape, axis), -1), axis=axis, keepdims=True
+    )
     return tuple(a if keepdim else jnp.squeeze(a, axis) for a in (value, last_index))
 
 

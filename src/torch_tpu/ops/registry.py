@@ -8,12 +8,14 @@ dtypes, when ``promote=`` is given) and ``key`` (a fresh PRNG key, when ``random
 In-place and ``out=`` overloads are derived from the schema by the dispatcher, never written here.
 ``runtime`` entries are the few kernels that manage tensors themselves (factories, copies, views).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import enum
 import sys
-from typing import Callable, Iterable, NamedTuple, Optional
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -50,19 +52,19 @@ class Runs(enum.Enum):
 class Lowering:
     op: torch._ops.OpOverload
     fn: Callable
-    runtime: bool = False          # fn receives torch tensors and returns them (no JAX in between)
-    promote: Optional[Promote] = None
-    promote_args: Optional[tuple[str, ...]] = None  # which arguments take part (default: all)
+    runtime: bool = False  # fn receives torch tensors and returns them (no JAX in between)
+    promote: Promote | None = None
+    promote_args: tuple[str, ...] | None = None  # which arguments take part (default: all)
     random: bool = False
     runs: Runs = Runs.TRACED
-    static: tuple[str, ...] = ()   # Scalar arguments that must be compile-time constants
+    static: tuple[str, ...] = ()  # Scalar arguments that must be compile-time constants
     dynamic: tuple[str, ...] = ()  # float/int arguments passed as device scalars (no recompiles)
     # Validates the arguments before the lowering runs (same arguments as ``fn``) and raises
     # PyTorch's exception: shape and dtype checks directly, value checks (index bounds) through
     # ``check_bounds``/``checks.when_ready``, which in fused eager and compiled programs run with
     # the graph and report later. A check never needs host values itself.
-    check: Optional[Callable] = None
-    family: str = ""               # the ops module that registered it (docs/ops.md's sections)
+    check: Callable | None = None
+    family: str = ""  # the ops module that registered it (docs/ops.md's sections)
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
@@ -113,6 +115,7 @@ def lower(*ops, **options) -> Callable:
         for op in _overloads(ops):
             _add(Lowering(op, fn, **options))
         return fn
+
     return register
 
 

@@ -7,31 +7,32 @@ with numpy at trace time, following PyTorch's CPU formulas (``UpSample.h``) step
 the dtype PyTorch uses for them (float32, float64 for float64 inputs; nearest always float32).
 Every backward op is the VJP of its forward.
 """
+
 from __future__ import annotations
 
 import functools
 import itertools
 import math
 import operator
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
-from .registry import lower
 from ._helpers import accumulator
+from .registry import lower
 
 aten = torch.ops.aten
 
-CUBIC_A = -0.75        # upsample_bicubic2d and grid_sampler's bicubic coefficient
-CUBIC_AA_A = -0.5      # the antialiased bicubic filter's (Pillow's)
+CUBIC_A = -0.75  # upsample_bicubic2d and grid_sampler's bicubic coefficient
+CUBIC_AA_A = -0.5  # the antialiased bicubic filter's (Pillow's)
 Taps = tuple[np.ndarray, np.ndarray]  # (indices, weights), both (output_size, taps)
 
 
 # ----------------------------------------------------------------------------- source positions
-def _scale_value(scale: Optional[float], input_size: int, output_size: int, dtype) -> np.generic:
+def _scale_value(scale: float | None, input_size: int, output_size: int, dtype) -> np.generic:
     """``compute_scales_value``: 1/scale when given, else input/output, in ``dtype``."""
     if scale is not None and scale > 0:
         return dtype(1.0 / scale)
@@ -113,15 +114,26 @@ def _triangle(x):
 
 def _cubic_filter(a: float) -> Callable:
     """The cubic convolution kernel with coefficient ``a`` as a filter on distances."""
+
     def cubic(x):
         x = np.abs(x)
         a_ = x.dtype.type(a)
         return np.where(x < 1, _cubic_near(x, a_), np.where(x < 2, _cubic_far(x, a_), 0))
+
     return cubic
 
 
-def _filtered_taps(input_size, output_size, align_corners, scale, dtype, filter_fn: Callable,
-                   support_size: int, antialias: bool, corner_delta: float = 0.0) -> Taps:
+def _filtered_taps(
+    input_size,
+    output_size,
+    align_corners,
+    scale,
+    dtype,
+    filter_fn: Callable,
+    support_size: int,
+    antialias: bool,
+    corner_delta: float = 0.0,
+) -> Taps:
     """``_compute_indices_min_size_weights_aa``: taps within the filter's support around each
     output centre, weights normalized to sum to 1. Antialiasing stretches the filter by the
     scale when downsampling, so every input position contributes. ``corner_delta`` is 0.5 in
@@ -156,8 +168,13 @@ def _int16_weights(weights: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 # ----------------------------------------------------------------------------- upsampling
-def _resample(x: jax.Array, output_size: Sequence[int], scales: Sequence[Optional[float]],
-              taps_for: Callable[[int, int, Optional[float]], Taps], weighted: bool) -> jax.Array:
+def _resample(
+    x: jax.Array,
+    output_size: Sequence[int],
+    scales: Sequence[float | None],
+    taps_for: Callable[[int, int, float | None], Taps],
+    weighted: bool,
+) -> jax.Array:
     """Resample the trailing ``len(output_size)`` dims of ``x`` one dimension at a time."""
     dtype = accumulator(x.dtype) if weighted else x.dtype
     spatial = len(output_size)
@@ -169,13 +186,15 @@ def _resample(x: jax.Array, output_size: Sequence[int], scales: Sequence[Optiona
         if not weighted:
             result = jnp.take(result, index[:, 0], axis=axis)
             continue
-        result = sum(jnp.take(result, index[:, t], axis=axis) * weights[:, t][broadcast]
-                     for t in range(index.shape[1]))
+        result = sum(
+            jnp.take(result, index[:, t], axis=axis) * weights[:, t][broadcast] for t in range(index.shape[1])
+        )
     return result if not weighted else result.astype(x.dtype)
 
 
-def _resample_uint8(x: jax.Array, output_size, scales, align_corners: bool,
-                    taps_fn: Callable[..., Taps]) -> jax.Array:
+def _resample_uint8(
+    x: jax.Array, output_size, scales, align_corners: bool, taps_fn: Callable[..., Taps]
+) -> jax.Array:
     """CPU's uint8 kernels (Pillow's algorithm): one pass per resized dimension, last first,
     in fixed point, each pass rounded and saturated back to uint8."""
     spatial = len(output_size)
@@ -184,12 +203,13 @@ def _resample_uint8(x: jax.Array, output_size, scales, align_corners: bool,
         axis = x.ndim - spatial + k
         if x.shape[axis] == output_size[k]:
             continue
-        index, weights = taps_fn(x.shape[axis], output_size[k], align_corners, scales[k],
-                                 np.float64)
+        index, weights = taps_fn(x.shape[axis], output_size[k], align_corners, scales[k], np.float64)
         weights, precision = _int16_weights(weights)
         broadcast = (slice(None),) + (None,) * (spatial - k - 1)
-        total = sum(jnp.take(result, index[:, t], axis=axis).astype(jnp.int32)
-                    * weights[:, t][broadcast] for t in range(index.shape[1]))
+        total = sum(
+            jnp.take(result, index[:, t], axis=axis).astype(jnp.int32) * weights[:, t][broadcast]
+            for t in range(index.shape[1])
+        )
         result = jnp.clip((total + (1 << (precision - 1))) >> precision, 0, 255).astype(x.dtype)
     return result
 
@@ -201,30 +221,37 @@ def _weight_dtype(x: jax.Array):
 def _nearest(exact: bool):
     def forward(x, output_size, *scales):
         scales = scales or (None,) * len(output_size)
-        return _resample(x, output_size, scales, lambda i, o, s: _nearest_taps(
-            i, o, s, np.float32, exact), weighted=False)
+        return _resample(
+            x, output_size, scales, lambda i, o, s: _nearest_taps(i, o, s, np.float32, exact), weighted=False
+        )
+
     return forward
 
 
-def _interpolating(taps_fn: Callable, uint8_taps: Optional[Callable] = None):
+def _interpolating(taps_fn: Callable, uint8_taps: Callable | None = None):
     """A linear/cubic upsample; ``uint8_taps`` gives the (float64) taps of CPU's uint8 kernel
     for the modes CPU also runs on uint8 images."""
+
     def forward(x, output_size, align_corners, *scales):
         scales = scales or (None,) * len(output_size)
         if x.dtype == jnp.uint8:
             return _resample_uint8(x, output_size, scales, align_corners, uint8_taps)
         dtype = _weight_dtype(x)
-        return _resample(x, output_size, scales, lambda i, o, s: taps_fn(
-            i, o, align_corners, s, dtype), weighted=True)
+        return _resample(
+            x, output_size, scales, lambda i, o, s: taps_fn(i, o, align_corners, s, dtype), weighted=True
+        )
+
     return forward
 
 
 def _backward_of(forward: Callable):
     """``*_backward(grad_output, output_size, input_size, *options)``: the VJP of ``forward``."""
+
     def backward(grad_output, output_size, input_size, *options):
         zeros = jnp.zeros(input_size, grad_output.dtype)
         _, vjp = jax.vjp(lambda x: forward(x, output_size, *options), zeros)
         return vjp(grad_output)[0]
+
     return backward
 
 
@@ -234,42 +261,67 @@ def _upsample_family(forward: Callable, ops: Sequence, backward_ops: Sequence) -
 
 
 def _antialiased(filter_fn: Callable, support_size: int) -> Callable[..., Taps]:
-    return functools.partial(_filtered_taps, filter_fn=filter_fn, support_size=support_size,
-                             antialias=True)
+    return functools.partial(_filtered_taps, filter_fn=filter_fn, support_size=support_size, antialias=True)
 
 
 def _bilinear_uint8_taps(input_size, output_size, align_corners, scale, dtype) -> Taps:
     """CPU's uint8 bilinear kernel shares the antialiasing one's taps, shifted half a pixel
     for align_corners."""
-    return _filtered_taps(input_size, output_size, align_corners, scale, dtype, _triangle, 2,
-                          antialias=False, corner_delta=0.5 if align_corners else 0.0)
+    return _filtered_taps(
+        input_size,
+        output_size,
+        align_corners,
+        scale,
+        dtype,
+        _triangle,
+        2,
+        antialias=False,
+        corner_delta=0.5 if align_corners else 0.0,
+    )
 
 
-_upsample_family(_nearest(exact=False),
-                 (aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d),
-                 (aten.upsample_nearest1d_backward, aten.upsample_nearest2d_backward,
-                  aten.upsample_nearest3d_backward))
-_upsample_family(_nearest(exact=True),
-                 (aten._upsample_nearest_exact1d, aten._upsample_nearest_exact2d,
-                  aten._upsample_nearest_exact3d),
-                 (aten._upsample_nearest_exact1d_backward, aten._upsample_nearest_exact2d_backward,
-                  aten._upsample_nearest_exact3d_backward))
-_upsample_family(_interpolating(_linear_taps),
-                 (aten.upsample_linear1d, aten.upsample_trilinear3d),
-                 (aten.upsample_linear1d_backward, aten.upsample_trilinear3d_backward))
-_upsample_family(_interpolating(_linear_taps, _bilinear_uint8_taps), (aten.upsample_bilinear2d,),
-                 (aten.upsample_bilinear2d_backward,))
-_upsample_family(_interpolating(_cubic_taps, _cubic_taps),
-                 (aten.upsample_bicubic2d,), (aten.upsample_bicubic2d_backward,))
-_upsample_family(_interpolating(*[_antialiased(_triangle, 2)] * 2),
-                 (aten._upsample_bilinear2d_aa,), (aten._upsample_bilinear2d_aa_backward,))
-_upsample_family(_interpolating(*[_antialiased(_cubic_filter(CUBIC_AA_A), 4)] * 2),
-                 (aten._upsample_bicubic2d_aa,), (aten._upsample_bicubic2d_aa_backward,))
+_upsample_family(
+    _nearest(exact=False),
+    (aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d),
+    (aten.upsample_nearest1d_backward, aten.upsample_nearest2d_backward, aten.upsample_nearest3d_backward),
+)
+_upsample_family(
+    _nearest(exact=True),
+    (aten._upsample_nearest_exact1d, aten._upsample_nearest_exact2d, aten._upsample_nearest_exact3d),
+    (
+        aten._upsample_nearest_exact1d_backward,
+        aten._upsample_nearest_exact2d_backward,
+        aten._upsample_nearest_exact3d_backward,
+    ),
+)
+_upsample_family(
+    _interpolating(_linear_taps),
+    (aten.upsample_linear1d, aten.upsample_trilinear3d),
+    (aten.upsample_linear1d_backward, aten.upsample_trilinear3d_backward),
+)
+_upsample_family(
+    _interpolating(_linear_taps, _bilinear_uint8_taps),
+    (aten.upsample_bilinear2d,),
+    (aten.upsample_bilinear2d_backward,),
+)
+_upsample_family(
+    _interpolating(_cubic_taps, _cubic_taps), (aten.upsample_bicubic2d,), (aten.upsample_bicubic2d_backward,)
+)
+_upsample_family(
+    _interpolating(*[_antialiased(_triangle, 2)] * 2),
+    (aten._upsample_bilinear2d_aa,),
+    (aten._upsample_bilinear2d_aa_backward,),
+)
+_upsample_family(
+    _interpolating(*[_antialiased(_cubic_filter(CUBIC_AA_A), 4)] * 2),
+    (aten._upsample_bicubic2d_aa,),
+    (aten._upsample_bicubic2d_aa_backward,),
+)
 
 
 # ----------------------------------------------------------------------------- grid sampling
-BILINEAR, NEAREST, BICUBIC = 0, 1, 2          # GridSamplerInterpolation
-ZEROS, BORDER, REFLECTION = 0, 1, 2           # GridSamplerPadding
+BILINEAR, NEAREST, BICUBIC = 0, 1, 2  # GridSamplerInterpolation
+ZEROS, BORDER, REFLECTION = 0, 1, 2  # GridSamplerPadding
 
 
 def _unnormalize(coordinate, size: int, align_corners: bool):
@@ -302,8 +354,7 @@ def _pad_coordinate(coordinate, size: int, padding_mode: int, align_corners: boo
 
 def _source_coordinate(coordinate, size, padding_mode, align_corners):
     """``grid_sampler_compute_source_index`` (non-finite coordinates read nothing, as on CPU)."""
-    source = _pad_coordinate(_unnormalize(coordinate, size, align_corners), size, padding_mode,
-                             align_corners)
+    source = _pad_coordinate(_unnormalize(coordinate, size, align_corners), size, padding_mode, align_corners)
     return jnp.where(jnp.isfinite(source), source, -100.0)
 
 
@@ -318,7 +369,8 @@ def _read(x, indices: Sequence[jax.Array]):
     points = flat_index.shape[1:]
     flat_image = x.reshape(*x.shape[:2], math.prod(sizes))
     values = jax.vmap(lambda image, where: image[:, where])(
-        flat_image, flat_index.reshape(x.shape[0], math.prod(points)))
+        flat_image, flat_index.reshape(x.shape[0], math.prod(points))
+    )
     return values.reshape(*x.shape[:2], *points) * jnp.expand_dims(inside, 1).astype(x.dtype)
 
 
@@ -337,8 +389,9 @@ def _grid_sample(x, grid, interpolation_mode: int, padding_mode: int, align_corn
     coordinates = [grid[..., len(sizes) - 1 - k] for k in range(len(sizes))]  # (d,) h, w order
     if interpolation_mode == BICUBIC:
         return _bicubic_grid_sample(x, coordinates, padding_mode, align_corners)
-    sources = [_source_coordinate(c, size, padding_mode, align_corners)
-               for c, size in zip(coordinates, sizes)]
+    sources = [
+        _source_coordinate(c, size, padding_mode, align_corners) for c, size in zip(coordinates, sizes)
+    ]
     if interpolation_mode == NEAREST:
         return _read(x, [jnp.round(s) for s in sources])  # round half to even (nearbyint)
     lows = [jnp.floor(s) for s in sources]
@@ -349,8 +402,7 @@ def _grid_sample(x, grid, interpolation_mode: int, padding_mode: int, align_corn
         for high, source, low in zip(corner, sources, lows):
             weight = weight * (source - low if high else low + 1 - source)
         weights.append(weight)
-    values = _read(x, [jnp.stack([low + corner[k] for corner in corners], 1)
-                       for k, low in enumerate(lows)])
+    values = _read(x, [jnp.stack([low + corner[k] for corner in corners], 1) for k, low in enumerate(lows)])
     return _weighted_sum(values, weights)
 
 
@@ -358,13 +410,12 @@ def _bicubic_grid_sample(x, coordinates, padding_mode, align_corners):
     """Bicubic: 4x4 taps around the unnormalized point, each tap's index padded on its own;
     rows interpolated first, then the column of row results."""
     height, width = x.shape[2:]
-    y, x_coordinate = (_unnormalize(c, size, align_corners)
-                       for c, size in zip(coordinates, (height, width)))
+    y, x_coordinate = (_unnormalize(c, size, align_corners) for c, size in zip(coordinates, (height, width)))
     y0, x0 = jnp.floor(y), jnp.floor(x_coordinate)
-    rows = jnp.stack([_pad_coordinate(y0 - 1 + i, height, padding_mode, align_corners)
-                      for i in range(4)], 1)
-    columns = jnp.stack([_pad_coordinate(x0 - 1 + j, width, padding_mode, align_corners)
-                         for j in range(4)], 1)
+    rows = jnp.stack([_pad_coordinate(y0 - 1 + i, height, padding_mode, align_corners) for i in range(4)], 1)
+    columns = jnp.stack(
+        [_pad_coordinate(x0 - 1 + j, width, padding_mode, align_corners) for j in range(4)], 1
+    )
     values = _read(x, [jnp.expand_dims(rows, 2), jnp.expand_dims(columns, 1)])  # (N, C, 4, 4, ...)
     column_weights = _cubic_coefficients(x_coordinate - x0)
     row_results = jnp.stack([_weighted_sum(values[:, :, i], column_weights) for i in range(4)], 2)
@@ -377,10 +428,12 @@ def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
 
 
 @lower(aten.grid_sampler_2d_backward.default, aten.grid_sampler_3d_backward.default)
-def grid_sampler_backward(grad_output, x, grid, interpolation_mode, padding_mode, align_corners,
-                          output_mask):
-    _, vjp = jax.vjp(lambda image, points: grid_sampler(
-        image, points, interpolation_mode, padding_mode, align_corners), x, grid)
+def grid_sampler_backward(grad_output, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    _, vjp = jax.vjp(
+        lambda image, points: grid_sampler(image, points, interpolation_mode, padding_mode, align_corners),
+        x,
+        grid,
+    )
     return vjp(grad_output.astype(x.dtype))  # output_mask only saves work on CPU
 
 
@@ -399,6 +452,7 @@ def affine_grid_generator(theta, size, align_corners):
     axes = [_linspace_from_neg_one(n, align_corners, theta.dtype) for n in reversed(spatial)]
     mesh = jnp.meshgrid(*axes[::-1], indexing="ij")[::-1]  # x varies along the last dim
     base = jnp.stack([*mesh, jnp.ones(spatial, theta.dtype)], -1).reshape(
-        math.prod(spatial), len(spatial) + 1)
+        math.prod(spatial), len(spatial) + 1
+    )
     grid = jnp.einsum("pk,nik->npi", base, theta, precision=jax.lax.Precision.HIGHEST)
     return grid.reshape(size[0], *spatial, len(spatial))

@@ -7,11 +7,12 @@ Views stay PyTorch's own Meta kernels (ops/core.py); ops PyTorch builds from vie
 whose decomposition is a chain of copies (``stack``, ``diag_embed``, the ``*_backward`` of
 views) are lowered here as one XLA computation.
 """
+
 from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +20,9 @@ import numpy as np
 import torch
 from jax import lax
 
-from .registry import Runs, lower
 from . import indexing
 from ._helpers import result_dtype
+from .registry import Runs, lower
 
 aten = torch.ops.aten
 
@@ -83,8 +84,9 @@ def repeat_interleave(repeats, output_size=None):
     """Indices ``i`` repeated ``repeats[i]`` times (the output length needs the values)."""
     if repeats.ndim == 0:
         repeats = repeats.reshape(1)
-    return jnp.repeat(jnp.arange(repeats.shape[0], dtype=repeats.dtype), repeats,
-                      total_repeat_length=output_size)
+    return jnp.repeat(
+        jnp.arange(repeats.shape[0], dtype=repeats.dtype), repeats, total_repeat_length=output_size
+    )
 
 
 # ----------------------------------------------------------------------------- padding
@@ -102,6 +104,7 @@ def constant_pad_nd(x, pad, value=0):
 
 def _padding_family(mode: str, forward_ops, backward_ops) -> None:
     """``<mode>_pad{1,2,3}d`` and their backward ops (the VJP of the forward pad)."""
+
     def pad(x, padding):
         widths = _pad_widths(x.ndim, padding)
         padded = jnp.pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in widths], mode=mode)
@@ -116,14 +119,16 @@ def _padding_family(mode: str, forward_ops, backward_ops) -> None:
     lower(*backward_ops)(pad_backward)
 
 
-_padding_family("reflect",
-                (aten.reflection_pad1d, aten.reflection_pad2d, aten.reflection_pad3d),
-                (aten.reflection_pad1d_backward, aten.reflection_pad2d_backward,
-                 aten.reflection_pad3d_backward))
-_padding_family("edge",
-                (aten.replication_pad1d, aten.replication_pad2d, aten.replication_pad3d),
-                (aten.replication_pad1d_backward, aten.replication_pad2d_backward,
-                 aten.replication_pad3d_backward))
+_padding_family(
+    "reflect",
+    (aten.reflection_pad1d, aten.reflection_pad2d, aten.reflection_pad3d),
+    (aten.reflection_pad1d_backward, aten.reflection_pad2d_backward, aten.reflection_pad3d_backward),
+)
+_padding_family(
+    "edge",
+    (aten.replication_pad1d, aten.replication_pad2d, aten.replication_pad3d),
+    (aten.replication_pad1d_backward, aten.replication_pad2d_backward, aten.replication_pad3d_backward),
+)
 
 
 # ----------------------------------------------------------------------------- view scatters
@@ -210,9 +215,11 @@ def _require(condition: bool, message: str) -> None:
 def stack(tensors, dim=0):
     _require(len(tensors) > 0, "stack expects a non-empty TensorList")
     for entry, x in enumerate(tensors):
-        _require(x.shape == tensors[0].shape,
-                 f"stack expects each tensor to be equal size, but got {list(tensors[0].shape)} "
-                 f"at entry 0 and {list(x.shape)} at entry {entry}")
+        _require(
+            x.shape == tensors[0].shape,
+            f"stack expects each tensor to be equal size, but got {list(tensors[0].shape)} "
+            f"at entry 0 and {list(x.shape)} at entry {entry}",
+        )
     dtype = result_dtype(*(x.dtype for x in tensors))
     return jnp.stack([x.astype(dtype) for x in tensors], axis=dim)
 
@@ -221,8 +228,10 @@ def stack(tensors, dim=0):
 def chunk_cat(tensors, dim, num_chunks):
     """Each tensor split into ``num_chunks`` chunks along ``dim`` (zero-padded to equal sizes),
     flattened from ``dim`` on, and the chunks concatenated: (*leading, num_chunks, total)."""
-    _require(all(x.dtype == tensors[0].dtype for x in tensors),
-             "_chunk_cat expects all input tensors with the same dtype")
+    _require(
+        all(x.dtype == tensors[0].dtype for x in tensors),
+        "_chunk_cat expects all input tensors with the same dtype",
+    )
     _require(all(x.size for x in tensors), "_chunk_cat expects non-empty tensor")
     dim = dim % tensors[0].ndim
 
@@ -230,8 +239,9 @@ def chunk_cat(tensors, dim, num_chunks):
         size = x.shape[dim]
         padding = [(0, 0)] * x.ndim
         padding[dim] = (0, -size % num_chunks)
-        chunk = (size + padding[dim][1]) // num_chunks * math.prod(x.shape[dim + 1:])
+        chunk = (size + padding[dim][1]) // num_chunks * math.prod(x.shape[dim + 1 :])
         return jnp.pad(x, padding).reshape(*x.shape[:dim], num_chunks, chunk)
+
     return jnp.concatenate([chunks(x) for x in tensors], axis=dim + 1)
 
 
@@ -244,7 +254,8 @@ def pixel_shuffle(x, upscale_factor):
     n = len(lead)
     blocks = x.reshape(*lead, channels // (r * r), r, r, height, width)
     return blocks.transpose(*range(n), n, n + 3, n + 1, n + 4, n + 2).reshape(
-        *lead, channels // (r * r), height * r, width * r)
+        *lead, channels // (r * r), height * r, width * r
+    )
 
 
 @lower(aten.pixel_unshuffle.default)
@@ -255,7 +266,8 @@ def pixel_unshuffle(x, downscale_factor):
     n = len(lead)
     blocks = x.reshape(*lead, channels, height // r, r, width // r, r)
     return blocks.transpose(*range(n), n, n + 2, n + 4, n + 1, n + 3).reshape(
-        *lead, channels * r * r, height // r, width // r)
+        *lead, channels * r * r, height // r, width // r
+    )
 
 
 @lower(aten.channel_shuffle.default)
@@ -272,18 +284,21 @@ def _patch_grid(size, kernel, dilation, padding, stride) -> int:
 def _patch_slices(blocks, kernel_size, dilation, stride):
     """For each kernel tap (row-major), the strided window of the padded image it reads."""
     for taps in itertools.product(*(range(k) for k in kernel_size)):
-        yield (Ellipsis,) + tuple(slice(t * d, t * d + s * (n - 1) + 1, s)
-                                  for t, d, s, n in zip(taps, dilation, stride, blocks))
+        yield (Ellipsis,) + tuple(
+            slice(t * d, t * d + s * (n - 1) + 1, s) for t, d, s, n in zip(taps, dilation, stride, blocks)
+        )
 
 
 @lower(aten.im2col.default)
 def im2col(x, kernel_size, dilation, padding, stride):
     """(N, C, H, W) -> (N, C*kh*kw, L): every sliding block's values as a column."""
-    blocks = [_patch_grid(n, *args) for n, args in
-              zip(x.shape[-2:], zip(kernel_size, dilation, padding, stride))]
+    blocks = [
+        _patch_grid(n, *args) for n, args in zip(x.shape[-2:], zip(kernel_size, dilation, padding, stride))
+    ]
     padded = jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(p, p) for p in padding])
-    columns = jnp.stack([padded[key] for key in _patch_slices(blocks, kernel_size, dilation, stride)],
-                        axis=-3)
+    columns = jnp.stack(
+        [padded[key] for key in _patch_slices(blocks, kernel_size, dilation, stride)], axis=-3
+    )
     return columns.reshape(*x.shape[:-3], x.shape[-3] * math.prod(kernel_size), math.prod(blocks))
 
 
@@ -291,17 +306,17 @@ def im2col(x, kernel_size, dilation, padding, stride):
 def col2im(x, output_size, kernel_size, dilation, padding, stride):
     """The adjoint of im2col: each column's values added back where its block was read, tap by
     tap in CPU's order and dtype (so overlapping sums round as CPU's do)."""
-    blocks = [_patch_grid(n, *args) for n, args in
-              zip(output_size, zip(kernel_size, dilation, padding, stride))]
+    blocks = [
+        _patch_grid(n, *args) for n, args in zip(output_size, zip(kernel_size, dilation, padding, stride))
+    ]
     lead = x.shape[:-2]
     taps = math.prod(kernel_size)
     columns = x.reshape(*lead, x.shape[-2] // taps, taps, *blocks)
-    image = jnp.zeros((*lead, columns.shape[-4], *(n + 2 * p for n, p in zip(output_size, padding))),
-                      x.dtype)
+    image = jnp.zeros((*lead, columns.shape[-4], *(n + 2 * p for n, p in zip(output_size, padding))), x.dtype)
     for tap, key in enumerate(_patch_slices(blocks, kernel_size, dilation, stride)):
         image = image.at[key].add(columns[..., tap, :, :])
     height, width = output_size
-    return image[..., padding[0]:padding[0] + height, padding[1]:padding[1] + width]
+    return image[..., padding[0] : padding[0] + height, padding[1] : padding[1] + width]
 
 
 # ----------------------------------------------------------------------------- unchecked indexing
@@ -313,8 +328,10 @@ lower(aten._unsafe_index_put.default, runs=Runs.EAGER)(indexing.index_put)
 
 def _clamped_key(x, indices) -> tuple:
     """The indices clamped into range: masked-off positions may hold any index."""
-    return tuple(slice(None) if index is None else jnp.clip(index, -size, size - 1)
-                 for index, size in zip(indices, x.shape))
+    return tuple(
+        slice(None) if index is None else jnp.clip(index, -size, size - 1)
+        for index, size in zip(indices, x.shape)
+    )
 
 
 @lower(aten._unsafe_masked_index.default)

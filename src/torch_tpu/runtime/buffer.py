@@ -15,10 +15,12 @@ The value is one of:
 Nothing outside this module and ``runtime.tensor`` should assume which. :func:`apply` is how
 everyone runs a jitted helper on such values: recorded in fused eager, called otherwise.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Union
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -57,15 +59,25 @@ class Deferred:
     the array asks it to run (:meth:`concrete`), whichever thread recorded it.
     """
 
-    __slots__ = ("shape", "dtype", "size", "weak_type", "graph", "node", "index", "value",
-                 "error", "__weakref__")
+    __slots__ = (
+        "shape",
+        "dtype",
+        "size",
+        "weak_type",
+        "graph",
+        "node",
+        "index",
+        "value",
+        "error",
+        "__weakref__",
+    )
 
     def __init__(self, aval, graph, node: int, index: int):
         self.shape, self.dtype, self.size = aval.shape, aval.dtype, math.prod(aval.shape)
         self.weak_type = aval.weak_type
         self.graph, self.node, self.index = graph, node, index
-        self.value: Optional[jax.Array] = None
-        self.error: Optional[str] = None
+        self.value: jax.Array | None = None
+        self.error: str | None = None
 
     @property
     def ndim(self) -> int:
@@ -96,21 +108,57 @@ class Deferred:
 def _delegate(name: str) -> Callable:
     def method(self, *args):
         return getattr(self.concrete(), name)(*args)
+
     method.__name__ = name
     return method
 
 
-for _name in ("__float__", "__int__", "__complex__", "__bool__", "__index__", "__len__",
-              "__getitem__", "__iter__", "__neg__", "__pos__", "__abs__", "__invert__",
-              "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
-              "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__",
-              "__rmod__", "__pow__", "__rpow__", "__matmul__", "__rmatmul__", "__and__",
-              "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__lt__", "__le__",
-              "__gt__", "__ge__", "__eq__", "__ne__"):
+for _name in (
+    "__float__",
+    "__int__",
+    "__complex__",
+    "__bool__",
+    "__index__",
+    "__len__",
+    "__getitem__",
+    "__iter__",
+    "__neg__",
+    "__pos__",
+    "__abs__",
+    "__invert__",
+    "__add__",
+    "__radd__",
+    "__sub__",
+    "__rsub__",
+    "__mul__",
+    "__rmul__",
+    "__truediv__",
+    "__rtruediv__",
+    "__floordiv__",
+    "__rfloordiv__",
+    "__mod__",
+    "__rmod__",
+    "__pow__",
+    "__rpow__",
+    "__matmul__",
+    "__rmatmul__",
+    "__and__",
+    "__rand__",
+    "__or__",
+    "__ror__",
+    "__xor__",
+    "__rxor__",
+    "__lt__",
+    "__le__",
+    "__gt__",
+    "__ge__",
+    "__eq__",
+    "__ne__",
+):
     setattr(Deferred, _name, _delegate(_name))
 Deferred.__hash__ = object.__hash__
 
-Value = Union[jax.Array, Uninitialized, Deferred]
+Value = jax.Array | Uninitialized | Deferred
 
 
 # ----------------------------------------------------------------------------- deferred values

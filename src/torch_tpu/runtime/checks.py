@@ -16,13 +16,15 @@ op:
 Checks belong to the thread whose ops recorded them; another thread is affected only if it
 reads a value computed from theirs.
 """
+
 from __future__ import annotations
 
 import os
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import jax
 
@@ -41,13 +43,14 @@ class Check:
     def __init__(self, values: Any, callback: Callable[[Any], None], origin: str):
         self.values, self.callback, self.origin = values, callback, origin
         self.state = _PENDING
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
         self.reported = False
 
     def ready(self) -> bool:
         leaves = jax.tree_util.tree_leaves(self.values)
-        return all(type(v) is not Deferred or v.value is not None for v in leaves) and \
-            all(resolved(v).is_ready() for v in leaves)
+        return all(type(v) is not Deferred or v.value is not None for v in leaves) and all(
+            resolved(v).is_ready() for v in leaves
+        )
 
     def settle(self) -> int:
         """Run the callback on the results (waiting for them); remember how it went."""
@@ -63,10 +66,12 @@ class Check:
     def exception(self, where: str) -> BaseException:
         """The check's exception, saying where it came from and where it is reported."""
         error = self.error
-        message = (f"{error} (raised by {self.origin}; reported {where}: a value check runs "
-                   "with the graph that computes it and is reported when a value depending on "
-                   "it is read or at synchronize(); set TPU_LAUNCH_BLOCKING=1 to raise it at "
-                   "the op)")
+        message = (
+            f"{error} (raised by {self.origin}; reported {where}: a value check runs "
+            "with the graph that computes it and is reported when a value depending on "
+            "it is read or at synchronize(); set TPU_LAUNCH_BLOCKING=1 to raise it at "
+            "the op)"
+        )
         try:
             raised = type(error)(message)
         except Exception:  # noqa: BLE001  (an exception type with another signature)
@@ -86,6 +91,7 @@ _USER_DIRS = tuple(os.path.join(_PACKAGE, d) for d in ("demo", "testing"))
 def user_line() -> str:
     """The innermost caller outside torch_tpu, torch and jax: the line to blame for an op."""
     import torch
+
     skip = _LIBRARY_DIRS + (os.path.dirname(torch.__file__),)
     frame = sys._getframe(2)
     while frame is not None:
@@ -123,7 +129,7 @@ _lock = threading.Lock()  # the taint table and the unreported lists
 max_unreported = 64
 
 
-def queue(check: Check, pending: Optional[list] = None) -> None:
+def queue(check: Check, pending: list | None = None) -> None:
     """Hand a check whose results are being computed to the unreported list of a thread (the
     one that recorded it; by default this one)."""
     pending = context.checks if pending is None else pending

@@ -18,6 +18,7 @@ Nothing in a key depends on where the directory is: JAX would hash the path of i
 autotuning cache (a folder inside the cache directory) into every key, so those extra XLA caches
 are turned off and a copied or moved directory still hits.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,7 +27,6 @@ import logging
 import os
 import pathlib
 import tempfile
-from typing import Optional
 
 import jax
 from jax._src import compilation_cache as jax_compilation_cache
@@ -50,8 +50,15 @@ class InvalidEntry(ValueError):
 def pack(key: str, payload: bytes) -> bytes:
     """The bytes stored for ``payload`` under ``key``."""
     encoded = key.encode()
-    return b"".join((MAGIC, len(encoded).to_bytes(_LENGTH_BYTES, "big"), encoded,
-                     hashlib.sha256(payload).digest(), payload))
+    return b"".join(
+        (
+            MAGIC,
+            len(encoded).to_bytes(_LENGTH_BYTES, "big"),
+            encoded,
+            hashlib.sha256(payload).digest(),
+            payload,
+        )
+    )
 
 
 def unpack(key: str, entry: bytes) -> bytes:
@@ -60,14 +67,13 @@ def unpack(key: str, entry: bytes) -> bytes:
     if not entry.startswith(MAGIC):
         raise InvalidEntry("not a torch_tpu cache entry (bad header)")
     key_start = len(MAGIC) + _LENGTH_BYTES
-    digest_start = key_start + int.from_bytes(entry[len(MAGIC):key_start], "big")
+    digest_start = key_start + int.from_bytes(entry[len(MAGIC) : key_start], "big")
     payload_start = digest_start + _DIGEST_BYTES
     if len(entry) < payload_start:
         raise InvalidEntry("truncated")
     stored_key = entry[key_start:digest_start]
     if stored_key != key.encode():
-        raise InvalidEntry(f"it holds the entry for another key "
-                           f"({stored_key.decode(errors='replace')!r})")
+        raise InvalidEntry(f"it holds the entry for another key ({stored_key.decode(errors='replace')!r})")
     payload = entry[payload_start:]
     if hashlib.sha256(payload).digest() != entry[digest_start:payload_start]:
         raise InvalidEntry("its checksum does not match (truncated or corrupted)")
@@ -84,15 +90,18 @@ class VerifiedFileCache(CacheInterface):
     def _file(self, key: str) -> pathlib.Path:
         return self._path / f"{key}{SUFFIX}"
 
-    def get(self, key: str) -> Optional[bytes]:
+    def get(self, key: str) -> bytes | None:
         file = self._file(key)
         try:
             return unpack(key, file.read_bytes())
         except FileNotFoundError:
             return None
         except (OSError, InvalidEntry) as error:
-            _log.warning("compilation cache entry %s is unusable (%s): deleted, it will be "
-                         "compiled and written again", file, error)
+            _log.warning(
+                "compilation cache entry %s is unusable (%s): deleted, it will be compiled and written again",
+                file,
+                error,
+            )
             with contextlib.suppress(OSError):  # a read-only directory: still a miss
                 file.unlink(missing_ok=True)
             return None

@@ -9,16 +9,18 @@ process's default mode (``TORCH_TPU_DEFER_AND_FUSE`` / ``TPU_LAUNCH_BLOCKING``).
 State that is shared on purpose stays elsewhere: the default generator (``runtime.random``,
 shared like PyTorch's), compiled executables and the persistent cache.
 """
+
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from .. import config
 
 #: Makes this thread's fused-eager recorder (set by ``torch_tpu.execution`` at initialization,
 #: so a thread that starts in fused mode records from its first op).
-new_recorder: Optional[Callable[[], Any]] = None
+new_recorder: Callable[[], Any] | None = None
 
 
 class ExecutionContext(threading.local):
@@ -31,8 +33,7 @@ class ExecutionContext(threading.local):
         #: debug eager: wait for every op (``TPU_LAUNCH_BLOCKING=1``)
         self.launch_blocking: bool = config.launch_blocking
         #: fused eager's recorder while this thread is in fused mode, else None
-        self.recorder: Any = (new_recorder() if config.defer_and_fuse and new_recorder
-                              else None)
+        self.recorder: Any = new_recorder() if config.defer_and_fuse and new_recorder else None
         #: the compiled program being traced in this thread (``execution.tracing.Trace``)
         self.trace: Any = None
         #: the ATen op being dispatched, named by the errors of its deferred checks
@@ -40,4 +41,3 @@ class ExecutionContext(threading.local):
 
 
 context = ExecutionContext()
-

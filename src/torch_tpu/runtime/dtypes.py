@@ -1,5 +1,6 @@
 """The dtypes tpu tensors support, their torch <-> JAX mapping, and conversions between them
 (with torch CPU's results where XLA's differ)."""
+
 from __future__ import annotations
 
 import math
@@ -50,9 +51,17 @@ def to_torch(dtype: np.dtype) -> torch.dtype:
 
 
 _SCALAR_TYPE_NAMES = {
-    torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
-    torch.int32: "Int", torch.int64: "Long", torch.float16: "Half", torch.bfloat16: "BFloat16",
-    torch.float32: "Float", torch.float64: "Double", torch.complex64: "ComplexFloat",
+    torch.bool: "Bool",
+    torch.uint8: "Byte",
+    torch.int8: "Char",
+    torch.int16: "Short",
+    torch.int32: "Int",
+    torch.int64: "Long",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.complex64: "ComplexFloat",
 }
 
 
@@ -84,13 +93,11 @@ def cast(value, dtype) -> jax.Array:
     """
     dtype = np.dtype(dtype)
     value = jnp.asarray(value)
-    if jnp.issubdtype(value.dtype, jnp.complexfloating) and \
-            not jnp.issubdtype(dtype, jnp.complexfloating):
+    if jnp.issubdtype(value.dtype, jnp.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
         value = jnp.real(value)
     if not (jnp.issubdtype(value.dtype, jnp.floating) and jnp.issubdtype(dtype, jnp.integer)):
         return value.astype(dtype)
-    wide = np.dtype(jnp.int64 if dtype in (np.dtype(jnp.int64), np.dtype(jnp.uint8))
-                    else jnp.int32)
+    wide = np.dtype(jnp.int64 if dtype in (np.dtype(jnp.int64), np.dtype(jnp.uint8)) else jnp.int32)
     if value.dtype.itemsize < 4:  # half types: compare with the limits exactly
         value = value.astype(jnp.float32)
     limit = 2.0 ** (8 * wide.itemsize - 1)
@@ -100,10 +107,19 @@ def cast(value, dtype) -> jax.Array:
 
 
 #: The C++ names PyTorch's overflow message uses.
-_CPP_NAMES = {torch.bool: "bool", torch.uint8: "uint8_t", torch.int8: "int8_t",
-              torch.int16: "int16_t", torch.int32: "int", torch.int64: "int64_t",
-              torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16", torch.float32: "float",
-              torch.float64: "double", torch.complex64: "c10::complex<float>"}
+_CPP_NAMES = {
+    torch.bool: "bool",
+    torch.uint8: "uint8_t",
+    torch.int8: "int8_t",
+    torch.int16: "int16_t",
+    torch.int32: "int",
+    torch.int64: "int64_t",
+    torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16",
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.complex64: "c10::complex<float>",
+}
 
 
 def _overflows(value, dtype: np.dtype, numel: int) -> bool:
@@ -122,8 +138,7 @@ def _overflows(value, dtype: np.dtype, numel: int) -> bool:
         return not float(info.min) <= value <= float(info.max)
     if dtype in (jnp.float16, jnp.bfloat16) and numel == 1:
         return False  # CPU fills one half-precision element without the check (rounding to inf)
-    return (dtype != jnp.float64 and math.isfinite(value)
-            and abs(value) > float(jnp.finfo(dtype).max))
+    return dtype != jnp.float64 and math.isfinite(value) and abs(value) > float(jnp.finfo(dtype).max)
 
 
 def check_scalar(value, dtype, numel: int) -> None:
@@ -131,5 +146,6 @@ def check_scalar(value, dtype, numel: int) -> None:
     elements (``fill_``, ``full``)."""
     dtype = np.dtype(dtype)
     if _overflows(value, dtype, numel):
-        raise RuntimeError(f"value cannot be converted to type {_CPP_NAMES[to_torch(dtype)]} "
-                           "without overflow")
+        raise RuntimeError(
+            f"value cannot be converted to type {_CPP_NAMES[to_torch(dtype)]} without overflow"
+        )

@@ -4,10 +4,12 @@ Each cache keeps at most ``TORCH_TPU_CACHE_ENTRIES`` entries (default 4096), dro
 recently used: a loop over thousands of distinct shapes (generation over every sequence length)
 keeps memory bounded, at the price of recompiling a shape that comes back after being dropped.
 """
+
 from __future__ import annotations
 
 import collections
-from typing import Any, Hashable, Optional
+from collections.abc import Hashable
+from typing import Any
 
 from .. import config
 
@@ -17,7 +19,7 @@ class LRU:
 
     __slots__ = ("_entries", "maxsize")
 
-    def __init__(self, maxsize: Optional[int] = None):
+    def __init__(self, maxsize: int | None = None):
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self.maxsize = config.cache_entries if maxsize is None else maxsize
 

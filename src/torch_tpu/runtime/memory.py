@@ -6,6 +6,7 @@ work translates the one into the other (:func:`translate`), naming the bytes ask
 device's total. ``torch.empty`` allocates lazily, so an impossible size is refused at ``empty``
 (:func:`check_allocation`) rather than at first use.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,7 +29,7 @@ def device_stats() -> dict[str, int]:
     return stats or {}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def total_memory() -> int:
     """Bytes the device can hold: its memory limit, or the host's RAM on the CPU stand-in."""
     total = device_stats().get("bytes_limit", 0)
@@ -46,8 +47,10 @@ def _size(nbytes: int) -> str:
 
 def out_of_memory(requested: int, detail: str = "") -> torch.OutOfMemoryError:
     """PyTorch's out-of-memory error for tpu, naming the request and the device's total."""
-    message = (f"tpu out of memory. Tried to allocate {_size(requested)} ({requested} bytes); "
-               f"the device ({platform.device_name()}) has {_size(total_memory())} in total.")
+    message = (
+        f"tpu out of memory. Tried to allocate {_size(requested)} ({requested} bytes); "
+        f"the device ({platform.device_name()}) has {_size(total_memory())} in total."
+    )
     return torch.OutOfMemoryError(f"{message} {detail}".strip())
 
 

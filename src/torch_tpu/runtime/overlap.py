@@ -13,34 +13,55 @@ error rather than return a different result.
 The geometry is pure data: a :class:`Layout` per tensor, compared only between tensors of the
 same storage.
 """
+
 from __future__ import annotations
 
 import enum
 import itertools
-from typing import Callable, Iterable, NamedTuple, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 INTERNAL_OVERLAP = (
     "unsupported operation: more than one element of the written-to tensor refers to a single "
-    "memory location. Please clone() the tensor before performing the operation.")
+    "memory location. Please clone() the tensor before performing the operation."
+)
 PARTIAL_OVERLAP = (
     "unsupported operation: some elements of the input tensor and the written-to tensor refer to "
-    "a single memory location. Please clone() the tensor before performing the operation.")
+    "a single memory location. Please clone() the tensor before performing the operation."
+)
 
 #: Ops whose CPU kernels refuse any overlap of output and input, full overlap too
 #: (``assert_no_overlap``): they read inputs at positions other than the one they write.
-NO_OVERLAP_OPS = frozenset({
-    "cat", "stack", "gather", "take", "put", "index", "index_select", "index_put",
-    "_index_put_impl", "index_copy", "index_add", "index_reduce", "scatter", "scatter_add",
-    "scatter_reduce", "masked_select", "nonzero"})
+NO_OVERLAP_OPS = frozenset(
+    {
+        "cat",
+        "stack",
+        "gather",
+        "take",
+        "put",
+        "index",
+        "index_select",
+        "index_put",
+        "_index_put_impl",
+        "index_copy",
+        "index_add",
+        "index_reduce",
+        "scatter",
+        "scatter_add",
+        "scatter_reduce",
+        "masked_select",
+        "nonzero",
+    }
+)
 
 
 class Overlap(enum.Enum):
     NO = 0
-    FULL = 1      # the same elements at the same positions: an in-place op may read what it writes
-    PARTIAL = 2   # dense views sharing memory otherwise: CPU raises
+    FULL = 1  # the same elements at the same positions: an in-place op may read what it writes
+    PARTIAL = 2  # dense views sharing memory otherwise: CPU raises
     TOO_HARD = 3  # other views sharing memory: CPU computes in its loop order
 
 
@@ -64,8 +85,7 @@ def layout(t: torch.Tensor) -> Layout:
 def is_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
     """PyTorch's ``is_non_overlapping_and_dense``: a permutation of a contiguous layout."""
     expected = 1
-    for size, stride in sorted(((n, s) for n, s in zip(sizes, strides) if n > 1),
-                               key=lambda pair: pair[1]):
+    for size, stride in sorted(((n, s) for n, s in zip(sizes, strides) if n > 1), key=lambda pair: pair[1]):
         if stride != expected:
             return False
         expected *= size
@@ -76,8 +96,7 @@ def _separated(sizes: Sequence[int], strides: Sequence[int]) -> bool:
     """Whether each stride outreaches all smaller-stride dimensions together, which makes every
     element's offset distinct (slices, transposes and permutations of dense tensors do)."""
     reach = 0
-    for size, stride in sorted(((n, s) for n, s in zip(sizes, strides) if n > 1),
-                               key=lambda pair: pair[1]):
+    for size, stride in sorted(((n, s) for n, s in zip(sizes, strides) if n > 1), key=lambda pair: pair[1]):
         if stride <= reach:
             return False
         reach += (size - 1) * stride
@@ -143,8 +162,9 @@ def copies_in_order(dst: Layout, src: Layout) -> bool:
     if dst.itemsize != src.itemsize:
         return False
     pad = len(dst.sizes) - len(src.sizes)
-    src = src._replace(sizes=dst.sizes, strides=(0,) * pad + tuple(
-        s if n > 1 else 0 for n, s in zip(src.sizes, src.strides)))
+    src = src._replace(
+        sizes=dst.sizes, strides=(0,) * pad + tuple(s if n > 1 else 0 for n, s in zip(src.sizes, src.strides))
+    )
     written, read = _byte_offsets(dst), _byte_offsets(src)
     readers = np.flatnonzero(np.isin(read, written))  # positions reading a written address
     order = np.argsort(written)
@@ -170,15 +190,16 @@ def _tensors(value) -> Sequence[torch.Tensor]:
 def _pairs(written, read) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
     """(written tensor, read tensor) pairs: lists of one length pair up by position, as the
     per-tensor loop of a ``_foreach`` op sees them; anything else pairs every way."""
-    if isinstance(written, (list, tuple)) and isinstance(read, (list, tuple)) \
-            and len(written) == len(read):
-        return ((w, r) for w, r in zip(written, read)
-                if isinstance(w, torch.Tensor) and isinstance(r, torch.Tensor))
+    if isinstance(written, (list, tuple)) and isinstance(read, (list, tuple)) and len(written) == len(read):
+        return (
+            (w, r)
+            for w, r in zip(written, read)
+            if isinstance(w, torch.Tensor) and isinstance(r, torch.Tensor)
+        )
     return itertools.product(_tensors(written), _tensors(read))
 
 
-def check_writes(written: Sequence, read: Iterable, no_overlap: bool = False,
-                 copy: bool = False) -> None:
+def check_writes(written: Sequence, read: Iterable, no_overlap: bool = False, copy: bool = False) -> None:
     """Raise PyTorch's error if a tensor in ``written`` overlaps itself, or partially overlaps a
     tensor in ``read`` (any overlap at all when ``no_overlap``; for a ``copy``, overlap CPU
     cannot see passes when :func:`copies_in_order`). Both hold tensors or tensor lists; only
@@ -198,8 +219,7 @@ def check_writes(written: Sequence, read: Iterable, no_overlap: bool = False,
                     continue
                 if status is Overlap.TOO_HARD and copy and copies_in_order(layout(w), layout(r)):
                     continue
-                if status in (Overlap.PARTIAL, Overlap.TOO_HARD) or (
-                        no_overlap and status is Overlap.FULL):
+                if status in (Overlap.PARTIAL, Overlap.TOO_HARD) or (no_overlap and status is Overlap.FULL):
                     raise RuntimeError(PARTIAL_OVERLAP)
 
 
@@ -208,11 +228,13 @@ def writes_checker(schema: torch._C.FunctionSchema) -> Callable[[list, tuple, di
     :func:`check_writes` on its written arguments against the tensors it reads."""
     name = schema.name.split("::")[-1].removesuffix("_")
     no_overlap = name in NO_OVERLAP_OPS
-    read = [(i, arg.name) for i, arg in enumerate(schema.arguments)
-            if "Tensor" in str(arg.type)
-            and not (arg.alias_info is not None and arg.alias_info.is_write)]
+    read = [
+        (i, arg.name)
+        for i, arg in enumerate(schema.arguments)
+        if "Tensor" in str(arg.type) and not (arg.alias_info is not None and arg.alias_info.is_write)
+    ]
 
     def check(written: list, args: tuple, kwargs: dict) -> None:
-        check_writes(written, [args[i] if i < len(args) else kwargs.get(arg) for i, arg in read],
-                     no_overlap)
+        check_writes(written, [args[i] if i < len(args) else kwargs.get(arg) for i, arg in read], no_overlap)
+
     return check

@@ -12,6 +12,7 @@ the device). Two of its settings are process-wide, because JAX has no narrower s
 A process that forks after the device started cannot use it in the child (XLA's runtime does
 not survive ``fork()``); the child gets a clear error instead of a hang (:func:`check_not_forked`).
 """
+
 from __future__ import annotations
 
 import collections
@@ -38,7 +39,8 @@ FORKED_MESSAGE = (
     "it, and XLA's runtime does not survive fork(). Start worker processes with the 'spawn' "
     "method instead (DataLoader(..., multiprocessing_context='spawn'), "
     "torch.multiprocessing.set_start_method('spawn')), or keep the workers on the CPU and move "
-    "each batch to tpu in the main process.")
+    "each batch to tpu in the main process."
+)
 
 
 def check_not_forked() -> None:
@@ -61,16 +63,17 @@ def initialize() -> None:
         if _device is not None:
             return
         import jax
+
         jax.config.update("jax_enable_x64", True)
         if config.platform:
             if config.platform not in _PLATFORM_ALIASES:
-                raise ValueError("TORCH_TPU_PLATFORM must be one of cpu, gpu, tpu; got "
-                                 f"{config.platform!r}")
+                raise ValueError(f"TORCH_TPU_PLATFORM must be one of cpu, gpu, tpu; got {config.platform!r}")
             jax.config.update("jax_platforms", _PLATFORM_ALIASES[config.platform])
         if config.cache_dir and not jax.config.jax_compilation_cache_dir:
             # Every compiled executable (strict eager's per-op ones, fused graphs, compiled
             # models) persists, so a second process skips XLA compilation for what it has seen.
             from . import compilation_cache
+
             compilation_cache.enable(config.cache_dir, config.cache_min_compile_seconds)
         keep_interrupts()
         jax.monitoring.register_event_listener(_count_disk_hit)
@@ -94,8 +97,10 @@ def keep_interrupts() -> None:
     CPython prints and drops any exception raised inside a gc callback: a Ctrl-C whose handler
     runs there is lost. This SIGINT handler (installed in place of Python's default one, from
     the main thread) defers such an interrupt to the first event outside the collection."""
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
         signal.signal(signal.SIGINT, _interrupt)
 
 
@@ -118,6 +123,7 @@ def _interrupt(signum, frame) -> None:
             return
         sys.setprofile(previous)
         raise KeyboardInterrupt
+
     sys.setprofile(raise_once_outside)
 
 

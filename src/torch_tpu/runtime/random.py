@@ -6,6 +6,7 @@ Like PyTorch's default generators it is one per device, shared by all threads; e
 the next counter value atomically, so two threads never get the same key. The state lives here
 without JAX (``torch.manual_seed`` seeds it in every process, tpu or not); keys are made on use.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,6 +34,7 @@ def initial_seed() -> int:
 @functools.lru_cache(maxsize=8)
 def _base_key(seed: int):
     import jax
+
     return jax.random.fold_in(jax.random.key(seed & 0xFFFF_FFFF), seed >> 32)
 
 
@@ -47,6 +49,7 @@ def next_key():
         seed, offset = _seed, _offset
         _offset += 1
     import jax
+
     return jax.random.fold_in(_base_key(seed), offset & 0xFFFF_FFFF)
 
 

@@ -4,6 +4,7 @@ Views are PyTorch's own (sizes/strides/offset computed by the Meta kernels over 
 storage), so reading a tensor means taking its region out of the storage value, and writing one
 means a functional update of that value. Both are jitted per view geometry.
 """
+
 from __future__ import annotations
 
 import functools
@@ -81,8 +82,9 @@ def wrap_elementwise(value: jax.Array, inputs) -> torch.Tensor:
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
     if all(t.is_contiguous() for t in tensors):
         return wrap(value)
-    strides = _elementwise_strides(tuple(value.shape), tuple(
-        (tuple(t.shape), t.stride(), t.element_size()) for t in tensors))
+    strides = _elementwise_strides(
+        tuple(value.shape), tuple((tuple(t.shape), t.stride(), t.element_size()) for t in tensors)
+    )
     return wrap(value) if strides is None else wrap_strided(value, strides)
 
 
@@ -96,8 +98,7 @@ def like_strides(t: torch.Tensor, memory_format=None) -> tuple | None:
 
 @functools.lru_cache(maxsize=1024)
 def _like_strides(shape: tuple, strides: tuple, memory_format) -> tuple | None:
-    like = torch.empty_like(torch.empty_strided(shape, strides, device="meta"),
-                            memory_format=memory_format)
+    like = torch.empty_like(torch.empty_strided(shape, strides, device="meta"), memory_format=memory_format)
     return None if like.is_contiguous() else like.stride()
 
 
@@ -115,8 +116,11 @@ def _elementwise_strides(shape: tuple, operands: tuple) -> tuple | None:
     shape all contiguous, all channels-last, or all dense with equal strides), else
     ``compute_strides`` + ``reorder_dimensions`` + ``allocate_or_resize_outputs``."""
     ndim = len(shape)
-    operands = [o for o in operands if len(o[0]) <= ndim and all(
-        n in (1, m) for n, m in zip(o[0], shape[ndim - len(o[0]):]))]
+    operands = [
+        o
+        for o in operands
+        if len(o[0]) <= ndim and all(n in (1, m) for n, m in zip(o[0], shape[ndim - len(o[0]) :]))
+    ]
     if ndim <= 1 or not operands:
         return None
     if all(o[0] == shape for o in operands):
@@ -131,9 +135,13 @@ def _elementwise_strides(shape: tuple, operands: tuple) -> tuple | None:
     byte_strides = []
     for op_shape, op_strides, itemsize in operands:
         offset = ndim - len(op_shape)
-        byte_strides.append([0] * offset + [
-            0 if n == 1 and shape[offset + i] != 1 else s * itemsize
-            for i, (n, s) in enumerate(zip(op_shape, op_strides))])
+        byte_strides.append(
+            [0] * offset
+            + [
+                0 if n == 1 and shape[offset + i] != 1 else s * itemsize
+                for i, (n, s) in enumerate(zip(op_shape, op_strides))
+            ]
+        )
 
     def should_swap(dim0: int, dim1: int) -> int:
         for strides in byte_strides:
@@ -320,13 +328,13 @@ def write(t: torch.Tensor, value) -> None:
     if not isinstance(value, (jax.Array, Deferred)):
         value = jnp.asarray(value)
     current = buffer.get(storage)
-    whole = (t.storage_offset() == 0 and t.is_contiguous()
-             and t.numel() * dtype.itemsize == buffer.nbytes(current))
+    whole = (
+        t.storage_offset() == 0 and t.is_contiguous() and t.numel() * dtype.itemsize == buffer.nbytes(current)
+    )
     if whole:
         if value.shape != shape or value.dtype != dtype:
             value = apply(_fill, value, shape, dtype)
         buffer.put(storage, value)
         return
     buf = storage_array(storage, dtype)
-    buffer.put(storage, apply(_strided_write, buf, value, shape, t.stride(),
-                                      t.storage_offset()))
+    buffer.put(storage, apply(_strided_write, buf, value, shape, t.stride(), t.storage_offset()))

@@ -1,13 +1,14 @@
 """Host <-> device copies (numpy has no bfloat16 for torch, so it travels as int16 bits)."""
+
 from __future__ import annotations
 
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
-import jax.numpy as jnp
 
 from . import checks, platform
 

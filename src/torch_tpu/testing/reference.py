@@ -22,9 +22,10 @@ machine. It never exceeds ``MAX_SCALE`` plain tolerances at the result's largest
 discontinuity such as ``floor``, or a sign an eigenvector may take either way) or a CPU kernel
 far worse than rounding must not switch the check off.
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.testing._comparison import default_tolerances
@@ -41,8 +42,12 @@ MAX_SCALE_HALF = 10.0
 _HALF = (torch.float16, torch.bfloat16)
 
 #: The dtype each computation is widened to for the reference.
-WIDER = {torch.float32: torch.float64, torch.float16: torch.float64,
-         torch.bfloat16: torch.float64, torch.complex64: torch.complex128}
+WIDER = {
+    torch.float32: torch.float64,
+    torch.float16: torch.float64,
+    torch.bfloat16: torch.float64,
+    torch.complex64: torch.complex128,
+}
 
 
 def widened(value: Any) -> Any:
@@ -71,8 +76,11 @@ def cpu_error(result: Any, reference: Any) -> tuple[float, float]:
     """``(max |result - reference|, max |reference|)`` over the elements where both are finite;
     (0, 0) if they cannot be compared (other shapes, not floating point)."""
     result, reference = _as_tensor(result), _as_tensor(reference)
-    comparable = (result.shape == reference.shape and result.is_complex() == reference.is_complex()
-                  and (result.is_floating_point() or result.is_complex()))
+    comparable = (
+        result.shape == reference.shape
+        and result.is_complex() == reference.is_complex()
+        and (result.is_floating_point() or result.is_complex())
+    )
     if not comparable:
         return 0.0, 0.0
     wide = torch.complex128 if result.is_complex() else torch.float64
@@ -83,8 +91,9 @@ def cpu_error(result: Any, reference: Any) -> tuple[float, float]:
     return (result - reference)[finite].abs().max().item(), reference[finite].abs().max().item()
 
 
-def derived_tolerance(expected: Any, reference: Optional[Any], atol: Optional[float] = None,
-                      rtol: Optional[float] = None) -> dict[str, float]:
+def derived_tolerance(
+    expected: Any, reference: Any | None, atol: float | None = None, rtol: float | None = None
+) -> dict[str, float]:
     """``assert_close`` keyword arguments for comparing a result with CPU's ``expected``, given
     the float64 ``reference`` of the same computation (None: the plain tolerance). ``atol`` and
     ``rtol`` default to ``assert_close``'s for ``expected``'s dtype."""
@@ -96,11 +105,15 @@ def derived_tolerance(expected: Any, reference: Optional[Any], atol: Optional[fl
     return {"atol": atol + min(FACTOR * error, limit * (atol + rtol * magnitude)), "rtol": rtol}
 
 
-def assert_matches_cpu(actual: torch.Tensor, expected: torch.Tensor, reference: torch.Tensor,
-                       what: str = "", **unit: float) -> None:
+def assert_matches_cpu(
+    actual: torch.Tensor, expected: torch.Tensor, reference: torch.Tensor, what: str = "", **unit: float
+) -> None:
     """``torch.testing.assert_close(actual, expected)`` (a device result against CPU's) with the
     tolerance :func:`derived_tolerance` gives for ``expected`` and its float64 ``reference``;
     ``unit`` (``atol``, ``rtol``) replaces assert_close's default plain tolerance."""
-    torch.testing.assert_close(actual.detach().cpu(), expected.detach(),
-                               **derived_tolerance(expected, reference, **unit),
-                               msg=lambda message: f"{what}: {message}" if what else message)
+    torch.testing.assert_close(
+        actual.detach().cpu(),
+        expected.detach(),
+        **derived_tolerance(expected, reference, **unit),
+        msg=lambda message: f"{what}: {message}" if what else message,
+    )

@@ -8,6 +8,7 @@ Run from this folder::
 
     python generate_tales.py          # rewrites tiny_tales.txt (byte-identical for the same seed)
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -17,58 +18,115 @@ SEED = 1234
 TARGET_BYTES = 100_000
 
 HEROES = [
-    ("fox", "Pip"), ("rabbit", "Tilly"), ("bear", "Bruno"), ("owl", "Hoot"), ("mouse", "Nell"),
-    ("duck", "Dot"), ("cat", "Mina"), ("frog", "Fennel"), ("hedgehog", "Quill"), ("badger", "Bram"),
-    ("goat", "Clover"), ("squirrel", "Rusty"), ("turtle", "Moss"), ("wolf", "Ash"), ("lamb", "Poppy"),
+    ("fox", "Pip"),
+    ("rabbit", "Tilly"),
+    ("bear", "Bruno"),
+    ("owl", "Hoot"),
+    ("mouse", "Nell"),
+    ("duck", "Dot"),
+    ("cat", "Mina"),
+    ("frog", "Fennel"),
+    ("hedgehog", "Quill"),
+    ("badger", "Bram"),
+    ("goat", "Clover"),
+    ("squirrel", "Rusty"),
+    ("turtle", "Moss"),
+    ("wolf", "Ash"),
+    ("lamb", "Poppy"),
 ]
 HOMES = [
-    "a small house near the river", "a hollow tree at the edge of the wood",
-    "a warm burrow under the old oak", "a cottage on top of the green hill",
-    "a little boat on the quiet lake", "a nest above the apple orchard",
-    "a stone hut beside the mill", "a cosy den behind the waterfall",
+    "a small house near the river",
+    "a hollow tree at the edge of the wood",
+    "a warm burrow under the old oak",
+    "a cottage on top of the green hill",
+    "a little boat on the quiet lake",
+    "a nest above the apple orchard",
+    "a stone hut beside the mill",
+    "a cosy den behind the waterfall",
 ]
 PLACES = [
-    "the market", "the meadow", "the forest", "the beach", "the old bridge", "the garden",
-    "the village square", "the mountain path", "the pond", "the library", "the bakery",
+    "the market",
+    "the meadow",
+    "the forest",
+    "the beach",
+    "the old bridge",
+    "the garden",
+    "the village square",
+    "the mountain path",
+    "the pond",
+    "the library",
+    "the bakery",
 ]
 THINGS = [
-    ("a red kite", "the kite"), ("a silver key", "the key"), ("a blue hat", "the hat"),
-    ("a jar of honey", "the honey"), ("a wooden flute", "the flute"), ("a lantern", "the lantern"),
-    ("a map of the hills", "the map"), ("a basket of plums", "the basket"),
-    ("a tiny bell", "the bell"), ("a book of songs", "the book"), ("a warm scarf", "the scarf"),
+    ("a red kite", "the kite"),
+    ("a silver key", "the key"),
+    ("a blue hat", "the hat"),
+    ("a jar of honey", "the honey"),
+    ("a wooden flute", "the flute"),
+    ("a lantern", "the lantern"),
+    ("a map of the hills", "the map"),
+    ("a basket of plums", "the basket"),
+    ("a tiny bell", "the bell"),
+    ("a book of songs", "the book"),
+    ("a warm scarf", "the scarf"),
 ]
 FEELINGS = ["happy", "sad", "curious", "brave", "tired", "worried", "proud", "sleepy", "excited"]
 WEATHER = [
-    "The sun was bright and the sky was clear.", "A soft rain was falling on the leaves.",
-    "The wind was cold and the clouds were grey.", "Snow covered the fields like a white blanket.",
-    "It was a warm and lazy summer afternoon.", "The morning fog hid the tops of the trees.",
+    "The sun was bright and the sky was clear.",
+    "A soft rain was falling on the leaves.",
+    "The wind was cold and the clouds were grey.",
+    "Snow covered the fields like a white blanket.",
+    "It was a warm and lazy summer afternoon.",
+    "The morning fog hid the tops of the trees.",
 ]
 # (what went wrong, how it felt, ways a friend can help with exactly that)
 PROBLEMS = [
-    ("lost {thing}", "could not find {the_thing} anywhere",
-     ["searched under every leaf and stone until {the_thing} was found",
-      "asked everyone at {place} until someone had seen {the_thing}"]),
-    ("was stuck in the mud", "tried to pull free but only sank deeper",
-     ["held out a paw and pulled with all their strength",
-      "found a long branch and pulled {hero} out"]),
-    ("was afraid of the dark", "did not want to walk home after sunset",
-     ["lit a lantern and walked side by side through the night",
-      "sang a soft song until the fear went away"]),
-    ("had no one to play with", "sat alone and watched the birds",
-     ["shared a warm drink and told a funny story",
-      "taught {hero} a new game with stones and sticks"]),
-    ("broke {thing}", "looked at the pieces and felt like crying",
-     ["fixed it with glue, string and a lot of patience",
-      "helped to make a new one that was even better"]),
-    ("forgot the way home", "walked in circles until the light began to fade",
-     ["showed the way back along the winding path",
-      "climbed a tall tree and pointed towards home"]),
+    (
+        "lost {thing}",
+        "could not find {the_thing} anywhere",
+        [
+            "searched under every leaf and stone until {the_thing} was found",
+            "asked everyone at {place} until someone had seen {the_thing}",
+        ],
+    ),
+    (
+        "was stuck in the mud",
+        "tried to pull free but only sank deeper",
+        ["held out a paw and pulled with all their strength", "found a long branch and pulled {hero} out"],
+    ),
+    (
+        "was afraid of the dark",
+        "did not want to walk home after sunset",
+        [
+            "lit a lantern and walked side by side through the night",
+            "sang a soft song until the fear went away",
+        ],
+    ),
+    (
+        "had no one to play with",
+        "sat alone and watched the birds",
+        ["shared a warm drink and told a funny story", "taught {hero} a new game with stones and sticks"],
+    ),
+    (
+        "broke {thing}",
+        "looked at the pieces and felt like crying",
+        ["fixed it with glue, string and a lot of patience", "helped to make a new one that was even better"],
+    ),
+    (
+        "forgot the way home",
+        "walked in circles until the light began to fade",
+        ["showed the way back along the winding path", "climbed a tall tree and pointed towards home"],
+    ),
 ]
 LESSONS = [
-    "A friend in need is a friend indeed.", "Small kindnesses make big differences.",
-    "It is brave to ask for help.", "Slow and steady wins the race.",
-    "Sharing makes every treat taste sweeter.", "Even the longest night ends with a morning.",
-    "Listening is the first step to understanding.", "Every mistake is a chance to learn.",
+    "A friend in need is a friend indeed.",
+    "Small kindnesses make big differences.",
+    "It is brave to ask for help.",
+    "Slow and steady wins the race.",
+    "Sharing makes every treat taste sweeter.",
+    "Even the longest night ends with a morning.",
+    "Listening is the first step to understanding.",
+    "Every mistake is a chance to learn.",
 ]
 DIALOGUE = [
     '"Do not worry," said {helper}. "I will help you."',
@@ -91,8 +149,9 @@ def _tale(rng: random.Random, number: int) -> str:
     (hero_kind, hero), (helper_kind, helper) = rng.sample(HEROES, 2)
     thing, the_thing = rng.choice(THINGS)
     place = rng.choice(PLACES)
-    fill = dict(hero=hero, helper=helper, thing=thing, the_thing=the_thing, place=place,
-                feeling=rng.choice(FEELINGS))
+    fill = dict(
+        hero=hero, helper=helper, thing=thing, the_thing=the_thing, place=place, feeling=rng.choice(FEELINGS)
+    )
     problem, consequence, helps = rng.choice(PROBLEMS)
     lines = [
         f"Tale {number}.",

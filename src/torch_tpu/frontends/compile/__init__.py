@@ -21,9 +21,11 @@ Example::
     >>> round(f(torch.zeros(3, device="tpu")).item(), 4)
     0.0
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -42,10 +44,12 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 def _boxed(program: Program) -> Callable:
     """AOTAutograd's calling convention: one list of arguments, which the callee empties so the
     caller's references (saved activations) die as early as possible."""
+
     def run(args: list) -> Any:
         values = list(args)
         args.clear()
         return program(*values)
+
     run._boxed_call = True
     return run
 
@@ -53,6 +57,7 @@ def _boxed(program: Program) -> Callable:
 def _compiler(name: str, kind: str) -> Callable:
     def compile_graph(graph_module: torch.fx.GraphModule, example_inputs) -> Callable:
         return _boxed(Program(graph_module, f"{name} ({kind})"))
+
     return compile_graph
 
 
@@ -83,34 +88,47 @@ def _graph_name(graph_module: torch.fx.GraphModule) -> str:
     _last_inputs_by_frame[frame] = inputs
     if attempt and previous is not None:
         before = dict(previous)
-        change = next((f"{name}: {before[name]} -> {now}" for name, now in inputs
-                       if name in before and before[name] != now),
-                      f"inputs {[n for n, _ in previous]} -> {[n for n, _ in inputs]}")
+        change = next(
+            (
+                f"{name}: {before[name]} -> {now}"
+                for name, now in inputs
+                if name in before and before[name] != now
+            ),
+            f"inputs {[n for n, _ in previous]} -> {[n for n, _ in inputs]}",
+        )
         fused.explain(f"Dynamo recompiles frame {frame} (compile {attempt}): {change}")
     return f"frame {frame}/{attempt}"
 
 
-def backend(graph_module: torch.fx.GraphModule, example_inputs: list, *,
-            mode: Optional[str] = None, options: Optional[dict] = None) -> Callable:
+def backend(
+    graph_module: torch.fx.GraphModule,
+    example_inputs: list,
+    *,
+    mode: str | None = None,
+    options: dict | None = None,
+) -> Callable:
     """The Dynamo backend registered as ``"tpu"`` (``torch.compile(model, backend="tpu")``).
 
     ``mode`` is any of :data:`MODES` (all compile the same way); there are no ``options``.
     """
     from torch._dynamo.backends.common import aot_autograd
+
     if mode is not None and mode not in MODES:
         raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(MODES)}")
     if options:
         raise RuntimeError(f"torch.compile(backend='tpu') takes no options; got {sorted(options)}")
     dynamo.refresh()  # (this module and the program's loaded after the device started)
     name = _graph_name(graph_module)
-    return aot_autograd(fw_compiler=_compiler(name, "forward"),
-                        bw_compiler=_compiler(name, "backward"),
-                        inference_compiler=_compiler(name, "inference"),
-                        keep_inference_input_mutations=True)(graph_module, example_inputs)
+    return aot_autograd(
+        fw_compiler=_compiler(name, "forward"),
+        bw_compiler=_compiler(name, "backward"),
+        inference_compiler=_compiler(name, "inference"),
+        keep_inference_input_mutations=True,
+    )(graph_module, example_inputs)
 
 
 # ----------------------------------------------------------------------------- static shapes
-def bucket_size(length: int, buckets: Optional[Sequence[int]] = None, multiple: int = 64) -> int:
+def bucket_size(length: int, buckets: Sequence[int] | None = None, multiple: int = 64) -> int:
     """The size to pad ``length`` to: the smallest of ``buckets`` that fits, else the next
     multiple of ``multiple``. Few distinct sizes mean few compiled executables.
 
@@ -128,8 +146,13 @@ def bucket_size(length: int, buckets: Optional[Sequence[int]] = None, multiple: 
     return -(-length // multiple) * multiple if length else multiple
 
 
-def pad_to_bucket(tensor: torch.Tensor, dim: int = -1, buckets: Optional[Sequence[int]] = None,
-                  multiple: int = 64, value: float = 0) -> torch.Tensor:
+def pad_to_bucket(
+    tensor: torch.Tensor,
+    dim: int = -1,
+    buckets: Sequence[int] | None = None,
+    multiple: int = 64,
+    value: float = 0,
+) -> torch.Tensor:
     """``tensor`` padded with ``value`` at the end of ``dim`` up to :func:`bucket_size`, so a
     compiled model sees a few shapes instead of one per sequence length. Pad the attention mask
     with 0 (and labels with -100) so the padding changes no result.

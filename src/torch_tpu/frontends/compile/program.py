@@ -13,18 +13,19 @@ aliases an input is a view of the real input, and inputs the graph writes (an op
 parameters and state, when AOTAutograd keeps the mutation in the graph) have their new values
 stored back, their old buffers donated to XLA so the update does not hold two copies.
 """
+
 from __future__ import annotations
 
 import contextlib
 import functools
 import sys
 import time
-from typing import Any, Callable, Iterator, NamedTuple, Optional
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import jax
 import torch
 
-from ... import config
 from ...execution import fused, tracing
 from ...runtime import buffer, checks, memory, random, tensor, transfer
 from ...runtime.context import context
@@ -41,13 +42,13 @@ def _unused_key() -> jax.Array:
 
 
 class _Output(NamedTuple):
-    kind: int                # _FRESH (a storage the program returns) or _INPUT (an input's)
-    storage: int             # which one
+    kind: int  # _FRESH (a storage the program returns) or _INPUT (an input's)
+    storage: int  # which one
     shape: tuple
     strides: tuple
     offset: int
     dtype: torch.dtype
-    host: bool               # the graph computed it for the CPU (moved there after the call)
+    host: bool  # the graph computed it for the CPU (moved there after the call)
 
 
 class _Traced:
@@ -55,7 +56,7 @@ class _Traced:
     wrote, the checks to report after each call, and whether it draws random numbers."""
 
     def __init__(self) -> None:
-        self.outputs: list = []           # _Output, or a constant (None, an int...)
+        self.outputs: list = []  # _Output, or a constant (None, an int...)
         self.written: tuple[int, ...] = ()
         self.checks: list[tuple[Callable, str]] = []
         self.random = False
@@ -70,8 +71,10 @@ class _Executable(NamedTuple):
 #: CPU drops ``.contiguous()`` after an attention whose CPU output is already laid out that way).
 #: The graphs are functional, so a view only needs its values: reshape gives them, copying only
 #: when the tpu layout is not viewable.
-_VALUE_SEMANTICS = {torch.ops.aten.view.default: torch.ops.aten.reshape.default,
-                    torch.ops.aten._unsafe_view.default: torch.ops.aten.reshape.default}
+_VALUE_SEMANTICS = {
+    torch.ops.aten.view.default: torch.ops.aten.reshape.default,
+    torch.ops.aten._unsafe_view.default: torch.ops.aten.reshape.default,
+}
 
 
 def _host_device(value: Any) -> Any:
@@ -114,8 +117,10 @@ class Interpreter(torch.fx.Interpreter):
             return super().run_node(node)
         except Exception as error:  # noqa: BLE001  (same error, with the node that raised it)
             if not getattr(error, "_tpu_node_noted", False):
-                error.add_note(f"[torch_tpu] while tracing {node.format_node()} for a compiled "
-                               f"tpu graph ({_source_line(node)})")
+                error.add_note(
+                    f"[torch_tpu] while tracing {node.format_node()} for a compiled "
+                    f"tpu graph ({_source_line(node)})"
+                )
                 error._tpu_node_noted = True
             raise
 
@@ -148,10 +153,12 @@ class Program:
         self.graph_module = graph_module
         self.name = name
         self._executables = LRU()
-        self._last_layout: Optional[tuple] = None
+        self._last_layout: tuple | None = None
         outputs = next(n for n in graph_module.graph.nodes if n.op == "output").args[0]
-        self._host_outputs = [_meta_device_is_host(getattr(o, "meta", {}).get("val"))
-                              for o in torch.utils._pytree.tree_leaves(outputs)]
+        self._host_outputs = [
+            _meta_device_is_host(getattr(o, "meta", {}).get("val"))
+            for o in torch.utils._pytree.tree_leaves(outputs)
+        ]
         self._out_tree = torch.utils._pytree.tree_structure(outputs)
 
     # ------------------------------------------------------------------ inputs
@@ -174,8 +181,18 @@ class Program:
                         avals.append((value.shape, value.dtype, value.weak_type))
                         values.append(value)
                         sources.append(storage)
-                    layout.append((_TPU, index, a.shape, a.stride(), a.storage_offset(),
-                                   a.dtype, a.is_conj(), a.is_neg()))
+                    layout.append(
+                        (
+                            _TPU,
+                            index,
+                            a.shape,
+                            a.stride(),
+                            a.storage_offset(),
+                            a.dtype,
+                            a.is_conj(),
+                            a.is_neg(),
+                        )
+                    )
                 else:
                     value = transfer.to_device(a)
                     layout.append((_HOST, len(values), a.shape, a.dtype))
@@ -190,31 +207,37 @@ class Program:
     def _traceable(self, layout: tuple, traced: _Traced) -> Callable:
         """The graph as a function of (random key, storage values) for ``jax.jit``; tracing it
         fills in ``traced``."""
+
         def program(key, *values):
             with traced_ops(key) as trace:
                 storages = [tensor.wrap(v).untyped_storage() for v in values]
                 results = Interpreter(self.graph_module, trace).run(*_arguments(layout, storages))
-                traced.outputs, fresh = _outputs(torch.utils._pytree.tree_leaves(results),
-                                                 self._host_outputs, storages)
-                traced.written = tuple(i for i, (s, v) in enumerate(zip(storages, values))
-                                       if buffer.get(s) is not v)
+                traced.outputs, fresh = _outputs(
+                    torch.utils._pytree.tree_leaves(results), self._host_outputs, storages
+                )
+                traced.written = tuple(
+                    i for i, (s, v) in enumerate(zip(storages, values)) if buffer.get(s) is not v
+                )
                 written = [buffer.get_array(storages[i]) for i in traced.written]
                 traced.checks = [(callback, origin) for _, callback, origin in trace.checks]
                 traced.random = trace.draws > 0
                 return fresh, written, [results for results, _, _ in trace.checks]
+
         return program
 
     def _compile(self, key: tuple, values: list, donated: tuple[int, ...]) -> _Executable:
         layout = key[0]
         if not donated and self._last_layout is not None:
-            fused.explain(f"recompiling compiled graph {self.name}: "
-                           f"{_layout_change(self._last_layout, key)}")
+            fused.explain(f"recompiling compiled graph {self.name}: {_layout_change(self._last_layout, key)}")
         started = time.perf_counter()
         traced = _Traced()
         program = self._traceable(layout, traced)
         # positions shift by one: the key is the program's first argument
-        run = jax.jit(program, donate_argnums=tuple(i + 1 for i in donated)) \
-            .lower(_unused_key(), *values).compile()
+        run = (
+            jax.jit(program, donate_argnums=tuple(i + 1 for i in donated))
+            .lower(_unused_key(), *values)
+            .compile()
+        )
         fused.stats.compile_seconds += time.perf_counter() - started
         fused.stats.compiled_graphs += 1
         return _Executable(run, traced)
@@ -250,14 +273,16 @@ class Program:
                 _store(sources[index], value)
         if context.launch_blocking:  # debug eager: an execution error surfaces at this call
             jax.block_until_ready((fresh, written))
-        program_checks = [checks.deferred(result, callback, f"{origin} in compiled graph "
-                                          f"{self.name}")
-                          for result, (callback, origin) in zip(results, traced.checks)]
+        program_checks = [
+            checks.deferred(result, callback, f"{origin} in compiled graph {self.name}")
+            for result, (callback, origin) in zip(results, traced.checks)
+        ]
         checks.taint([*fresh, *written], (*program_checks, *inherited))
         if program_checks and context.launch_blocking:
             checks.report(program_checks, "at the call (TPU_LAUNCH_BLOCKING=1)")
         return torch.utils._pytree.tree_unflatten(
-            [_output(o, fresh, sources) for o in traced.outputs], self._out_tree)
+            [_output(o, fresh, sources) for o in traced.outputs], self._out_tree
+        )
 
     def stablehlo(self, *args: Any) -> str:
         """StableHLO text of this graph for these arguments (traced, not run)."""
@@ -303,8 +328,9 @@ def _outputs(flat: list, host_outputs: list, storages: list) -> tuple[list, list
             if index is None:
                 index = fresh[storage._cdata] = len(values)
                 values.append(buffer.get_array(storage))
-        specs.append(_Output(kind, index, tuple(out.shape), out.stride(), out.storage_offset(),
-                             out.dtype, host))
+        specs.append(
+            _Output(kind, index, tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, host)
+        )
     return specs, values
 
 

@@ -131,6 +131,7 @@ def test_wrong_kernels_are_caught(check_meta, op, kernel, args, message):
         checked(op, kernel)(*args(), **kwargs)
 
 
-def test_unchecked_when_switched_off():
+def test_unchecked_when_switched_off(monkeypatch):
+    monkeypatch.setattr(config, "check_meta", False)
     wrong = checked(aten.add.Tensor, lambda a, b, alpha=1: torch.zeros(3, 2, device=TPU))
     assert wrong(_x(2, 3), _x(2, 3)).shape == (3, 2)

@@ -60,3 +60,41 @@ def test_device_copies_preserve_layout(transposed):
     copy = x.to("tpu" if transposed == "cpu" else "cpu")
     assert copy.stride() == x.stride()
     torch.testing.assert_close(copy.cpu(), x.cpu())
+
+
+def _spd(m: torch.Tensor) -> torch.Tensor:
+    return m @ m.mT + 4 * torch.eye(m.shape[-1], device=m.device)
+
+
+# Ops whose results PyTorch does not lay out row-major (``ops/layout.py``): factorizations are
+# column-major per matrix (LAPACK's convention), rot90 is a transposed flip, FFTs follow the
+# transformed dimensions, ``*_like`` factories preserve their input's layout. Only strides are
+# compared here: the values are checked against CPU by the OpInfo tests.
+NON_ROW_MAJOR = {
+    "svd": lambda m: torch.linalg.svd(m),
+    "svd_reduced": lambda m: torch.linalg.svd(m[..., :3], full_matrices=False),
+    "qr": lambda m: torch.linalg.qr(m),
+    "eigh": lambda m: torch.linalg.eigh(_spd(m)),
+    "cholesky": lambda m: torch.linalg.cholesky(_spd(m)),
+    "inv": lambda m: torch.linalg.inv(_spd(m)),
+    "solve": lambda m: torch.linalg.solve(_spd(m), m),
+    "lu_factor": lambda m: torch.linalg.lu_factor(m),
+    "det_lu": lambda m: torch.ops.aten._linalg_det(m),
+    "solve_triangular": lambda m: torch.linalg.solve_triangular(_spd(m).tril(), m, upper=False),
+    "rot90": lambda m: torch.rot90(m, 1, (1, 2)),
+    "fft2": lambda m: torch.fft.fft2(m.to(torch.complex64), dim=(0, 1)),
+    "rfftn": lambda m: torch.fft.rfftn(m, dim=(0, 2)),
+    "zeros_like_transposed": lambda m: torch.zeros_like(m.mT),
+    "full_like_channels_last": lambda m: torch.full_like(m[None], 2.0, memory_format=torch.channels_last),
+    "rand_like_transposed": lambda m: torch.rand_like(m.mT),
+}
+
+
+@pytest.mark.parametrize("name", NON_ROW_MAJOR)
+def test_non_row_major_outputs_match_cpu_strides(name):
+    m = seeded(2, 4, 4, seed=2)
+    expected = NON_ROW_MAJOR[name](m)
+    actual = NON_ROW_MAJOR[name](m.to("tpu"))
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    actual = actual if isinstance(actual, tuple) else (actual,)
+    assert [_significant_strides(t) for t in actual] == [_significant_strides(t) for t in expected]

@@ -142,8 +142,10 @@ def _to(device):
 
 
 def _run(op, args, kwargs, device):
+    # a Tensor overload's one-per-tensor ``scalars`` stay on the host (PyTorch reads them there)
+    args = [a if isinstance(a, torch.Tensor) and a.dim() == 1 else _to(device)(a) for a in args]
     try:
-        return op(*_to(device)(args), **kwargs), None
+        return op(*args, **kwargs), None
     except Exception as error:  # noqa: BLE001  (compared with CPU's error below)
         return None, error
 
@@ -197,7 +199,7 @@ def test_foreach_matches_cpu(name):
                 [torch.ones(2, device=d)] * 2,
                 [torch.ones(2, device=d)] * 2,
                 [torch.ones(2, device=d)] * 2,
-                torch.ones(3, device=d),
+                torch.ones(3),
             ),
             "length of scalars",
         ),
@@ -207,6 +209,15 @@ def test_foreach_argument_errors_match_cpu(call, error):
     for device in ("cpu", "tpu"):
         with pytest.raises(RuntimeError, match=error):
             call(device)
+
+
+def test_foreach_scalars_must_be_on_the_host():
+    """``_foreach_*.Tensor`` reads its one-per-tensor ``scalars`` on the host, as CUDA does."""
+    xs = [torch.ones(2, device="tpu")] * 3
+    with pytest.raises(RuntimeError, match="Expected scalars to be on CPU, got tpu:0 instead"):
+        torch._foreach_addcmul(xs, xs, xs, torch.ones(3, device="tpu"))
+    results = torch._foreach_addcmul(xs, xs, xs, torch.tensor([0.5, 2.0, -1.0]))
+    assert [r.tolist() for r in results] == [[1.5, 1.5], [3.0, 3.0], [0.0, 0.0]]
 
 
 def _foreach_opinfos():

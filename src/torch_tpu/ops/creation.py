@@ -18,7 +18,7 @@ from jax.scipy.special import i0
 
 from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
 from ._helpers import accumulator
-from .registry import Runs, lower, runtime
+from .registry import Layout, Runs, lower, runtime
 
 aten = torch.ops.aten
 
@@ -127,7 +127,7 @@ lower(aten.zeros.default, aten._efficientzerotensor.default, runs=Runs.EAGER)(_c
 lower(aten.ones.default, runs=Runs.EAGER)(_constant_factory(1))
 
 
-@lower(aten.full_like.default)
+@lower(aten.full_like.default, layout=Layout.LIKE)
 def full_like(x, fill_value, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     """(The fill value is a device scalar here, so unlike ``full`` it is not overflow-checked:
     that would cost a host sync per call.)"""
@@ -141,8 +141,8 @@ def _constant_like(value):
     return like
 
 
-lower(aten.zeros_like.default)(_constant_like(0))
-lower(aten.ones_like.default)(_constant_like(1))
+lower(aten.zeros_like.default, layout=Layout.LIKE)(_constant_like(0))
+lower(aten.ones_like.default, layout=Layout.LIKE)(_constant_like(1))
 
 
 @lower(aten.new_full.default)

@@ -25,6 +25,7 @@ from ..runtime.buffer import Deferred
 from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
 from ..runtime.lru import LRU
+from . import layout
 from .registry import LOWERINGS, Lowering, Runs, Types, qualified_name
 
 aten = torch.ops.aten
@@ -45,12 +46,14 @@ def record_ops(enabled: bool = True) -> set:
     return recorded_ops if recorded_ops is not None else set()
 
 
-_TENSOR, _TENSOR_LIST, _INDICES, _SCALAR, _SCALAR_LIST, _STATIC, _DTYPE, _GENERATOR = range(8)
+_TENSOR, _TENSOR_LIST, _INDICES, _SCALAR, _SCALAR_LIST, _STATIC, _DTYPE, _GENERATOR, _HOST_SCALARS = range(9)
 _NO_DEFAULT = object()
 
 
 def _kind(arg: torch._C.Argument) -> int:
     text = str(arg.real_type)  # .type spells ScalarType as "int"
+    if text == "Tensor" and arg.name == "scalars":  # _foreach_*.Tensor's, one number per tensor
+        return _HOST_SCALARS
     if text in ("Tensor", "Optional[Tensor]"):
         return _TENSOR
     if text == "List[Tensor]":
@@ -101,6 +104,14 @@ def _to_jax_arg(x: Any) -> Any:
 
 
 _scalar_arrays = LRU()
+
+
+def _host_scalars(x: Any) -> list:
+    """The ``scalars`` tensor of a ``_foreach_*.Tensor`` op, read on the host as CUDA does: it
+    must be a CPU tensor; a device one is refused with CUDA's error."""
+    if isinstance(x, torch.Tensor) and not x.is_cpu:
+        raise RuntimeError(f"Expected scalars to be on CPU, got {x.device} instead.")
+    return _scalars(x.tolist() if x.dim() else [x.item()])
 
 
 def _index_to_jax(x: Any) -> Any:
@@ -260,6 +271,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         _STATIC: _static,
         _SCALAR: _scalar,
         _SCALAR_LIST: _scalars,
+        _HOST_SCALARS: _host_scalars,
     }
     converters = [
         (i, convert_by_kind[k])
@@ -365,7 +377,15 @@ def _functional_kernel(entry: Lowering, compute: Callable) -> Callable:
     shape = _returns_shape(entry.op._schema)
     wrap = tensor.wrap
 
-    if shape == "one":
+    if entry.layout is not None:
+
+        def kernel(*args, **kwargs):
+            outs = compute(args, kwargs)
+            if context.launch_blocking:
+                _block(outs)
+            wrapped = layout.wrap(entry.op, entry.layout, outs, args, kwargs)
+            return wrapped[0] if shape == "one" else tuple(wrapped)
+    elif shape == "one":
         elementwise = entry.promote is not None  # laid out like its inputs, as TensorIterator does
 
         def kernel(*args, **kwargs):

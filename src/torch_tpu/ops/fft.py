@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .creation import _float_or_default
-from .registry import Runs, lower
+from .registry import Layout, Runs, lower
 
 aten = torch.ops.aten
 
@@ -32,7 +32,7 @@ def _signal_size(shape, dims) -> int:
     return math.prod(shape[d] for d in dims)
 
 
-@lower(aten._fft_r2c.default)
+@lower(aten._fft_r2c.default, layout=Layout.META)
 def fft_r2c(x, dim, normalization, onesided):
     """Real-to-complex: with ``onesided`` the last dim in ``dim`` keeps ``n // 2 + 1`` bins."""
     transform = jnp.fft.rfftn if onesided else jnp.fft.fftn
@@ -40,7 +40,7 @@ def fft_r2c(x, dim, normalization, onesided):
     return _normalized(result, _signal_size(x.shape, dim), normalization)
 
 
-@lower(aten._fft_c2r.default)
+@lower(aten._fft_c2r.default, layout=Layout.META)
 def fft_c2r(x, dim, normalization, last_dim_size):
     """Complex-to-real inverse of a onesided transform; the output's last dim has ``last_dim_size``."""
     sizes = [x.shape[d] for d in dim[:-1]] + [last_dim_size]
@@ -48,7 +48,7 @@ def fft_c2r(x, dim, normalization, last_dim_size):
     return _normalized(result, math.prod(sizes), normalization)
 
 
-@lower(aten._fft_c2c.default)
+@lower(aten._fft_c2c.default, layout=Layout.META)
 def fft_c2c(x, dim, normalization, forward):
     transform = jnp.fft.fftn if forward else jnp.fft.ifftn
     result = transform(x, axes=dim, norm=_UNSCALED[forward]) if dim else x

@@ -20,9 +20,10 @@ from jax._src.lax.linalg import geqrf as _lapack_geqrf  # not re-exported by jax
 from ..runtime import tensor
 from ..runtime.buffer import apply
 from ..runtime.dtypes import to_jax, to_torch
+from . import layout
 from ._helpers import accumulator, type_name
 from .reduction import linalg_vector_norm
-from .registry import Promote, Runs, lower, runtime
+from .registry import Layout, Promote, Runs, lower, runtime
 
 aten = torch.ops.aten
 HIGHEST = lax.Precision.HIGHEST
@@ -320,7 +321,7 @@ def _cholesky(a):
     return lower_factor, _first_failure(~jnp.isfinite(diagonal))
 
 
-@lower(aten.linalg_cholesky_ex.default, runs=Runs.HOST)
+@lower(aten.linalg_cholesky_ex.default, runs=Runs.HOST, layout=Layout.META)
 def linalg_cholesky_ex(a, upper=False, check_errors=False):
     factor, info = _cholesky(a)
     _raise_if_failed(
@@ -341,7 +342,7 @@ def _lu(a):
     return lu, (pivots + 1).astype(jnp.int32), _first_failure(diagonal == 0)
 
 
-@lower(aten.linalg_lu_factor_ex.default, runs=Runs.HOST)
+@lower(aten.linalg_lu_factor_ex.default, runs=Runs.HOST, layout=Layout.META)
 def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
     if not pivot:
         raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
@@ -362,7 +363,8 @@ def _factored_transpose(op):
 
         def kernel(a):
             factor_transpose = a.is_contiguous() and not a.is_complex()
-            return tuple(tensor.wrap(o) for o in apply(jitted, tensor.read(a), factor_transpose))
+            outputs = apply(jitted, tensor.read(a), factor_transpose)
+            return tuple(layout.wrap(op, Layout.META, outputs, (a,), {}))
 
         runtime(op)(kernel)
         return fn
@@ -406,10 +408,10 @@ def _lu_solve(lu, pivots, b, left=True, adjoint=False):
 
 
 _jit_lu_solve = jax.jit(_lu_solve, static_argnums=(3, 4))
-lower(aten.linalg_lu_solve.default)(_lu_solve)
+lower(aten.linalg_lu_solve.default, layout=Layout.META)(_lu_solve)
 
 
-@lower(aten.linalg_inv_ex.default, runs=Runs.HOST)
+@lower(aten.linalg_inv_ex.default, runs=Runs.HOST, layout=Layout.META)
 def linalg_inv_ex(a, check_errors=False):
     lu, pivots, info = _lu(a)
     _raise_if_failed(
@@ -422,7 +424,7 @@ def linalg_inv_ex(a, check_errors=False):
     return _jit_lu_solve(lu, pivots, identity), info
 
 
-@lower(aten._linalg_solve_ex.default, runs=Runs.HOST)
+@lower(aten._linalg_solve_ex.default, runs=Runs.HOST, layout=Layout.META)
 def linalg_solve_ex(a, b, left=True, check_errors=False):
     """torch.linalg.solve: ``b`` is a (batch of) vector(s) when it has one dim less than ``a``."""
     lu, pivots, info = _lu(a)
@@ -443,25 +445,25 @@ def _triangular_solve(a, b, upper, left, unitriangular, transpose=False):
     ), a
 
 
-@lower(aten.linalg_solve_triangular.default)
+@lower(aten.linalg_solve_triangular.default, layout=Layout.META)
 def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
     return _triangular_solve(a, b, upper, left, unitriangular)[0]
 
 
-@lower(aten.triangular_solve.default)
+@lower(aten.triangular_solve.default, layout=Layout.META)
 def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
     solution, a = _triangular_solve(a, b, upper, True, unitriangular, transpose)
     return solution, a
 
 
-@lower(aten.linalg_qr.default)
+@lower(aten.linalg_qr.default, layout=Layout.META)
 def linalg_qr(a, mode="reduced"):
     if mode == "r":
         return jnp.zeros((0,), a.dtype), jnp.linalg.qr(a, mode="r")
     return jnp.linalg.qr(a, mode=mode)
 
 
-@lower(aten._linalg_svd.default)
+@lower(aten._linalg_svd.default, layout=Layout.COLUMN_MAJOR)
 def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
     if not compute_uv:
         empty = jnp.zeros((0,), a.dtype)
@@ -470,13 +472,13 @@ def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
     return u, s, vh
 
 
-@lower(aten._linalg_eigh.default)
+@lower(aten._linalg_eigh.default, layout=Layout.META)
 def linalg_eigh(a, UPLO="L", compute_v=True):
     values, vectors = jnp.linalg.eigh(a, UPLO=UPLO, symmetrize_input=False)
     return values, (vectors if compute_v else jnp.zeros((0,), a.dtype))
 
 
-@lower(aten.cholesky.default, runs=Runs.HOST)
+@lower(aten.cholesky.default, runs=Runs.HOST, layout=Layout.META)
 def cholesky(a, upper=False):
     """The deprecated ``torch.cholesky``: always checks, with torch's message for it."""
     factor, info = _cholesky(a)
@@ -610,12 +612,12 @@ def geqrf(a):
     return packed, tau
 
 
-@lower(aten.linalg_householder_product.default)
+@lower(aten.linalg_householder_product.default, layout=Layout.META)
 def linalg_householder_product(a, tau):
     return lax.linalg.householder_product(a, tau)
 
 
-@lower(aten.ormqr.default)
+@lower(aten.ormqr.default, layout=Layout.META)
 def ormqr(a, tau, other, left=True, transpose=False):
     """``op(Q) C`` (or ``C op(Q)``) for Q from ``geqrf``'s vectors, ``op`` the adjoint when
     ``transpose``. Q is m x m: the missing reflectors are identities (tau 0)."""
@@ -922,7 +924,7 @@ def _ldl_factor(a, hermitian: bool):
     return packed.reshape(a.shape), pivots.reshape(batch + (n,)), info.reshape(batch)
 
 
-@lower(aten.linalg_ldl_factor_ex.default, runs=Runs.HOST)
+@lower(aten.linalg_ldl_factor_ex.default, runs=Runs.HOST, layout=Layout.META)
 def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
     packed, pivots, info = _ldl_factor(a, hermitian and jnp.iscomplexobj(a))
     if check_errors:
@@ -975,7 +977,7 @@ def _ldl_solve_one(packed, pivots, b, hermitian: bool):
     return b
 
 
-@lower(aten.linalg_ldl_solve.default)
+@lower(aten.linalg_ldl_solve.default, layout=Layout.META)
 def linalg_ldl_solve(packed, pivots, b, hermitian=False):
     batch = jnp.broadcast_shapes(packed.shape[:-2], b.shape[:-2])
     n = packed.shape[-1]

@@ -86,17 +86,17 @@ def _list_checks(op: torch._ops.OpOverload, rows: Sequence[int] = ()) -> Callabl
         for i in scalar_lists:
             if len(values[i]) != count:
                 raise RuntimeError("Tensor list must have same number of elements as scalar list.")
+        for i in rows:  # read on the host by the dispatcher: one number per tensor
+            if len(values[i]) != count:
+                raise RuntimeError(
+                    f"Expected length of scalars to match input of length {count} but got "
+                    f"{len(values[i])} instead."
+                )
         for i in scalar_tensors:
             scalar = values[i]
-            if not hasattr(scalar, "ndim"):
-                continue  # a CPU scalar tensor, already a number
-            if i in rows:
-                if scalar.size != count:
-                    raise RuntimeError(
-                        f"Expected length of scalars to match input of length "
-                        f"{count} but got {scalar.size} instead."
-                    )
-            elif scalar.ndim != 0:
+            if i in rows or not hasattr(scalar, "ndim"):
+                continue  # (a CPU scalar tensor is already a number)
+            if scalar.ndim != 0:
                 raise RuntimeError(
                     f"scalar tensor expected to be 0 dim but it has {scalar.ndim} "
                     f"dimensions and {scalar.size} elements."

@@ -20,7 +20,7 @@ from jax.scipy.special import digamma
 
 from ._helpers import accumulator, check_values, result_dtype, type_name
 from .creation import _factory_out, _float_or_default
-from .registry import Runs, lower, runtime
+from .registry import Layout, Runs, lower, runtime
 
 aten = torch.ops.aten
 
@@ -628,6 +628,7 @@ _INT64 = np.dtype(jnp.int64)
     aten.randint.generator,
     aten.randint.default,
     missing={"low": 0, "generator": None},
+    layout=Layout.LIKE,
 )
 def randint(low, high, size, generator=None, dtype=_INT64, layout=None, device=None, pin_memory=None, *, key):
     return _random_integers(key, size, _INT64 if dtype is None else dtype, low, high)
@@ -643,7 +644,7 @@ def randperm(n, generator=None, dtype=_INT64, layout=None, device=None, pin_memo
 _factory_out(aten.randperm.generator_out, aten.randperm.generator)
 
 
-@_lower_overloads(aten.rand_like.generator, aten.rand_like.default, missing=_NO_GENERATOR)
+@_lower_overloads(aten.rand_like.generator, aten.rand_like.default, missing=_NO_GENERATOR, layout=Layout.LIKE)
 def rand_like(
     x, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, *, key
 ):
@@ -652,7 +653,9 @@ def rand_like(
     return _uniform(key, x.shape, dtype)
 
 
-@_lower_overloads(aten.randn_like.generator, aten.randn_like.default, missing=_NO_GENERATOR)
+@_lower_overloads(
+    aten.randn_like.generator, aten.randn_like.default, missing=_NO_GENERATOR, layout=Layout.LIKE
+)
 def randn_like(
     x, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, *, key
 ):
@@ -696,6 +699,7 @@ def _check_scalar_high(x, high, *rest) -> None:
     aten.randint_like.Tensor,
     missing=_NO_GENERATOR,
     check=_check_scalar_high,
+    layout=Layout.LIKE,
 )
 def randint_like_tensor(
     x, high, generator=None, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None, *, key

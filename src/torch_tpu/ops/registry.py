@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Promote
 
-__all__ = ["Lowering", "LOWERINGS", "Promote", "Runs", "Types", "lower", "runtime"]
+__all__ = ["Layout", "Lowering", "LOWERINGS", "Promote", "Runs", "Types", "lower", "runtime"]
 
 
 class Types(NamedTuple):
@@ -48,6 +48,17 @@ class Runs(enum.Enum):
     HOST = "host"
 
 
+class Layout(enum.Enum):
+    """How the outputs of an op PyTorch does not return row-major are laid out (``ops.layout``)."""
+
+    #: as PyTorch's meta kernel lays them out (which CPU follows for the ops that use it)
+    META = "meta"
+    #: matrices column-major (LAPACK's convention), where meta differs from CPU
+    COLUMN_MAJOR = "column_major"
+    #: as ``torch.empty_like(input, memory_format=memory_format)`` (``*_like`` factories)
+    LIKE = "like"
+
+
 @dataclasses.dataclass(frozen=True)
 class Lowering:
     op: torch._ops.OpOverload
@@ -65,6 +76,7 @@ class Lowering:
     # the graph and report later. A check never needs host values itself.
     check: Callable | None = None
     family: str = ""  # the ops module that registered it (docs/ops.md's sections)
+    layout: Layout | None = None  # outputs not row-major in PyTorch (None: row-major)
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}

@@ -22,7 +22,7 @@ from jax import lax
 
 from . import indexing
 from ._helpers import result_dtype
-from .registry import Runs, lower
+from .registry import Layout, Runs, lower
 
 aten = torch.ops.aten
 
@@ -51,7 +51,7 @@ def repeat(x, repeats):
     return jnp.tile(x, repeats)
 
 
-@lower(aten.rot90.default)
+@lower(aten.rot90.default, layout=Layout.META)
 def rot90(x, k=1, dims=(0, 1)):
     return jnp.rot90(x, k, axes=dims)
 

@@ -1,0 +1,142 @@
+"""Output layouts of ops whose results PyTorch does not lay out row-major.
+
+A lowering returns arrays, which the dispatcher wraps as contiguous tensors. Most ops' outputs
+are contiguous in PyTorch too (elementwise ops follow their inputs: ``tensor.wrap_elementwise``),
+but some are not, and code can see the difference (``stride()``, ``is_contiguous()``, whether
+``view`` works):
+
+- ``Layout.META``: as PyTorch's meta kernel lays them out, which is what CPU does for these ops
+  (LAPACK factorizations are column-major per matrix, ``rot90`` is a transposed flip, FFTs
+  follow the transformed dimensions). The meta replay is cached per argument signature.
+- ``Layout.LIKE``: as ``torch.empty_like(input, memory_format=...)``: ``zeros_like`` of a
+  transposed tensor is transposed, as PyTorch's ``*_like`` factories preserve the layout.
+- ``Layout.COLUMN_MAJOR``: outputs of the input's rank (its matrices) column-major per matrix,
+  the LAPACK convention, for ops whose meta kernel differs from CPU (``_linalg_svd``'s ``Vh``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from typing import Any
+
+import jax
+import torch
+
+from ..runtime import tensor
+from .registry import Layout
+
+__all__ = ["Layout", "meta_strides", "wrap"]
+
+_META = torch.device("meta")
+
+
+def wrap(
+    op: torch._ops.OpOverload, layout: Layout, outputs: Any, args: tuple, kwargs: dict
+) -> list[torch.Tensor | None]:
+    """``outputs`` (an array, or a tuple of arrays and Nones) as tensors laid out as ``layout``
+    says for ``op`` called with ``args``/``kwargs``; a list, one per output."""
+    arrays = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+    if layout is Layout.LIKE:
+        strides = [tensor.like_strides(args[0], kwargs.get("memory_format"))]
+    elif layout is Layout.COLUMN_MAJOR:
+        rank = args[0].dim()  # outputs of the input's rank are its matrices; others, vectors
+        strides = [_column_major(a.shape) if a is not None and a.ndim == rank else None for a in arrays]
+    else:
+        strides = meta_strides(op, args, kwargs) or [None] * len(arrays)
+    return [_wrap_one(a, s) for a, s in zip(arrays, strides)]
+
+
+def _wrap_one(array: jax.Array | None, strides: tuple | None) -> torch.Tensor | None:
+    if array is None:
+        return None
+    if strides is None or _row_major(array.shape, strides):
+        return tensor.wrap(array)
+    try:
+        return tensor.wrap_strided(array, strides)
+    except ValueError:  # not a permutation of a dense layout: keep it contiguous
+        return tensor.wrap(array)
+
+
+def _row_major(shape: tuple, strides: tuple) -> bool:
+    step = 1
+    for n, stride in zip(reversed(shape), reversed(strides)):
+        if n != 1 and stride != step:
+            return False
+        step *= n
+    return True
+
+
+def _column_major(shape: tuple) -> tuple | None:
+    if len(shape) < 2:
+        return None
+    rows, columns = shape[-2], shape[-1]
+    strides, step = [1, rows], rows * columns
+    for n in reversed(shape[:-2]):
+        strides.insert(0, step)
+        step *= n
+    return tuple(strides)
+
+
+def meta_strides(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list | None:
+    """The strides of each tensor ``op`` returns for these arguments, per PyTorch's meta kernel
+    (None for a non-tensor output), or None if the meta kernel cannot say."""
+    key = (_stand_in(args), _stand_in(tuple(sorted(kwargs.items()))))
+    try:
+        hash(key)
+    except TypeError:  # an unhashable argument: replay without caching
+        return _replay(op, key)
+    return _cached_replay(op, key)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TensorSpec:
+    shape: tuple
+    strides: tuple
+    dtype: torch.dtype
+    cpu_value: Any = None  # a CPU scalar tensor's value (it joins device ops as it is)
+
+    def build(self) -> torch.Tensor:
+        if self.cpu_value is not None:
+            return torch.tensor(self.cpu_value, dtype=self.dtype)
+        return torch.empty_strided(self.shape, self.strides, dtype=self.dtype, device=_META)
+
+
+def _stand_in(x: Any) -> Any:
+    """A hashable stand-in for an argument (lists become tuples: ``int[]`` takes either)."""
+    if isinstance(x, torch.Tensor):
+        cpu_value = x.item() if x.is_cpu and x.dim() == 0 else None
+        return _TensorSpec(tuple(x.shape), x.stride(), x.dtype, cpu_value)
+    if isinstance(x, (list, tuple)):
+        return tuple(_stand_in(v) for v in x)
+    if isinstance(x, torch.device):
+        return _META
+    if isinstance(x, torch.Generator):
+        return None
+    return x
+
+
+def _build(x: Any) -> Any:
+    if isinstance(x, _TensorSpec):
+        return x.build()
+    if isinstance(x, tuple):
+        return tuple(_build(v) for v in x)
+    return x
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_replay(op, key) -> list | None:
+    return _replay(op, key)
+
+
+def _replay(op, key) -> list | None:
+    args, kwargs = _build(key[0]), dict(_build(key[1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            result = op(*args, **kwargs)
+        except Exception:  # noqa: BLE001  (the tpu kernel raises its own error, or stays contiguous)
+            return None
+    leaves = result if isinstance(result, (tuple, list)) else [result]
+    return [tuple(t.stride()) if isinstance(t, torch.Tensor) else None for t in leaves]

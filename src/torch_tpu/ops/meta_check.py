@@ -163,10 +163,9 @@ def checked(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
 def _to_meta(x: Any) -> Any:
     """A meta stand-in for a kernel argument: tensors keep shape, strides and dtype (CPU scalars
     stay: they join any device's op, and some arguments must be one, like ``randint_like``'s
-    ``high``; so do the CPU ``scalars`` of ``_foreach`` ops); devices become meta, so factories
-    build meta tensors; generators are dropped."""
+    ``high``); devices become meta, so factories build meta tensors; generators are dropped."""
     if isinstance(x, torch.Tensor):
-        if x.is_cpu and x.dim() <= 1:
+        if x.is_cpu and x.dim() == 0:
             return x
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=_META)
     if isinstance(x, torch.device):
@@ -176,26 +175,24 @@ def _to_meta(x: Any) -> Any:
     return x
 
 
-def _unwrapped_numbers(tensors: dict, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """The arguments with numbers passed for ``Tensor`` parameters as CPU scalar tensors: a
-    Python kernel receives the wrapped numbers of a scalar overload (``special_zeta(2.0, t)``
-    calls ``special_zeta.default``) as plain numbers, which the op itself does not accept."""
-    args, kwargs = list(args), dict(kwargs)
-    for name, i in tensors.items():
-        if i < len(args) and isinstance(args[i], (bool, int, float, complex)):
-            args[i] = torch.tensor(args[i])
-        elif isinstance(kwargs.get(name), (bool, int, float, complex)):
-            kwargs[name] = torch.tensor(kwargs[name])
-    return tuple(args), kwargs
-
-
 def _replay(op, tensors: dict, args: tuple, kwargs: dict):
     """(meta arguments, meta result, None) or (meta arguments, None, PyTorch's exception)."""
-    meta_args, meta_kwargs = _pytree.tree_map(_to_meta, _unwrapped_numbers(tensors, args, kwargs))
+    meta_args, meta_kwargs = _pytree.tree_map(_to_meta, (args, kwargs))
+    host = tensors.get("scalars")  # a _foreach_*.Tensor's ``scalars`` must stay on the host
+    if host is not None and host < len(args):
+        meta_args = (*meta_args[:host], args[host], *meta_args[host + 1 :])
+    # A Python kernel receives the wrapped numbers of a scalar overload as numbers
+    # (``x - 1.0`` calls ``sub.Tensor`` with 1.0), which the overload itself refuses: the op's
+    # packet resolves them to the overload taking a Scalar, with a wrapped number's promotion.
+    numbers = any(
+        isinstance(args[i] if i < len(args) else kwargs.get(name), (bool, int, float, complex))
+        for name, i in tensors.items()
+    )
+    call = getattr(torch.ops.aten, op._schema.name.split("::")[1]) if numbers else op
     with warnings.catch_warnings():  # the tpu kernel warns, once
         warnings.simplefilter("ignore")
         try:
-            return (meta_args, meta_kwargs), op(*meta_args, **meta_kwargs), None
+            return (meta_args, meta_kwargs), call(*meta_args, **meta_kwargs), None
         except Exception as error:  # noqa: BLE001  (whatever PyTorch raises is the reference)
             return (meta_args, meta_kwargs), None, error
 

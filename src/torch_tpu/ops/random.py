@@ -628,7 +628,6 @@ _INT64 = np.dtype(jnp.int64)
     aten.randint.generator,
     aten.randint.default,
     missing={"low": 0, "generator": None},
-    layout=Layout.LIKE,
 )
 def randint(low, high, size, generator=None, dtype=_INT64, layout=None, device=None, pin_memory=None, *, key):
     return _random_integers(key, size, _INT64 if dtype is None else dtype, low, high)
@@ -670,6 +669,7 @@ def randn_like(
     aten.randint_like.generator,
     aten.randint_like.default,
     missing={"low": 0, "generator": None},
+    layout=Layout.LIKE,
 )
 def randint_like(
     x,

@@ -189,16 +189,13 @@ def interrupts_held() -> Iterator[None]:
         yield
         return
     received = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-        if received:
-            if callable(previous):
-                previous(signal.SIGINT, received[0])
-            elif previous == signal.SIG_DFL:
-                raise KeyboardInterrupt
+        if received:  # delivered again, to whatever handles it: Python's, SIG_DFL, SIG_IGN, C's
+            signal.raise_signal(signal.SIGINT)
 
 
 # ----------------------------------------------------------------------------- graphs

@@ -94,9 +94,10 @@ def _count_executable(event: str, duration: float, **_: object) -> None:
 
 def keep_interrupts() -> None:
     """Make Ctrl-C survive garbage collection. JAX frees buffers from a ``gc`` callback, and
-    CPython prints and drops any exception raised inside a gc callback: a Ctrl-C whose handler
-    runs there is lost. This SIGINT handler (installed in place of Python's default one, from
-    the main thread) defers such an interrupt to the first event outside the collection."""
+    CPython prints and drops any exception raised during a collection (in its callbacks, and in
+    the finalizers and weakref callbacks it runs): a Ctrl-C whose handler runs there is lost.
+    This SIGINT handler (installed in place of Python's default one, from the main thread)
+    delivers such an interrupt again once the collection is over."""
     if (
         threading.current_thread() is threading.main_thread()
         and signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -116,15 +117,23 @@ def _inside_gc_callback(frame) -> bool:
 def _interrupt(signum, frame) -> None:
     if not _inside_gc_callback(frame):
         raise KeyboardInterrupt
+    if _interrupt_after_collection not in gc.callbacks:
+        gc.callbacks.append(_interrupt_after_collection)  # (last: after every other callback)
+
+
+def _interrupt_after_collection(phase: str, info: dict) -> None:
+    if phase != "stop":
+        return
+    gc.callbacks.remove(_interrupt_after_collection)
     previous = sys.getprofile()
 
-    def raise_once_outside(frame, event, arg):
-        if frame.f_code is raise_once_outside.__code__ or _inside_gc_callback(frame):
+    def raise_at_first_event_outside(frame, event, arg) -> None:
+        if frame.f_code is _interrupt_after_collection.__code__ or _inside_gc_callback(frame):
             return
         sys.setprofile(previous)
         raise KeyboardInterrupt
 
-    sys.setprofile(raise_once_outside)
+    sys.setprofile(raise_at_first_event_outside)
 
 
 def is_initialized() -> bool:

@@ -40,3 +40,16 @@ def test_a_loop_over_new_lengths_keeps_the_caches_bounded(run_python):
     )
     sizes = json.loads(out)
     assert all(0 < n <= 8 for n in sizes.values()), sizes
+
+
+def test_cached_functions_keep_their_results_in_a_bounded_lru():
+    import doctest
+
+    from torch_tpu.runtime import lru
+
+    assert doctest.testmod(lru).failed == 0
+    calls = []
+    square = lru.cached(lambda n: calls.append(n) or n * n)
+    square.cache.maxsize = 2
+    assert [square(n) for n in (1, 2, 1, 3, 1, 2)] == [1, 4, 1, 9, 1, 4]
+    assert calls == [1, 2, 3, 2]  # 2 was the least recently used when 3 came

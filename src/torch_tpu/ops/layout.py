@@ -7,7 +7,8 @@ but some are not, and code can see the difference (``stride()``, ``is_contiguous
 
 - ``Layout.META``: as PyTorch's meta kernel lays them out, which is what CPU does for these ops
   (LAPACK factorizations are column-major per matrix, ``rot90`` is a transposed flip, FFTs
-  follow the transformed dimensions). The meta replay is cached per argument signature.
+  follow the transformed dimensions). The meta replay is cached per argument signature
+  (in a bounded :class:`~torch_tpu.runtime.lru.LRU`).
 - ``Layout.LIKE``: as ``torch.empty_like(input, memory_format=...)``: ``zeros_like`` of a
   transposed tensor is transposed, as PyTorch's ``*_like`` factories preserve the layout.
 - ``Layout.COLUMN_MAJOR``: outputs of the input's rank (its matrices) column-major per matrix,
@@ -16,20 +17,17 @@ but some are not, and code can see the difference (``stride()``, ``is_contiguous
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import warnings
 from typing import Any
 
 import jax
 import torch
 
 from ..runtime import tensor
+from ..runtime.lru import LRU
+from .meta import call_quietly, to_meta
 from .registry import Layout
 
 __all__ = ["Layout", "meta_strides", "wrap"]
-
-_META = torch.device("meta")
 
 
 def wrap(
@@ -82,61 +80,36 @@ def _column_major(shape: tuple) -> tuple | None:
 def meta_strides(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list | None:
     """The strides of each tensor ``op`` returns for these arguments, per PyTorch's meta kernel
     (None for a non-tensor output), or None if the meta kernel cannot say."""
-    key = (_stand_in(args), _stand_in(tuple(sorted(kwargs.items()))))
+    key = (op, _signature(args), _signature(tuple(sorted(kwargs.items()))))
     try:
-        hash(key)
+        strides = _replays.get(key, _MISSING)
     except TypeError:  # an unhashable argument: replay without caching
-        return _replay(op, key)
-    return _cached_replay(op, key)
+        return _replay(op, args, kwargs)
+    if strides is _MISSING:
+        strides = _replays[key] = _replay(op, args, kwargs)
+    return strides
 
 
-@dataclasses.dataclass(frozen=True)
-class _TensorSpec:
-    shape: tuple
-    strides: tuple
-    dtype: torch.dtype
-    cpu_value: Any = None  # a CPU scalar tensor's value (it joins device ops as it is)
-
-    def build(self) -> torch.Tensor:
-        if self.cpu_value is not None:
-            return torch.tensor(self.cpu_value, dtype=self.dtype)
-        return torch.empty_strided(self.shape, self.strides, dtype=self.dtype, device=_META)
+_replays = LRU()
+_MISSING = object()
 
 
-def _stand_in(x: Any) -> Any:
-    """A hashable stand-in for an argument (lists become tuples: ``int[]`` takes either)."""
+def _signature(x: Any) -> Any:
+    """What of an argument decides the meta kernel's strides, hashable (lists become tuples:
+    ``int[]`` takes either)."""
     if isinstance(x, torch.Tensor):
         cpu_value = x.item() if x.is_cpu and x.dim() == 0 else None
-        return _TensorSpec(tuple(x.shape), x.stride(), x.dtype, cpu_value)
+        return (tuple(x.shape), x.stride(), x.dtype, cpu_value)
     if isinstance(x, (list, tuple)):
-        return tuple(_stand_in(v) for v in x)
-    if isinstance(x, torch.device):
-        return _META
-    if isinstance(x, torch.Generator):
+        return tuple(_signature(v) for v in x)
+    if isinstance(x, (torch.device, torch.Generator)):
         return None
     return x
 
 
-def _build(x: Any) -> Any:
-    if isinstance(x, _TensorSpec):
-        return x.build()
-    if isinstance(x, tuple):
-        return tuple(_build(v) for v in x)
-    return x
-
-
-@functools.lru_cache(maxsize=4096)
-def _cached_replay(op, key) -> list | None:
-    return _replay(op, key)
-
-
-def _replay(op, key) -> list | None:
-    args, kwargs = _build(key[0]), dict(_build(key[1]))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            result = op(*args, **kwargs)
-        except Exception:  # noqa: BLE001  (the tpu kernel raises its own error, or stays contiguous)
-            return None
+def _replay(op, args: tuple, kwargs: dict) -> list | None:
+    result, error = call_quietly(op, to_meta(args), to_meta(kwargs))
+    if error is not None:  # the tpu kernel raises its own error, or stays contiguous
+        return None
     leaves = result if isinstance(result, (tuple, list)) else [result]
     return [tuple(t.stride()) if isinstance(t, torch.Tensor) else None for t in leaves]

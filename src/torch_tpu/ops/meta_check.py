@@ -21,7 +21,6 @@ Ops in :data:`UNCHECKED` are not replayed (no meta kernel, or one known to diffe
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -29,11 +28,10 @@ import torch
 from torch.utils import _pytree
 
 from .. import config
+from .meta import call_quietly, to_meta
 from .registry import qualified_name
 
 __all__ = ["MetaMismatch", "UNCHECKED", "UNCHECKED_OUTPUTS", "checked"]
-
-_META = torch.device("meta")
 
 #: Ops (packet ``aten::x``, or one overload ``aten::x.overload``) whose calls are not replayed on
 #: meta, each with the reason. A lowering of an op with no meta kernel belongs here: the checker
@@ -160,24 +158,9 @@ def checked(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
 
 
 # ----------------------------------------------------------------------------- replay
-def _to_meta(x: Any) -> Any:
-    """A meta stand-in for a kernel argument: tensors keep shape, strides and dtype (CPU scalars
-    stay: they join any device's op, and some arguments must be one, like ``randint_like``'s
-    ``high``); devices become meta, so factories build meta tensors; generators are dropped."""
-    if isinstance(x, torch.Tensor):
-        if x.is_cpu and x.dim() == 0:
-            return x
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=_META)
-    if isinstance(x, torch.device):
-        return _META
-    if isinstance(x, torch.Generator):
-        return None
-    return x
-
-
 def _replay(op, tensors: dict, args: tuple, kwargs: dict):
     """(meta arguments, meta result, None) or (meta arguments, None, PyTorch's exception)."""
-    meta_args, meta_kwargs = _pytree.tree_map(_to_meta, (args, kwargs))
+    meta_args, meta_kwargs = to_meta(args), to_meta(kwargs)
     host = tensors.get("scalars")  # a _foreach_*.Tensor's ``scalars`` must stay on the host
     if host is not None and host < len(args):
         meta_args = (*meta_args[:host], args[host], *meta_args[host + 1 :])
@@ -189,12 +172,7 @@ def _replay(op, tensors: dict, args: tuple, kwargs: dict):
         for name, i in tensors.items()
     )
     call = getattr(torch.ops.aten, op._schema.name.split("::")[1]) if numbers else op
-    with warnings.catch_warnings():  # the tpu kernel warns, once
-        warnings.simplefilter("ignore")
-        try:
-            return (meta_args, meta_kwargs), call(*meta_args, **meta_kwargs), None
-        except Exception as error:  # noqa: BLE001  (whatever PyTorch raises is the reference)
-            return (meta_args, meta_kwargs), None, error
+    return (meta_args, meta_kwargs), *call_quietly(call, meta_args, meta_kwargs)
 
 
 def _checked_call(op, kernel: Callable, written, tensors: dict, args: tuple, kwargs: dict):

@@ -8,7 +8,8 @@ keeps memory bounded, at the price of recompiling a shape that comes back after 
 from __future__ import annotations
 
 import collections
-from collections.abc import Hashable
+import functools
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from .. import config
@@ -26,9 +27,9 @@ class LRU:
     def get(self, key: Hashable, default: Any = None) -> Any:
         try:
             self._entries.move_to_end(key)
-        except KeyError:
+            return self._entries[key]
+        except KeyError:  # (absent, or dropped meanwhile by another thread)
             return default
-        return self._entries[key]
 
     def __setitem__(self, key: Hashable, value: Any) -> None:
         entries = self._entries
@@ -48,3 +49,25 @@ class LRU:
 
     def values(self):
         return self._entries.values()
+
+
+def cached(fn: Callable) -> Callable:
+    """``fn`` remembering its results in an :class:`LRU`, keyed by its (hashable) arguments.
+
+    >>> @cached
+    ... def square(n):
+    ...     return n * n
+    >>> square(3), len(square.cache)
+    (9, 1)
+    """
+    cache, missing = LRU(), object()
+
+    @functools.wraps(fn)
+    def remembered(*args: Hashable) -> Any:
+        value = cache.get(args, missing)
+        if value is missing:
+            value = cache[args] = fn(*args)
+        return value
+
+    remembered.cache = cache
+    return remembered

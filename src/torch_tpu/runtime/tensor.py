@@ -19,6 +19,7 @@ from jax import lax
 from . import buffer, memory
 from .buffer import Deferred, apply
 from .dtypes import JAX_TO_TORCH, cast, to_jax, unsupported
+from .lru import cached
 
 _create = torch._C._acc.create_empty_tensor
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -96,7 +97,7 @@ def like_strides(t: torch.Tensor, memory_format=None) -> tuple | None:
     return _like_strides(tuple(t.shape), t.stride(), memory_format or torch.preserve_format)
 
 
-@functools.lru_cache(maxsize=1024)
+@cached
 def _like_strides(shape: tuple, strides: tuple, memory_format) -> tuple | None:
     like = torch.empty_like(torch.empty_strided(shape, strides, device="meta"), memory_format=memory_format)
     return None if like.is_contiguous() else like.stride()
@@ -108,7 +109,7 @@ def wrap_like(value: jax.Array, t: torch.Tensor, memory_format=None) -> torch.Te
     return wrap(value) if strides is None else wrap_strided(value, strides)
 
 
-@functools.lru_cache(maxsize=4096)
+@cached
 def _elementwise_strides(shape: tuple, operands: tuple) -> tuple | None:
     """The strides TensorIterator gives the output of ``shape`` computed from ``operands``
     ((shape, strides, itemsize) each; those that do not broadcast to ``shape`` take no part), or

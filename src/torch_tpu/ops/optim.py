@@ -379,7 +379,17 @@ def fused_sgd(
 
 
 def _adagrad(
-    params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps, maximize, grad_scale, found_inf
+    params,
+    grads,
+    state_sums,
+    state_steps,
+    lr,
+    lr_decay,
+    weight_decay,
+    eps,
+    maximize,
+    grad_scale=None,
+    found_inf=None,
 ) -> tuple[list, list, list]:
     lr = jnp.asarray(lr, jnp.float64)
     outputs = ([], [], [])
@@ -398,66 +408,13 @@ def _adagrad(
 
 
 @lower(aten._fused_adagrad.default, dynamic=_HYPERPARAMETERS)
-def fused_adagrad(
-    params,
-    grads,
-    state_sums,
-    state_steps,
-    lr,
-    lr_decay,
-    weight_decay,
-    eps,
-    maximize,
-    grad_scale=None,
-    found_inf=None,
-):
+def fused_adagrad(params, grads, state_sums, state_steps, *hyperparameters, **options):
     """This overload also returns the (unchanged) step counters: its in-place form marks them
     written."""
-    return (
-        *_adagrad(
-            params,
-            grads,
-            state_sums,
-            state_steps,
-            lr,
-            lr_decay,
-            weight_decay,
-            eps,
-            maximize,
-            grad_scale,
-            found_inf,
-        ),
-        list(state_steps),
-    )
+    return (*_adagrad(params, grads, state_sums, state_steps, *hyperparameters, **options), list(state_steps))
 
 
-@lower(aten._fused_adagrad.tensor_lr, dynamic=_HYPERPARAMETERS)
-def fused_adagrad_tensor_lr(
-    params,
-    grads,
-    state_sums,
-    state_steps,
-    lr,
-    lr_decay,
-    weight_decay,
-    eps,
-    maximize,
-    grad_scale=None,
-    found_inf=None,
-):
-    return _adagrad(
-        params,
-        grads,
-        state_sums,
-        state_steps,
-        lr,
-        lr_decay,
-        weight_decay,
-        eps,
-        maximize,
-        grad_scale,
-        found_inf,
-    )
+lower(aten._fused_adagrad.tensor_lr, dynamic=_HYPERPARAMETERS)(_adagrad)
 
 
 # ----------------------------------------------------------------------------- AMP

@@ -255,3 +255,40 @@ def test_like_factories_honour_another_device(name):
     actual = FOREIGN_DEVICE[name](_x(2, 3).to("tpu"))
     assert actual.device.type == "cpu"
     assert (actual.shape, actual.dtype) == (expected.shape, expected.dtype)
+
+
+def _ranges():
+    """Float ranges of every length class: tails only, vectors and tail, several CPU threads'
+    chunks (over 32768 elements), descending, fractional starts."""
+    starts, steps = (0, 1.5, -5.5, 1e3, -2.3), (0.1, 0.3, 0.37, 1.1, -0.4, 2 / 3)
+    for start in starts:
+        for step in steps:
+            for count in (3, 6, 17, 34, 70):
+                yield start, start + step * (count - 0.5), step
+    yield 0, 5000, 0.1
+    yield -3.3, 40000.7, 0.77
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_arange_with_float_steps_has_cpus_count_and_values(dtype):
+    """Bit for bit: CPU's kernel rounds ``start + i * step`` per vector lane (and with FMA), so a
+    plain formula differs in the last bit for about half of these ranges."""
+    for start, end, step in _ranges():
+        expected = torch.arange(start, end, step, dtype=dtype)
+        actual = torch.arange(start, end, step, dtype=dtype, device="tpu").cpu()
+        assert actual.shape == expected.shape, (start, end, step)
+        assert torch.equal(actual, expected), (start, end, step)
+
+
+def test_arange_of_integers_with_a_fractional_step_behaves_as_on_cpu():
+    for dtype in (torch.int32, torch.int16, torch.uint8):  # the step truncates to 0: all start
+        torch.testing.assert_close(
+            torch.arange(0, 1, 0.1, dtype=dtype, device="tpu").cpu(), torch.arange(0, 1, 0.1, dtype=dtype)
+        )
+    with pytest.raises(ValueError, match="step must be nonzero"):  # int64 counts in integers
+        torch.arange(0, 1, 0.1, dtype=torch.int64, device="tpu")
+    for args in ((0, 1, 0.0), (0, 1, 0), (0, float("inf"), 1.0), (0, -1, 1)):
+        with pytest.raises(RuntimeError) as on_cpu:
+            torch.arange(*args)
+        with pytest.raises(RuntimeError, match=str(on_cpu.value).split(":")[0]):
+            torch.arange(*args, device="tpu")

@@ -39,20 +39,85 @@ def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=
     if dtype is None:
         integral = all(isinstance(v, (int, bool)) for v in (start, end, step))
         dtype = np.dtype(jnp.int64) if integral else _float_or_default(None)
+    _check_range(float(start), float(end), float(step))
     accumulate = _accumulate_dtype(dtype)
-    integral = jnp.issubdtype(accumulate, jnp.integer)
-    convert = int if integral else float  # torch's Scalar.to<acc_type>: truncates for integers
+    convert = int if jnp.issubdtype(accumulate, jnp.integer) else float  # Scalar.to<acc_type>
     first, last, stride = convert(start), convert(end), convert(step)
-    if stride == 0:
-        raise RuntimeError("step must be nonzero")
-    if (last - first) * stride < 0:
-        raise RuntimeError("upper bound and lower bound inconsistent with step sign")
-    if dtype == jnp.int64:  # exact integer count, as torch does for int64 only
+    if dtype == jnp.int64:  # the count in exact integers, as torch does for int64 only
+        if stride == 0:  # (a fractional step truncated to 0)
+            raise ValueError("step must be nonzero")
         span = last - first + stride - (1 if stride > 0 else -1)
         length = abs(span) // abs(stride)
     else:
         length = math.ceil((float(end) - float(start)) / float(step))
-    return (first + stride * jnp.arange(max(length, 0), dtype=accumulate)).astype(dtype)
+    return _cpu_arange(first, stride, length, np.dtype(dtype), accumulate)
+
+
+def _check_range(start: float, end: float, step: float) -> None:
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise RuntimeError(f"unsupported range: {start} -> {end}")
+    if (end - start) * step < 0:
+        raise RuntimeError("upper bound and lower bound inconsistent with step sign")
+
+
+#: at::internal::GRAIN_SIZE: parallel_for's smallest chunk
+_GRAIN = 32768
+
+
+def _cpu_arange(first, stride, length: int, dtype: np.dtype, accumulate: np.dtype) -> jax.Array:
+    """``first + i * stride`` rounded as torch CPU's arange kernel rounds it, which matters for
+    float types: each thread's chunk runs vectors of ``width`` lanes (two at a time) as ``base +
+    lane * stride``, with ``base = first + i0 * stride`` rounded to ``dtype`` first, and its tail
+    element by element as ``first + i * stride``; the multiply-adds are fused (FMA), but for
+    bfloat16's lanes. The
+    chunks follow this process's thread count, as a CPU tensor made here would."""
+    index = jnp.arange(length, dtype=jnp.int64)
+    if jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_:
+        return (first + stride * index).astype(dtype)
+
+    def at(i):
+        return _fused_multiply_add(i.astype(accumulate), stride, first)
+
+    width = _VECTOR_BYTES // dtype.itemsize
+    tasks = 1 if length < _GRAIN else min(torch.get_num_threads(), -(-length // _GRAIN))
+    chunk = max(-(-length // tasks), 1)
+    position = index % chunk
+    chunk_length = jnp.minimum(chunk, length - (index - position))
+    lane = position % width
+    base = at(index - lane).astype(dtype).astype(accumulate)
+    vectorized = position < chunk_length // (2 * width) * (2 * width)
+    if dtype == jnp.bfloat16:  # (c10::BFloat16's lanes add the rounded product: no FMA)
+        vector = base + lane.astype(accumulate) * stride
+    else:
+        vector = _fused_multiply_add(lane.astype(accumulate), stride, base)
+    return jnp.where(vectorized, vector.astype(dtype), at(index).astype(dtype))
+
+
+#: The vector width (bytes) of the arange kernel torch's x86 CPU build runs: the AVX2 one, also
+#: on AVX512 machines (``REGISTER_DISPATCH`` registers no AVX512 variant of ``arange_stub``).
+_VECTOR_BYTES = 32
+
+
+def _fused_multiply_add(a: jax.Array, b: float, c) -> jax.Array:
+    """``a * b + c`` rounded once, as the FMA instruction x86 compilers emit for it: the
+    product's rounding error (Dekker's exact product, Veltkamp's split) joins the sum's."""
+    split = 2.0 ** (27 if a.dtype == jnp.float64 else 12) + 1
+    b = jnp.asarray(b, a.dtype)
+
+    def halves(x):
+        scaled = split * x
+        high = scaled - (scaled - x)
+        return high, x - high
+
+    product = a * b
+    (a_high, a_low), (b_high, b_low) = halves(a), halves(b)
+    product_error = ((a_high * b_high - product) + a_high * b_low + a_low * b_high) + a_low * b_low
+    total = product + c
+    rest = total - product
+    sum_error = (product - (total - rest)) + (c - rest)
+    return total + (sum_error + product_error)
 
 
 @lower(aten.arange.default, runs=Runs.EAGER, static=("end",))

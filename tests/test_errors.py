@@ -377,3 +377,18 @@ GENERATOR_USES = {
 def test_cpu_generator_on_tpu_is_an_error_like_cuda(name):
     with pytest.raises(RuntimeError, match="Expected a 'tpu' device type for generator but found 'cpu'"):
         GENERATOR_USES[name](torch.Generator())
+
+
+def test_a_uint8_mask_index_warns_at_the_users_line_as_on_cpu():
+    import warnings
+
+    for device in ("cpu", "tpu"):
+        x = torch.arange(3.0, device=device)
+        mask = torch.tensor([1, 0, 1], dtype=torch.uint8, device=device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            picked = x[mask]
+            x[mask] = torch.tensor([5.0, 6.0], device=device)
+        assert picked.tolist() == [0.0, 2.0] and x.tolist() == [5.0, 1.0, 6.0]
+        assert [(w.category, w.filename) for w in caught] == [(UserWarning, __file__)] * 2, device
+        assert "indexing with dtype torch.uint8 is now deprecated" in str(caught[0].message)

@@ -116,3 +116,38 @@ def test_error_matches_cpu(name):
     with pytest.raises(type(expected.value)) as actual:
         build("tpu")
     assert str(actual.value).split("\n")[0] == str(expected.value).split("\n")[0]
+
+
+def test_baddbmm_into_batches_sharing_memory_accumulates_as_on_cpu():
+    """CPU's baddbmm_ updates ``self`` batch after batch: an expanded batch dimension sees the
+    batches before it (no overlap error). A matrix overlapping itself stays refused."""
+    a = torch.arange(18.0).reshape(2, 3, 3)
+    b = torch.arange(18.0).reshape(2, 3, 3) / 10
+    for beta in (0.5, 0):
+        expected = torch.ones(1, 3, 3).expand(2, 3, 3).baddbmm_(a, b, beta=beta, alpha=2)
+        actual = (
+            torch.ones(1, 3, 3, device="tpu")
+            .expand(2, 3, 3)
+            .baddbmm_(a.to("tpu"), b.to("tpu"), beta=beta, alpha=2)
+        )
+        torch.testing.assert_close(actual.cpu(), expected)
+    with pytest.raises(RuntimeError, match="Bad in-place call: input tensor size \\[1, 3, 3\\]"):
+        torch.ones(1, 3, 3, device="tpu").baddbmm_(a.to("tpu"), b.to("tpu"))
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        torch.ones(2, 3, 1, device="tpu").expand(2, 3, 3).baddbmm_(a.to("tpu"), b.to("tpu"))
+
+
+def test_addbmm_into_an_expanded_tensor_is_refused_as_on_cpu():
+    ones = torch.ones(2, 3, 3, device="tpu")
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        torch.zeros(3, 1, device="tpu").expand(3, 3).addbmm_(ones, ones)
+
+
+def test_resize_to_the_same_size_keeps_the_strides():
+    for device in ("cpu", "tpu"):
+        expanded = torch.zeros(3, 1, device=device).expand(3, 3)
+        assert expanded.resize_(3, 3).stride() == (1, 0)
+        nchw = torch.zeros(2, 3, device=device)
+        assert nchw.resize_(4, 3, 2, 2, memory_format=torch.channels_last).stride() == (12, 1, 6, 3)
+        with pytest.raises(RuntimeError, match="Unsupported memory format"):
+            nchw.resize_(1, memory_format=torch.preserve_format)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import os
+import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +19,24 @@ from ..runtime.buffer import apply
 from ..runtime.context import context
 from ..runtime.dtypes import to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
 from .registry import Promote, lower
+
+_LIBRARIES = tuple(os.path.dirname(m.__file__) for m in (torch, sys.modules["torch_tpu"]))
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn as PyTorch's ``TORCH_WARN`` does: attributed to the user's line that called the op
+    (the first frame outside torch and torch_tpu), so filters and ``-W error`` treat it alike."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
+        frame = frame.f_back
+    warnings.warn_explicit(
+        message,
+        category,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module=frame.f_globals.get("__name__"),
+        registry=frame.f_globals.setdefault("__warningregistry__", {}),
+    )
 
 
 def overload(packet, name: str):

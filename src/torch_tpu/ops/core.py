@@ -108,6 +108,10 @@ def set_tensor(self, source):
 
 @runtime(aten.resize_)
 def resize_(self, size, memory_format=None):
+    if tuple(self.shape) == tuple(size) and memory_format is None:
+        return self  # as CPU: the same size keeps the strides (an expanded tensor stays one)
+    if memory_format is torch.preserve_format:
+        raise RuntimeError("Unsupported memory formatPreserve")  # (sic)
     storage = self.untyped_storage()
     dtype = to_jax(self.dtype)
     need = (self.storage_offset() + math.prod(size)) * dtype.itemsize
@@ -120,8 +124,10 @@ def resize_(self, size, memory_format=None):
             grown = jnp.zeros((need // dtype.itemsize,), dtype).at[: old.size].set(old)
             buffer.put(storage, grown)
     tensor.ensure_nbytes(self)
-    # Meta's resize_ only accepts meta tensors; set_ gives the same contiguous geometry.
-    strides = torch.empty(size, device="meta").stride()
+    # Meta's resize_ only accepts meta tensors; set_ gives the same geometry.
+    strides = torch.empty(
+        size, device="meta", memory_format=memory_format or torch.contiguous_format
+    ).stride()
     return aten.set_.source_Storage_storage_offset.redispatch(
         _META, self, storage, self.storage_offset(), size, strides
     )

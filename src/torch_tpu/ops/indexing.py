@@ -25,7 +25,7 @@ from jax import lax
 
 from ..runtime import checks
 from ..runtime.buffer import apply
-from ._helpers import check_bounds, result_dtype, type_name
+from ._helpers import check_bounds, result_dtype, type_name, warn
 from .registry import Promote, Runs, lower
 
 aten = torch.ops.aten
@@ -85,6 +85,11 @@ def _at_reduce(x: jax.Array, key, values, reduce: str) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------- advanced indexing
+_UINT8_MASK_DEPRECATED = (
+    "indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead."
+)
+
+
 def _advanced_indices(x: jax.Array, indices) -> list[jax.Array | None]:
     """``Tensor?[] indices`` with boolean masks replaced by their nonzero coordinates (a host
     sync), validated and bounds-checked like PyTorch CPU."""
@@ -96,6 +101,8 @@ def _advanced_indices(x: jax.Array, indices) -> list[jax.Array | None]:
             dim += 1
             continue
         if index.dtype in (jnp.bool_, jnp.uint8):
+            if index.dtype == jnp.uint8:
+                warn(_UINT8_MASK_DEPRECATED)
             if index.ndim == 0:
                 _reject("0-dim mask index")
             if x.shape[dim : dim + index.ndim] != index.shape:

@@ -17,7 +17,7 @@ import torch
 from jax import lax
 from jax._src.lax.linalg import geqrf as _lapack_geqrf  # not re-exported by jax.lax.linalg
 
-from ..runtime import tensor
+from ..runtime import overlap, tensor
 from ..runtime.buffer import apply
 from ..runtime.dtypes import to_jax, to_torch
 from . import layout
@@ -140,6 +140,25 @@ addmm = lower(aten.addmm.default)(_scaled_matmul_op("addmm", "nk,km->nm", (2, 2)
 baddbmm = lower(aten.baddbmm.default)(_scaled_matmul_op("baddbmm", "bnk,bkm->bnm", (3, 3), _check_bmm))
 addmv = lower(aten.addmv.default)(_scaled_matmul_op("addmv", "nk,k->n", (2, 1), _check_mv))
 addbmm = lower(aten.addbmm.default)(_scaled_matmul_op("addbmm", "bnk,bkm->nm", (3, 3), _check_addbmm))
+
+
+@runtime(aten.baddbmm_.default)
+def baddbmm_(self: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta=1, alpha=1):
+    """CPU's kernel checks no overlap: it updates ``self`` one batch matrix after another, so
+    where batches share memory (an expanded batch dimension) each batch's update starts from
+    what the previous one wrote. Done the same way here, matrix by matrix; a matrix that
+    overlaps itself (CPU's element order) is refused with PyTorch's overlap error."""
+    result = aten.baddbmm.default(self, batch1, batch2, beta=beta, alpha=alpha)
+    if result.shape != self.shape:
+        raise RuntimeError(
+            f"Bad in-place call: input tensor size {list(self.shape)} and output tensor size "
+            f"{list(result.shape)} should match"
+        )
+    if not overlap.has_internal_overlap(overlap.layout(self)):
+        return self.copy_(result)
+    for matrix, first, second in zip(self, batch1, batch2):
+        matrix.copy_(aten.addmm.default(matrix, first, second, beta=beta, alpha=alpha))
+    return self
 
 
 @runtime(aten.addbmm_.default)

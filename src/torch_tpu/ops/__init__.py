@@ -16,6 +16,7 @@ from . import (  # noqa: F401
     optim,  # noqa: F401,E402
     pooling,
     random,
+    rnn,
     reduction,
     sampling,
     shape,

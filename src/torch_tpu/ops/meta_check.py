@@ -85,6 +85,8 @@ UNCHECKED: dict[str, str] = {
             "aten::_fused_sgd_",
             "aten::_fused_adagrad_",
             "aten::linalg_lstsq",  # (its composite kernel calls linalg_lstsq.out, which has none)
+            "aten::_thnn_fused_gru_cell",
+            "aten::_thnn_fused_gru_cell_backward",
         ],
         "no meta kernel",
     ),

@@ -16,8 +16,8 @@ from . import (  # noqa: F401
     optim,  # noqa: F401,E402
     pooling,
     random,
-    rnn,
     reduction,
+    rnn,
     sampling,
     shape,
     special,

@@ -20,5 +20,6 @@ from . import (  # noqa: F401
     rnn,
     sampling,
     shape,
+    sparse,
     special,
 )

@@ -86,6 +86,12 @@ UNCHECKED: dict[str, str] = {
             "aten::_fused_adagrad_",
             "aten::linalg_lstsq",  # (its composite kernel calls linalg_lstsq.out, which has none)
             "aten::_thnn_fused_gru_cell",
+            "aten::_aminmax",
+            "aten::histogram",
+            "aten::_histogramdd_bin_edges",
+            "aten::_histogramdd_from_bin_cts",
+            "aten::_histogramdd_from_bin_tensors",
+            "aten::_to_sparse",
             "aten::_thnn_fused_gru_cell_backward",
         ],
         "no meta kernel",

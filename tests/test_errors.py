@@ -285,7 +285,7 @@ _RARE_OPS = [
     ),
     (
         "aten::_spdiags",
-        "torch.sparse.spdiags(x.reshape(1, -1), torch.tensor([0]), (len(x), len(x))).values()",
+        "torch.sparse.spdiags(x.reshape(1, -1), torch.tensor([0]), (len(x), len(x))).to_dense().diagonal()",
     ),
 ]
 

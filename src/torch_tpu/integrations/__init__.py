@@ -1,6 +1,6 @@
 """The parts of PyTorch and its ecosystem taught about tpu, installed at registration (none of
 them imports JAX): ``autocast`` (per-op casting on AutocastPrivateUse1), ``modules``
-(``Module.to`` keeps shared parameters shared), ``serialization`` (save/load, deepcopy,
+(``Module.to`` moves parameters in place, as for CUDA), ``serialization`` (save/load, deepcopy,
 safetensors), ``pin_memory`` (``DataLoader(pin_memory=True)``), ``accelerate`` (Accelerate's
 default device), ``dynamo`` (Dynamo never traces the runtime)."""
 

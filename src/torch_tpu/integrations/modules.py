@@ -1,63 +1,38 @@
-"""``Module.to("tpu")`` keeps parameters that modules share shared, as ``.to("cuda")`` does.
+"""``Module.to("tpu")`` and ``.cpu()`` move parameters in place (``param.data = moved``), as
+``.to("cuda")`` does.
 
-PyTorch moves parameters in place (``param.data = moved``) only between devices it treats as
-shallow-copy compatible with CPU, a list PrivateUse1 is not on; otherwise ``Module._apply`` makes
-a new Parameter per module, which silently unties tied weights (GPT's embedding and LM head) and
-leaves an optimizer built before the move holding stale tensors. For conversions that cross the
-tpu boundary we switch ``Module._apply`` to its swap path (``torch.utils.swap_tensors``), which
-keeps every Parameter object, and so every tie and outside reference, intact.
+``Module._apply`` and ``Tensor.data = ...`` move a tensor in place only when
+``aten::_has_compatible_shallow_copy_type`` says its TensorImpl may take the other's metadata.
+PyTorch's own rule lists the dense backends it knows (CPU, CUDA, MPS, HIP, XPU, HPU, MTIA) and
+leaves PrivateUse1 to the backend's kernel for the op. Without one, ``_apply`` makes a new
+Parameter per module, which unties tied weights and leaves an optimizer holding stale tensors;
+forcing ``torch.utils.swap_tensors`` instead keeps the objects but refuses while a live autograd
+graph holds a parameter (a forward whose output is still alive). A tpu tensor is a plain dense
+TensorImpl, so it joins the dense backends here and every move takes CUDA's path: same
+Parameter objects (ties, optimizers, outside references kept), ``.grad`` moved with them, and a
+live graph left as CUDA leaves it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-from collections.abc import Callable
-
 import torch
-from torch import nn
+
+# TensorImpl::has_compatible_shallow_copy_type's dense backends, plus tpu
+_DENSE_BACKENDS = frozenset({"cpu", "cuda", "mps", "hip", "xpu", "hpu", "mtia", "tpu"})
+_library: torch.library.Library | None = None
 
 
-def _holds_tpu_tensors(module: nn.Module) -> bool:
-    return any(t.device.type == "tpu" for t in module.parameters()) or any(
-        t.device.type == "tpu" for t in module.buffers()
-    )
+def _is_dense(t: torch.Tensor) -> bool:
+    return t.layout == torch.strided and not t.is_quantized and t.device.type in _DENSE_BACKENDS
 
 
-@contextlib.contextmanager
-def _swapping_parameters():
-    previous = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)
-    try:
-        yield
-    finally:
-        torch.__future__.set_swap_module_params_on_conversion(previous)
-
-
-def _crosses_tpu(module: nn.Module, target: torch.device | None) -> bool:
-    if target is None:
-        return False
-    return target.type == "tpu" or (target.type != "tpu" and _holds_tpu_tensors(module))
-
-
-def _patch(name: str, target_of: Callable) -> None:
-    original = getattr(nn.Module, name)
-
-    @functools.wraps(original)
-    def convert(self, *args, **kwargs):
-        if _crosses_tpu(self, target_of(*args, **kwargs)):
-            with _swapping_parameters():
-                return original(self, *args, **kwargs)
-        return original(self, *args, **kwargs)
-
-    setattr(nn.Module, name, convert)
-
-
-def _device_of_to(*args, **kwargs) -> torch.device | None:
-    return torch._C._nn._parse_to(*args, **kwargs)[0]
+def _has_compatible_shallow_copy_type(self: torch.Tensor, src: torch.Tensor) -> bool:
+    """Called when either tensor is on tpu; PyTorch's rule (same dispatch keys, or both dense)."""
+    same_keys = torch._C._dispatch_keys(self) == torch._C._dispatch_keys(src)
+    return same_keys or (_is_dense(self) and _is_dense(src))
 
 
 def install() -> None:
-    _patch("to", _device_of_to)
-    _patch("cpu", lambda *args, **kwargs: torch.device("cpu"))
-    _patch("tpu", lambda *args, **kwargs: torch.device("tpu"))
+    global _library
+    _library = torch.library.Library("aten", "IMPL")
+    _library.impl("_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, "PrivateUse1")

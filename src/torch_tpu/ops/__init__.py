@@ -17,7 +17,9 @@ from . import (  # noqa: F401
     pooling,
     random,
     reduction,
+    rnn,
     sampling,
     shape,
+    sparse,
     special,
 )

@@ -256,7 +256,7 @@ def _real_unless_complex(value, dtype) -> jax.Array:
     return value.astype(dtype)
 
 
-def _linear_steps(start, end, steps: int, dtype) -> jax.Array:
+def linear_steps(start, end, steps: int, dtype) -> jax.Array:
     """torch CPU's linspace: the first half counts up from start, the second down from end."""
     compute = _step_dtype(dtype)
     start, end = (_real_unless_complex(bound, compute) for bound in (start, end))
@@ -276,7 +276,7 @@ def _check_steps(steps: int) -> None:
 def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
     _check_steps(steps)
     dtype = _float_or_default(dtype)
-    values = _linear_steps(start, end, steps, dtype)
+    values = linear_steps(start, end, steps, dtype)
     if jnp.issubdtype(dtype, jnp.integer):
         values = jnp.trunc(values)
     return values.astype(dtype)
@@ -286,7 +286,7 @@ def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory
 def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None, pin_memory=None):
     _check_steps(steps)
     dtype = _float_or_default(dtype)
-    exponents = _linear_steps(start, end, steps, dtype)
+    exponents = linear_steps(start, end, steps, dtype)
     return jnp.power(jnp.float64(base), exponents.astype(jnp.float64)).astype(dtype)
 
 

@@ -559,13 +559,15 @@ def fallback(op: torch._ops.OpOverload, *args, **kwargs):
     """An op with no tpu lowering: ``NotImplementedError`` naming it, or with
     ``TORCH_TPU_CPU_FALLBACK=1`` the op run on CPU (counted)."""
     name = qualified_name(op)
+    tree = torch.utils._pytree
     if not config.cpu_fallback:
+        sparse = any(isinstance(x, torch.Tensor) and x.is_sparse for x in tree.tree_leaves((args, kwargs)))
         raise NotImplementedError(
-            f"'{name}' has no tpu lowering. Set TORCH_TPU_CPU_FALLBACK=1 to run it on CPU instead "
-            f"(slow; counted in torch_tpu.cpu_fallback_counts())."
+            f"'{name}' has no tpu lowering{' for sparse tensors' if sparse else ''}. Set "
+            "TORCH_TPU_CPU_FALLBACK=1 to run it on CPU instead (slow; counted in "
+            "torch_tpu.cpu_fallback_counts())."
         )
     cpu_fallback_counts[name] += 1
-    tree = torch.utils._pytree
     cpu_args, cpu_kwargs = tree.tree_map(_cpu, (args, kwargs))
     result = op(*cpu_args, **cpu_kwargs)
     # copy mutated arguments back
@@ -608,6 +610,7 @@ def _elsewhere_to_cpu(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
 def install() -> None:
     """Register every lowering (and its derived variants) on PrivateUse1. Strict: errors on
     lowerings of CompositeImplicitAutograd ops (autograd would bypass them) or of non-ATen ops."""
+    from . import sparse
     from .meta_check import checked  # TORCH_TPU_CHECK_META (a no-op unless switched on)
 
     lib = torch.library.Library("aten", "IMPL")
@@ -630,3 +633,4 @@ def install() -> None:
                 checked(variant, _mutating_kernel(compute, op._schema, variant._schema, resize)),
                 "PrivateUse1",
             )
+    sparse.install(fallback)

@@ -25,7 +25,8 @@ from jax import lax
 
 from ..runtime import checks
 from ..runtime.buffer import apply
-from ._helpers import check_bounds, result_dtype, type_name, warn
+from ._helpers import check_bounds, has_values, report_values, result_dtype, type_name, warn
+from .creation import linear_steps
 from .registry import Promote, Runs, lower
 
 aten = torch.ops.aten
@@ -556,3 +557,208 @@ def histc(x, bins=100, min=0, max=0, *, types):
         jnp.zeros((bins,), x.dtype).at[jnp.where(inside, position, bins)].add(jnp.ones_like(x), mode="drop")
     )
     return counts.astype(types.result)
+
+
+# ----------------------------------------------------------------------------- histograms
+# torch.histogram is histogramdd of the flattened input as one column. Edges come from a bin
+# count and a range (the data's own, min to max, when none is given), or are given as tensors.
+# An element lands in the last edge at or below it (the rightmost bin includes its right edge);
+# elements outside [first edge, last edge] and NaNs are dropped, as CPU does. The checks raise
+# CPU's errors (these ops have no meta kernel to replay).
+_TYPE_META_NAMES = {
+    "float32": "float",
+    "float64": "double",
+    "float16": "c10::Half",
+    "bfloat16": "c10::BFloat16",
+}
+
+
+def _dtype_name(dtype) -> str:
+    """A dtype as PyTorch prints a tensor's (``float``), which these messages use."""
+    return _TYPE_META_NAMES.get(jnp.dtype(dtype).name) or type_name(dtype)
+
+
+def _fail(message: str):
+    raise RuntimeError(f"torch.histogramdd: {message}")
+
+
+def _check_histogram_input(x, weight):
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise NotImplementedError(f"\"histogramdd\" not implemented for '{type_name(x.dtype)}'")
+    if x.ndim < 2:
+        _fail("input tensor should have at least 2 dimensions")
+    if weight is not None:
+        if weight.dtype != x.dtype:
+            _fail(
+                "if weight tensor is provided, input tensor and weight tensor should have the same dtype, "
+                f"but got input({_dtype_name(x.dtype)}), and weight({_dtype_name(weight.dtype)})"
+            )
+        if weight.shape != x.shape[:-1]:
+            _fail(
+                "if weight tensor is provided it should have the same shape as the input tensor excluding "
+                f"its innermost dimension, but got input with shape {list(x.shape)} and weight with shape "
+                f"{list(weight.shape)}"
+            )
+
+
+def _check_bin_counts(x, bins, range_, weight):
+    _check_histogram_input(x, weight)
+    dims = x.shape[-1]
+    if len(bins) != dims:
+        raise RuntimeError(
+            "histogramdd: The size of bins must be equal to the innermost dimension of the input."
+        )
+    for dim, count in enumerate(bins):
+        if count <= 0:
+            raise RuntimeError(f"torch.histogram(): bins must be > 0, but got {count} for dimension {dim}")
+    if range_ is None:
+        _check_data_range(x)
+        return
+    if len(range_) != 2 * dims:
+        _fail(
+            f"for a {dims}-dimensional histogram range should have {2 * dims} elements, but got {len(range_)}"
+        )
+    for dim in range(dims):
+        _check_range(dim, range_[2 * dim], range_[2 * dim + 1])
+
+
+def _check_bin_edges(x, bins, weight):
+    _check_histogram_input(x, weight)
+    dims = x.shape[-1]
+    if len(bins) != dims:
+        _fail(
+            f"expected {dims} sequences of bin edges for a {dims}-dimensional histogram but got {len(bins)}"
+        )
+    for dim, edge in enumerate(bins):
+        if edge.dtype != x.dtype:
+            _fail(
+                "input tensor and bins tensors should have the same dtype, but got input with dtype "
+                f"{_dtype_name(x.dtype)} and bins for dimension {dim} with dtype {_dtype_name(edge.dtype)}"
+            )
+        if edge.ndim != 1:
+            _fail(
+                f"bins tensor should have one dimension, but got {edge.ndim} dimensions in the bins tensor "
+                f"for dimension {dim}"
+            )
+        if edge.size == 0:
+            _fail(
+                "bins tensor should have at least 1 element, but got 0 elements in the bins tensor for "
+                f"dimension {dim}"
+            )
+
+
+def _check_range(dim: int, low: float, high: float):
+    if not (math.isfinite(low) and math.isfinite(high)):
+        _fail(f"dimension {dim}'s range [{low:g}, {high:g}] is not finite")
+    if low > high:
+        _fail(f"min should not exceed max, but got min {low:g} max {high:g} for dimension {dim}")
+
+
+@jax.jit
+def _data_range(x):
+    return jnp.min(x, axis=0), jnp.max(x, axis=0)
+
+
+def _check_data_range(x):
+    """A range taken from the data must be finite (an inf or NaN in the input is an error)."""
+    points = x.reshape(-1, x.shape[-1])
+    if not points.size or not has_values(points):
+        return
+
+    def report(bounds):
+        for dim, (low, high) in enumerate(zip(*(np.asarray(b).tolist() for b in bounds))):
+            _check_range(dim, low, high)
+
+    report_values(apply(_data_range, points), report)
+
+
+def _edges_from_counts(x, bins, range_):
+    """Each dimension's ``bins + 1`` equally spaced edges over its range (ends widened by 0.5
+    when equal, as numpy does), spaced as CPU's linspace spaces them."""
+    points = x.reshape(-1, x.shape[-1])
+    edges = []
+    for dim, count in enumerate(bins):
+        if range_ is not None:
+            low, high = jnp.float64(range_[2 * dim]), jnp.float64(range_[2 * dim + 1])
+        elif points.shape[0]:
+            low, high = (
+                jnp.min(points[:, dim]).astype(jnp.float64),
+                jnp.max(points[:, dim]).astype(jnp.float64),
+            )
+        else:
+            low, high = jnp.float64(0), jnp.float64(1)
+        degenerate = low == high
+        low, high = jnp.where(degenerate, low - 0.5, low), jnp.where(degenerate, high + 0.5, high)
+        edges.append(linear_steps(low, high, count + 1, x.dtype).astype(x.dtype))
+    return edges
+
+
+def _histogramdd(x, edges, weight, density):
+    points = x.reshape(-1, x.shape[-1])
+    shape = tuple(edge.shape[0] - 1 for edge in edges)
+    inside = jnp.ones(points.shape[0], bool)
+    flat = jnp.zeros(points.shape[0], jnp.int64)
+    for column, edge, bins in zip(points.T, edges, shape):
+        inside &= (column >= edge[0]) & (column <= edge[-1])
+        position = jnp.searchsorted(edge, column, side="right") - 1
+        flat = flat * bins + jnp.clip(position, 0, bins - 1)
+    counts = jnp.ones(points.shape[0], x.dtype) if weight is None else weight.reshape(-1)
+    size = math.prod(shape)
+    hist = jnp.zeros(size, x.dtype).at[jnp.where(inside, flat, size)].add(counts, mode="drop").reshape(shape)
+    if density:
+        hist = hist / hist.sum()
+        for dim, edge in enumerate(edges):
+            hist = hist / jnp.diff(edge).reshape([-1 if d == dim else 1 for d in range(len(edges))])
+    return hist
+
+
+@lower(
+    aten._histogramdd_from_bin_tensors.default,
+    check=lambda x, bins, weight=None, density=False: _check_bin_edges(x, bins, weight),
+)
+def histogramdd_from_bin_tensors(x, bins, weight=None, density=False):
+    return _histogramdd(x, bins, weight, density)
+
+
+def _check_bin_cts(x, bins, range=None, weight=None, density=False):
+    _check_bin_counts(x, bins, range, weight)
+
+
+@lower(aten._histogramdd_from_bin_cts.default, check=_check_bin_cts)
+def histogramdd_from_bin_cts(x, bins, range=None, weight=None, density=False):
+    return _histogramdd(x, _edges_from_counts(x, bins, range), weight, density)
+
+
+@lower(aten._histogramdd_bin_edges.default, check=_check_bin_cts)
+def histogramdd_bin_edges(x, bins, range=None, weight=None, density=False):
+    return _edges_from_counts(x, bins, range)
+
+
+def _column(x, weight):
+    """torch.histogram's input as histogramdd's: one column (and the weights flattened)."""
+    return x.reshape(-1, 1), None if weight is None else weight.reshape(-1)
+
+
+def _check_histogram_edges(x, bins, weight=None, density=False):
+    column, weight = _column(x, weight)
+    _check_bin_edges(column, [bins], weight)
+
+
+def _check_histogram_count(x, bins=100, range=None, weight=None, density=False):
+    if weight is not None and weight.shape != x.shape:  # CPU reports the flattened shapes
+        _check_histogram_input(x.reshape(-1, 1), weight)
+    column, weight = _column(x, weight)
+    _check_bin_counts(column, [bins], range, weight)
+
+
+@lower(aten.histogram.bins_tensor, check=_check_histogram_edges)
+def histogram_bins_tensor(x, bins, weight=None, density=False):
+    column, weight = _column(x, weight)
+    return _histogramdd(column, [bins], weight, density), bins
+
+
+@lower(aten.histogram.bin_ct, check=_check_histogram_count)
+def histogram_bin_ct(x, bins=100, range=None, weight=None, density=False):
+    column, weight = _column(x, weight)
+    (edges,) = _edges_from_counts(column, [bins], range)
+    return _histogramdd(column, [edges], weight, density), edges

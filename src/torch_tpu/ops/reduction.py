@@ -15,8 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..runtime.buffer import apply
 from ..runtime.dtypes import to_torch
-from ._helpers import accumulator, type_name
+from ._helpers import accumulator, has_values, report_values, type_name
+from ._nn_helpers import require
 from .registry import lower, runtime
 
 aten = __import__("torch").ops.aten
@@ -556,3 +558,135 @@ def equal(self, other) -> bool:
     if self.shape != other.shape:
         return False
     return bool(aten.all.default(aten.eq.Tensor(self, other)).item())
+
+
+# ----------------------------------------------------------------------------- segment_reduce
+# Segments along ``axis`` given by ``lengths`` (or ``offsets``, one more per row) whose leading
+# dimensions are data's before ``axis``: data is viewed as (rows, positions, inner) and each
+# position gets its segment's id, past the last segment an id that is dropped.
+_SEGMENT_START = {"max": -jnp.inf, "min": jnp.inf, "sum": 0, "mean": 0, "prod": 1}
+
+
+def _segments(data, lengths, offsets, axis):
+    """(data as (rows, positions, inner), segment id per (row, position), lengths (rows, S))."""
+    if offsets is not None:
+        lengths = jnp.diff(offsets, axis=-1)
+    rows, count = math.prod(lengths.shape[:-1]), lengths.shape[-1]
+    lengths = lengths.reshape(rows, count).astype(jnp.int64)
+    values = data.reshape(rows, data.shape[axis], -1)
+    ends = jnp.cumsum(lengths, axis=-1)
+    ids = jnp.sum(ends[:, None, :] <= jnp.arange(values.shape[1])[None, :, None], axis=-1)
+    return values, ids, lengths
+
+
+@jax.jit
+def _lengths_errors(lengths, total):
+    return jnp.any(lengths < 0), jnp.any(lengths.sum(-1) != total)
+
+
+def _report_lengths(errors) -> None:
+    negative, wrong_sum = errors
+    if negative:
+        raise RuntimeError("lengths contains negative value!")
+    if wrong_sum:
+        raise RuntimeError(
+            "segment_reduce(): Expected all rows of lengths along axis to sum to "
+            "data.size(lengths.dim()-1) when !unsafe."
+        )
+
+
+def _check_segment_reduce(
+    data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None
+):
+    """CPU's value checks of ``lengths`` (offsets are not checked), unless ``unsafe``."""
+    if lengths is not None and not unsafe and lengths.size and has_values(lengths):
+        report_values(apply(_lengths_errors, lengths, data.shape[axis % data.ndim]), _report_lengths)
+
+
+@lower(aten.segment_reduce.default, check=_check_segment_reduce)
+def segment_reduce(
+    data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None
+):
+    require(reduce in _SEGMENT_START and indices is None and (lengths is not None or offsets is not None))
+    axis = axis % data.ndim
+    values, ids, lengths = _segments(data, lengths, offsets, axis)
+    rows, count = lengths.shape
+    compute = accumulator(data.dtype) if jnp.issubdtype(data.dtype, jnp.floating) else data.dtype
+    start = _SEGMENT_START[reduce] if initial is None else initial
+    out = jnp.full((rows, count + 1, values.shape[2]), start, compute)
+    index = (jnp.arange(rows)[:, None], ids)
+    values = values.astype(compute)
+    scatter = out.at[index]
+    if reduce in ("sum", "mean"):
+        out = scatter.add(values)
+    elif reduce == "prod":
+        out = scatter.multiply(values)
+    else:  # a NaN wins, as in CPU's loop
+        nan = jnp.zeros_like(out, bool).at[index].max(jnp.isnan(values))
+        out = jnp.where(nan, jnp.nan, getattr(scatter, reduce)(values))
+    out = out[:, :count]
+    if reduce == "mean":
+        n = lengths[..., None].astype(compute)
+        empty = jnp.nan if initial is None else initial
+        out = jnp.where(n > 0, out / jnp.maximum(n, 1), empty)
+    return out.astype(data.dtype).reshape(data.shape[:axis] + (count,) + data.shape[axis + 1 :])
+
+
+def _segmented_scan(values, starts, reverse=False):
+    """Inclusive products within each segment along axis 1 (``starts`` marks where one begins)."""
+
+    def combine(a, b):
+        return jnp.where(b[1], b[0], a[0] * b[0]), a[1] | b[1]
+
+    return lax.associative_scan(combine, (values, starts), reverse=reverse, axis=1)[0]
+
+
+def _exclusive_products(values, ids):
+    """Each element's segment's product without it, from products before and after it."""
+    first = jnp.concatenate([jnp.ones_like(ids[:, :1], bool), ids[:, 1:] != ids[:, :-1]], 1)[..., None]
+    last = jnp.concatenate([ids[:, 1:] != ids[:, :-1], jnp.ones_like(ids[:, :1], bool)], 1)[..., None]
+    before = _segmented_scan(values, jnp.broadcast_to(first, values.shape))
+    after = _segmented_scan(values, jnp.broadcast_to(last, values.shape), reverse=True)
+    ones = jnp.ones_like(values[:, :1])
+    before = jnp.where(first, 1, jnp.concatenate([ones, before[:, :-1]], 1))
+    after = jnp.where(last, 1, jnp.concatenate([after[:, 1:], ones], 1))
+    return before * after
+
+
+@lower(aten._segment_reduce_backward.default)
+def segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=None, axis=0, initial=None):
+    """CPU's gradients: max/min share a segment's gradient among the elements equal to its
+    result (dividing only positive shares, as CPU's loop does); prod divides the product by
+    each element, or multiplies the others for a zero or NaN element."""
+    axis = axis % data.ndim
+    values, ids, lengths = _segments(data, lengths, offsets, axis)
+    rows, count = lengths.shape
+    compute = accumulator(data.dtype)
+    values = values.astype(compute)
+    padded = jnp.concatenate([a.astype(compute).reshape(rows, count, -1) for a in (grad, output)], 2)
+    padded = jnp.pad(padded, ((0, 0), (0, 1), (0, 0)))  # the dropped id reads zeros
+    picked = jnp.take_along_axis(padded, ids[..., None], axis=1)
+    g, out = jnp.split(picked, 2, axis=2)
+    n = jnp.take_along_axis(jnp.pad(lengths, ((0, 0), (0, 1))), ids, axis=1)[..., None].astype(compute)
+    if reduce == "sum":
+        result = g
+    elif reduce == "mean":
+        result = g / jnp.maximum(n, 1)
+    elif reduce == "prod":
+        others = _exclusive_products(values, ids) * (1 if initial is None else initial)
+        special = jnp.isnan(values) | (values == 0)
+        result = jnp.where(special, g * others, g * out / jnp.where(special, 1, values))
+    else:
+        hit = jnp.isnan(values) | (values == out)
+        share = jnp.where(hit, g, 0)
+        ties = (
+            jnp.zeros((rows, count + 1, values.shape[2]), compute).at[jnp.arange(rows)[:, None], ids].add(hit)
+        )
+        ties = jnp.take_along_axis(ties, ids[..., None], axis=1)
+        result = jnp.where((ties >= 2) & (share > 0), share / ties, share)
+    result = jnp.where(ids[..., None] < count, result, 0)
+    return result.astype(data.dtype).reshape(data.shape)
+
+
+# the deprecated spellings of aminmax (all elements; one dim) that older models still call
+lower(aten._aminmax.default, aten._aminmax.dim)(aminmax)

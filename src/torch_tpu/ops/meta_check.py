@@ -16,6 +16,8 @@ first replayed on meta tensors of the same shapes, strides and dtypes (factories
   singular matrix) and dtypes tpu lacks are beyond meta tensors.
 
 Ops in :data:`UNCHECKED` are not replayed (no meta kernel, or one known to differ, each with why).
+Ops laid out by CPU's channels-last rule (``Layout.SUGGESTED``, ``Layout.CONVOLUTION``: their meta
+kernels return contiguous results CPU does not) have their output strides left unchecked.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from torch.utils import _pytree
 
 from .. import config
 from .meta import call_quietly, to_meta
-from .registry import qualified_name
+from .registry import LOWERINGS, Layout, qualified_name
 
 __all__ = ["MetaMismatch", "UNCHECKED", "UNCHECKED_OUTPUTS", "checked"]
 
@@ -152,8 +154,10 @@ def checked(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
     def run(*args, **kwargs):
         if not config.check_meta:
             return kernel(*args, **kwargs)
-        return _checked_call(op, kernel, written, tensors, args, kwargs)
+        return _checked_call(op, kernel, written, tensors, args, kwargs, strides)
 
+    entry = LOWERINGS.get(op)
+    strides = entry is None or entry.layout not in (Layout.SUGGESTED, Layout.CONVOLUTION)
     return run
 
 
@@ -175,7 +179,7 @@ def _replay(op, tensors: dict, args: tuple, kwargs: dict):
     return (meta_args, meta_kwargs), *call_quietly(call, meta_args, meta_kwargs)
 
 
-def _checked_call(op, kernel: Callable, written, tensors: dict, args: tuple, kwargs: dict):
+def _checked_call(op, kernel: Callable, written, tensors: dict, args: tuple, kwargs: dict, strides: bool):
     meta_arguments, expected, rejection = _replay(op, tensors, args, kwargs)
     if rejection is not None and any(text in str(rejection) for text in _NEEDS_VALUES):
         return kernel(*args, **kwargs)
@@ -198,7 +202,7 @@ def _checked_call(op, kernel: Callable, written, tensors: dict, args: tuple, kwa
         ) from rejection
     result = kernel(*args, **kwargs)
     context = functools.partial(_describe, args, kwargs)
-    _compare(op, "output", _leaves(result), _leaves(expected), context, skip=_unchecked_outputs(op))
+    _compare(op, "output", _leaves(result), _leaves(expected), context, _unchecked_outputs(op), strides)
     for position, name in written:
         _compare(
             op,
@@ -228,7 +232,13 @@ def _significant_strides(t: torch.Tensor) -> tuple:
 
 
 def _compare(
-    op, what: str, actual: list, expected: list, context: Callable[[], str], skip: tuple[int, ...] = ()
+    op,
+    what: str,
+    actual: list,
+    expected: list,
+    context: Callable[[], str],
+    skip: tuple[int, ...] = (),
+    strides: bool = True,
 ) -> None:
     if len(actual) != len(expected):
         raise MetaMismatch(
@@ -242,11 +252,8 @@ def _compare(
             raise MetaMismatch(
                 f"{op} {name}: {type(tpu).__name__} on tpu, PyTorch gives a tensor; arguments: {context()}"
             )
-        for field, get in (
-            ("shape", lambda t: tuple(t.shape)),
-            ("dtype", lambda t: t.dtype),
-            ("strides", _significant_strides),
-        ):
+        fields = [("shape", lambda t: tuple(t.shape)), ("dtype", lambda t: t.dtype)]
+        for field, get in fields + [("strides", _significant_strides)] * strides:
             if get(tpu) != get(meta):
                 detail = (
                     f" (all strides: {tpu.stride()} on tpu, {meta.stride()} in PyTorch)"

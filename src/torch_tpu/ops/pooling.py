@@ -16,7 +16,7 @@ from jax import lax
 
 from ._helpers import check_bounds
 from ._nn_helpers import compute_dtype, ntuple, precision, require, vjp
-from .registry import lower
+from .registry import Layout, lower
 
 aten = torch.ops.aten
 
@@ -98,11 +98,11 @@ def _scatter_to_plane(grad, x, indices, n):
 
 
 def _max_pool_entries(forward, backward, n):
-    @lower(forward)
+    @lower(forward, layout=Layout.META)
     def max_pool(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
         return _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, n)
 
-    @lower(backward)
+    @lower(backward, layout=Layout.META)
     def max_pool_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
         return _scatter_to_plane(grad, x, indices, n)
 
@@ -143,13 +143,13 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
 
 
 def _avg_pool_entries(forward, backward, n):
-    @lower(forward)
+    @lower(forward, layout=Layout.META)
     def avg_pool(
         x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
     ):
         return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n)
 
-    @lower(backward)
+    @lower(backward, layout=Layout.META)
     def avg_pool_backward(
         grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
     ):
@@ -193,9 +193,9 @@ def _adaptive_avg_pool(x, output_size, n):
 
 
 def _adaptive_avg_pool_entries(forward, backward, n):
-    lower(forward)(lambda x, output_size: _adaptive_avg_pool(x, output_size, n))
+    lower(forward, layout=Layout.META)(lambda x, output_size: _adaptive_avg_pool(x, output_size, n))
 
-    @lower(backward)
+    @lower(backward, layout=Layout.META)
     def adaptive_avg_pool_backward(grad, x):
         return vjp(lambda x: _adaptive_avg_pool(x, grad.shape[-n:], n), (x,), grad, (True,))[0]
 
@@ -230,8 +230,8 @@ def _adaptive_max_pool(x, output_size, n):
 
 
 def _adaptive_max_pool_entries(forward, backward, n):
-    lower(forward)(lambda x, output_size: _adaptive_max_pool(x, output_size, n))
-    lower(backward)(lambda grad, x, indices: _scatter_to_plane(grad, x, indices, n))
+    lower(forward, layout=Layout.META)(lambda x, output_size: _adaptive_max_pool(x, output_size, n))
+    lower(backward, layout=Layout.META)(lambda grad, x, indices: _scatter_to_plane(grad, x, indices, n))
 
 
 _adaptive_max_pool_entries(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool2d_backward.default, 2)
@@ -258,7 +258,7 @@ def _max_unpool(x, indices, output_size, n):
     return out.reshape(x.shape[:-n] + tuple(output_size))
 
 
-lower(aten.max_unpool2d.default, check=_check_unpool_indices)(
+lower(aten.max_unpool2d.default, check=_check_unpool_indices, layout=Layout.SUGGESTED)(
     lambda x, indices, output_size: _max_unpool(x, indices, output_size, 2)
 )
 lower(aten.max_unpool3d.default, check=_check_unpool_indices)(

@@ -313,7 +313,7 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
 
 
 def _grouped(x, n, group):
-    return x.reshape(n, group, -1)
+    return x.reshape(n, group, math.prod(x.shape[1:]) // group)  # no -1: the batch may be empty
 
 
 @lower(aten.native_group_norm.default, layout=Layout.SUGGESTED)

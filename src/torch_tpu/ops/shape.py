@@ -22,6 +22,7 @@ from jax import lax
 
 from . import indexing
 from ._helpers import result_dtype
+from ._nn_helpers import wrap_dim
 from .registry import Layout, Runs, lower
 
 aten = torch.ops.aten
@@ -43,7 +44,8 @@ def cat(tensors, dim=0):
 
 @lower(aten.flip.default)
 def flip(x, dims):
-    return jnp.flip(x, axis=dims)
+    axes = [wrap_dim(d, x.ndim) for d in dims]  # a 0-d tensor takes dim 0 or -1, as on CPU
+    return jnp.flip(x, axis=axes) if x.ndim else x
 
 
 @lower(aten.repeat.default)

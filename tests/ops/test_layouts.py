@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torch_tpu  # noqa: F401
 
@@ -98,3 +99,119 @@ def test_non_row_major_outputs_match_cpu_strides(name):
     expected = expected if isinstance(expected, tuple) else (expected,)
     actual = actual if isinstance(actual, tuple) else (actual,)
     assert [_significant_strides(t) for t in actual] == [_significant_strides(t) for t in expected]
+
+
+def _channels_last_3d(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last_3d)
+
+
+def _kernel(x: torch.Tensor, *shape: int) -> torch.Tensor:
+    """A seeded kernel on ``x``'s device and dtype."""
+    return seeded(*shape, seed=3).to(x.device, x.dtype)
+
+
+# nn ops on a channels-last image ``x`` (2x4x6x6) and a channels-last-3d volume ``v``
+# (2x4x4x6x6): CPU keeps the format for these (its NHWC kernels), forward and backward.
+# ``ops/layout.py`` follows the meta kernel where it agrees with CPU, and CPU's rule
+# (the input's suggested format) where it does not.
+CHANNELS_LAST_OPS = {
+    "conv2d": lambda x, v: F.conv2d(x, _kernel(x, 5, 4, 3, 3), padding=1),
+    "conv2d_weight_decides": lambda x, v: F.conv2d(x.contiguous(), _channels_last(_kernel(x, 5, 4, 3, 3))),
+    "conv2d_strided_grouped": lambda x, v: F.conv2d(x, _kernel(x, 6, 2, 3, 3), stride=2, groups=2),
+    "conv_transpose2d": lambda x, v: F.conv_transpose2d(x, _kernel(x, 4, 3, 3, 3), stride=2),
+    "conv3d": lambda x, v: F.conv3d(v, _kernel(v, 3, 4, 3, 3, 3)),
+    "conv3d_float64_contiguous": lambda x, v: F.conv3d(v.double(), _kernel(v, 3, 4, 3, 3, 3).double()),
+    "conv_transpose3d": lambda x, v: F.conv_transpose3d(v, _kernel(v, 4, 2, 2, 2, 2)),
+    "cat": lambda x, v: torch.cat([x, x * 2], 1),
+    "cat_3d": lambda x, v: torch.cat([v, v], 2),
+    "avg_pool2d": lambda x, v: F.avg_pool2d(x, 2),
+    "max_pool2d_with_indices": lambda x, v: F.max_pool2d(x, 3, 2, 1, return_indices=True),
+    "max_pool3d": lambda x, v: F.max_pool3d(v, 2),
+    "adaptive_avg_pool2d": lambda x, v: F.adaptive_avg_pool2d(x, (3, 2)),
+    "adaptive_max_pool2d": lambda x, v: F.adaptive_max_pool2d(x, 4, return_indices=True),
+    "max_unpool2d": lambda x, v: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2),
+    "batch_norm_train": lambda x, v: F.batch_norm(x, None, None, training=True),
+    "batch_norm_eval": lambda x, v: F.batch_norm(
+        x, torch.zeros(4, device=x.device), torch.ones(4, device=x.device)
+    ),
+    "group_norm": lambda x, v: F.group_norm(x, 2, _kernel(x, 4), _kernel(x, 4)),
+    "group_norm_3d": lambda x, v: F.group_norm(v, 2),
+    "interpolate_nearest": lambda x, v: F.interpolate(x, scale_factor=2),
+    "interpolate_bilinear": lambda x, v: F.interpolate(x, size=(5, 9), mode="bilinear"),
+    "interpolate_bicubic": lambda x, v: F.interpolate(x, scale_factor=1.5, mode="bicubic"),
+    "interpolate_trilinear": lambda x, v: F.interpolate(v, scale_factor=2, mode="trilinear"),
+    "interpolate_area": lambda x, v: F.interpolate(x, size=(3, 3), mode="area"),
+    "pad_constant": lambda x, v: F.pad(x, (1, 2, 0, 1)),
+    "pad_reflect": lambda x, v: F.pad(x, (1, 2, 0, 1), mode="reflect"),
+    "pad_replicate_3d": lambda x, v: F.pad(v, (1, 1, 1, 1, 1, 1), mode="replicate"),
+    "pixel_shuffle": lambda x, v: F.pixel_shuffle(x, 2),
+    "pixel_unshuffle": lambda x, v: F.pixel_unshuffle(x, 2),
+}
+
+
+# PyTorch's own derivative formula makes these backward kernels' inputs contiguous on every
+# device but CPU (``grads[0].contiguous(is_cpu ? suggest_memory_format : Contiguous)``), as on
+# CUDA: their gradients are contiguous, and only the forward strides are compared.
+CONTIGUOUS_GRADIENTS = {"group_norm", "group_norm_3d"}
+
+
+def _tensors(value) -> list:
+    return [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def _channels_last_run(name: str, device: str) -> tuple[list, list]:
+    """The op's outputs and the gradients of its input(s) (under a channels-last cotangent)."""
+    x = _channels_last(seeded(2, 4, 6, 6, seed=4)).to(device).requires_grad_()
+    v = _channels_last_3d(seeded(2, 4, 4, 6, 6, seed=5)).to(device).requires_grad_()
+    outputs = _tensors(CHANNELS_LAST_OPS[name](x, v))
+    differentiable = [o for o in outputs if o.requires_grad]
+    grads = torch.autograd.grad(
+        differentiable, (x, v), [torch.ones_like(o) for o in differentiable], allow_unused=True
+    )
+    return outputs, [g for g in grads if g is not None]
+
+
+@pytest.mark.parametrize("name", CHANNELS_LAST_OPS)
+def test_channels_last_nn_ops_match_cpu_strides(name):
+    expected, expected_grads = _channels_last_run(name, "cpu")
+    actual, actual_grads = _channels_last_run(name, "tpu")
+    assert [_significant_strides(t) for t in actual] == [_significant_strides(t) for t in expected]
+    if name not in CONTIGUOUS_GRADIENTS:
+        assert [_significant_strides(g) for g in actual_grads] == [
+            _significant_strides(g) for g in expected_grads
+        ]
+    torch.testing.assert_close([t.cpu() for t in actual], expected, atol=1e-4, rtol=1e-4)
+
+
+def _nhwc_net(device: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 4, 3),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+    )
+    net = net.to(device, memory_format=torch.channels_last)
+    return net, _channels_last(seeded(4, 3, 8, 8, seed=6)).to(device)
+
+
+def test_channels_last_conv_net_training_step_matches_cpu():
+    """One SGD step of a small NHWC conv net: activations, parameter gradients (with their
+    channels-last strides) and updated weights as on CPU."""
+    results = {}
+    for device in ("cpu", "tpu"):
+        net, x = _nhwc_net(device)
+        features = net[:4](x)
+        loss = net[4:](features).square().mean()
+        loss.backward()
+        grads = [p.grad for p in net.parameters()]
+        torch.optim.SGD(net.parameters(), lr=0.1).step()
+        results[device] = (features, grads, list(net.parameters()))
+    (cpu_features, cpu_grads, cpu_params), (features, grads, params) = results["cpu"], results["tpu"]
+    assert features.is_contiguous(memory_format=torch.channels_last)
+    assert _significant_strides(features) == _significant_strides(cpu_features)
+    assert [g.stride() for g in grads] == [g.stride() for g in cpu_grads]
+    torch.testing.assert_close([p.detach().cpu() for p in params], [p.detach() for p in cpu_params])

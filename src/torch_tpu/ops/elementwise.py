@@ -553,7 +553,12 @@ def where(condition, x, y, *, types):
     return jnp.where(condition, jnp.asarray(x, types.result), jnp.asarray(y, types.result))
 
 
-@lower(aten.clamp.default, aten.clamp.Tensor, promote=Promote.DEFAULT)
+def _check_clamp(x, min=None, max=None):
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+
+
+@lower(aten.clamp.default, aten.clamp.Tensor, promote=Promote.DEFAULT, check=_check_clamp)
 def clamp(x, min=None, max=None, *, types):
     x = x.astype(types.compute)
     if min is not None:

@@ -13,6 +13,10 @@ but some are not, and code can see the difference (``stride()``, ``is_contiguous
   transposed tensor is transposed, as PyTorch's ``*_like`` factories preserve the layout.
 - ``Layout.COLUMN_MAJOR``: outputs of the input's rank (its matrices) column-major per matrix,
   the LAPACK convention, for ops whose meta kernel differs from CPU (``_linalg_svd``'s ``Vh``).
+- ``Layout.SUGGESTED`` and ``Layout.CONVOLUTION``: outputs of the input's rank in the memory
+  format the input suggests (``channels_last`` for an NHWC input, ``channels_last_3d`` for
+  NDHWC), for the ops whose CPU kernels keep channels-last while their meta kernels do not
+  (reflection/replication padding, group norm, pixel shuffle, unpooling, convolution).
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from typing import Any
 
 import jax
 import torch
+from torch._prims_common import suggest_memory_format
 
 from ..runtime import tensor
-from ..runtime.lru import LRU
+from ..runtime.lru import LRU, cached
 from .meta import call_quietly, to_meta
 from .registry import Layout
 
@@ -38,6 +43,8 @@ def wrap(
     arrays = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
     if layout is Layout.LIKE:
         strides = [tensor.like_strides(args[0], kwargs.get("memory_format"))]
+    elif layout in (Layout.SUGGESTED, Layout.CONVOLUTION):
+        strides = _suggested_strides(op, layout, arrays, args, kwargs)
     elif layout is Layout.COLUMN_MAJOR:
         rank = args[0].dim()  # outputs of the input's rank are its matrices; others, vectors
         strides = [_column_major(a.shape) if a is not None and a.ndim == rank else None for a in arrays]
@@ -49,21 +56,12 @@ def wrap(
 def _wrap_one(array: jax.Array | None, strides: tuple | None) -> torch.Tensor | None:
     if array is None:
         return None
-    if strides is None or _row_major(array.shape, strides):
+    if strides is None or tensor.is_row_major(array.shape, strides):
         return tensor.wrap(array)
     try:
         return tensor.wrap_strided(array, strides)
     except ValueError:  # not a permutation of a dense layout: keep it contiguous
         return tensor.wrap(array)
-
-
-def _row_major(shape: tuple, strides: tuple) -> bool:
-    step = 1
-    for n, stride in zip(reversed(shape), reversed(strides)):
-        if n != 1 and stride != step:
-            return False
-        step *= n
-    return True
 
 
 def _column_major(shape: tuple) -> tuple | None:
@@ -75,6 +73,38 @@ def _column_major(shape: tuple) -> tuple | None:
         strides.insert(0, step)
         step *= n
     return tuple(strides)
+
+
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def _suggested_strides(op, layout: Layout, arrays: list, args: tuple, kwargs: dict) -> list:
+    """Channels-last strides for the outputs of the input's rank when the deciding arguments
+    (the input; for a convolution also the weight) suggest that format, else None (row-major)."""
+    named = dict(zip((a.name for a in op._schema.arguments), args)) | kwargs
+    x = named.get("input", named.get("self"))
+    deciding = [x, named.get("weight")] if layout is Layout.CONVOLUTION else [x]
+    memory_format = _CHANNELS_LAST.get(x.dim())
+    if (
+        memory_format is None
+        or not any(_suggests(t, memory_format) for t in deciding if isinstance(t, torch.Tensor))
+        or (layout is Layout.CONVOLUTION and x.dim() == 5 and x.dtype == torch.float64)
+    ):
+        return [None] * len(arrays)
+    return [
+        _format_strides(a.shape, memory_format) if a is not None and a.ndim == x.dim() else None
+        for a in arrays
+    ]
+
+
+def _suggests(t: torch.Tensor, memory_format: torch.memory_format) -> bool:
+    """Whether ``t.suggest_memory_format()`` is ``memory_format`` (PyTorch's own test)."""
+    return _CHANNELS_LAST.get(t.dim()) == memory_format and suggest_memory_format(t) == memory_format
+
+
+@cached
+def _format_strides(shape: tuple, memory_format: torch.memory_format) -> tuple:
+    return torch.empty(shape, memory_format=memory_format, device="meta").stride()
 
 
 def meta_strides(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list | None:

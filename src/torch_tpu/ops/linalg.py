@@ -794,6 +794,8 @@ def renorm(x, p, dim, maxnorm):
         raise RuntimeError("renorm: non-positive-norm not supported")
     if maxnorm < 0:
         raise RuntimeError(f"renorm: expected maxnorm to be >= 0 but got {maxnorm}")
+    if x.ndim < 2:
+        raise RuntimeError(f"renorm: input needs at least 2 dimensions, got {x.ndim} dimensions")
     dim = dim % x.ndim
     wide = accumulator(x.dtype)
     norm = linalg_vector_norm(x.astype(wide), p, tuple(d for d in range(x.ndim) if d != dim), True, None)

@@ -20,7 +20,7 @@ from ..runtime.buffer import apply
 from ..runtime.random import next_key
 from ._helpers import check_bounds
 from ._nn_helpers import compute_dtype, ntuple, precision, require, vjp, wrap_dim
-from .registry import Promote, lower, runtime
+from .registry import Layout, Promote, lower, runtime
 
 aten = torch.ops.aten
 
@@ -41,7 +41,7 @@ def _transposed_weight(weight, groups: int):
     return jnp.flip(w, axis=tuple(range(2, w.ndim)))
 
 
-@lower(aten.convolution.default)
+@lower(aten.convolution.default, layout=Layout.CONVOLUTION)
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     n = x.ndim - 2
     stride, padding, dilation = ntuple(stride, n), ntuple(padding, n), ntuple(dilation, n)
@@ -70,7 +70,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
     return out.astype(x.dtype)
 
 
-@lower(aten.convolution_backward.default)
+@lower(aten.convolution_backward.default, layout=Layout.CONVOLUTION)
 def convolution_backward(
     grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
 ):
@@ -137,17 +137,17 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
     )
 
 
-@lower(aten._native_batch_norm_legit_functional.default)
+@lower(aten._native_batch_norm_legit_functional.default, layout=Layout.META)
 def native_batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
     return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-@lower(aten._native_batch_norm_legit.no_stats)
+@lower(aten._native_batch_norm_legit.no_stats, layout=Layout.META)
 def native_batch_norm_no_stats(x, weight, bias, training, momentum, eps):
     return _batch_norm(x, weight, bias, None, None, training, momentum, eps)[:3]
 
 
-@lower(aten._native_batch_norm_legit_no_training.default)
+@lower(aten._native_batch_norm_legit_no_training.default, layout=Layout.META)
 def native_batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
     return _batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
 
@@ -177,7 +177,7 @@ def _reserve():
     return jnp.zeros((0,), jnp.uint8)
 
 
-@lower(aten._batch_norm_with_update_functional.default)
+@lower(aten._batch_norm_with_update_functional.default, layout=Layout.META)
 def batch_norm_with_update_functional(x, weight, bias, running_mean, running_var, momentum, eps):
     out, mean, invstd, new_mean, new_var = _batch_norm(
         x, weight, bias, running_mean, running_var, True, momentum, eps
@@ -185,7 +185,7 @@ def batch_norm_with_update_functional(x, weight, bias, running_mean, running_var
     return out, mean, invstd, _reserve(), new_mean, new_var
 
 
-@lower(aten._batch_norm_no_update.default)
+@lower(aten._batch_norm_no_update.default, layout=Layout.META)
 def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
     training = running_mean is None  # without running statistics only the batch's exist
     return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)[:3] + (
@@ -213,7 +213,7 @@ def _masked(values, dtypes, mask):
     return tuple(v.astype(d) if wanted else None for v, d, wanted in zip(values, dtypes, mask))
 
 
-@lower(aten.native_batch_norm_backward.default)
+@lower(aten.native_batch_norm_backward.default, layout=Layout.META)
 def native_batch_norm_backward(
     grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, output_mask
 ):
@@ -238,7 +238,7 @@ def native_batch_norm_backward(
     )
 
 
-@lower(aten.batch_norm_backward.default)
+@lower(aten.batch_norm_backward.default, layout=Layout.META)
 def batch_norm_backward(
     grad, x, weight, running_mean, running_var, save_mean, save_invstd, update, eps, output_mask, reserve
 ):
@@ -313,10 +313,10 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
 
 
 def _grouped(x, n, group):
-    return x.reshape(n, group, -1)
+    return x.reshape(n, group, math.prod(x.shape[1:]) // group)  # no -1: the batch may be empty
 
 
-@lower(aten.native_group_norm.default)
+@lower(aten.native_group_norm.default, layout=Layout.SUGGESTED)
 def native_group_norm(x, weight, bias, n, channels, hxw, group, eps):
     require(channels % group == 0)
     compute = compute_dtype(x.dtype)
@@ -325,7 +325,7 @@ def native_group_norm(x, weight, bias, n, channels, hxw, group, eps):
     return out.astype(x.dtype), mean[..., 0].astype(x.dtype), rstd[..., 0].astype(x.dtype)
 
 
-@lower(aten.native_group_norm_backward.default)
+@lower(aten.native_group_norm_backward.default, layout=Layout.SUGGESTED)
 def native_group_norm_backward(grad, x, mean, rstd, weight, n, channels, hxw, group, output_mask):
     compute = compute_dtype(x.dtype)
     channel_shape = (channels,) + (1,) * (x.ndim - 2)

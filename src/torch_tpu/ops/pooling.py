@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from jax import lax
 
-from ._helpers import check_bounds
+from ._helpers import check_bounds, type_name
 from ._nn_helpers import compute_dtype, ntuple, precision, require, vjp
-from .registry import lower
+from .registry import Layout, lower
 
 aten = torch.ops.aten
 
@@ -91,18 +91,18 @@ def _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode,
 def _scatter_to_plane(grad, x, indices, n):
     """Adds each output gradient at its flat index in the input plane (max-pool backward)."""
     plane = math.prod(x.shape[-n:])
-    g = grad.reshape(-1, math.prod(grad.shape[-n:]))
+    g = grad.reshape(math.prod(grad.shape[:-n]), math.prod(grad.shape[-n:]))  # no -1: sizes may be 0
     idx = indices.reshape(g.shape)
     rows = jnp.arange(g.shape[0])[:, None]
     return jnp.zeros((g.shape[0], plane), grad.dtype).at[rows, idx].add(g).reshape(x.shape)
 
 
 def _max_pool_entries(forward, backward, n):
-    @lower(forward)
+    @lower(forward, layout=Layout.META)
     def max_pool(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
         return _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, n)
 
-    @lower(backward)
+    @lower(backward, layout=Layout.META)
     def max_pool_backward(grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
         return _scatter_to_plane(grad, x, indices, n)
 
@@ -118,6 +118,7 @@ def _window_counts(k, s, out, covered):
 
 
 def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n):
+    require(all(x.shape[-n - 1 :]))  # only the batch dimension may be empty
     kernel, stride, padding, _, out = _pool_geometry(x, kernel_size, stride, padding, 1, ceil_mode, n)
     spatial = x.shape[-n:]
     compute = compute_dtype(x.dtype)
@@ -143,13 +144,13 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
 
 
 def _avg_pool_entries(forward, backward, n):
-    @lower(forward)
+    @lower(forward, layout=Layout.META)
     def avg_pool(
         x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None
     ):
         return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, n)
 
-    @lower(backward)
+    @lower(backward, layout=Layout.META)
     def avg_pool_backward(
         grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
     ):
@@ -165,6 +166,22 @@ def _avg_pool_entries(forward, backward, n):
 
 _avg_pool_entries(aten.avg_pool2d.default, aten.avg_pool2d_backward.default, 2)
 _avg_pool_entries(aten.avg_pool3d.default, aten.avg_pool3d_backward.default, 3)
+
+
+def _check_adaptive(name: str):
+    """CPU's adaptive pooling kernels take floating inputs only, and an empty dimension only
+    as the batch."""
+
+    def check(x, *_):
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            raise NotImplementedError(f"\"{name}\" not implemented for '{type_name(x.dtype)}'")
+        if not all(x.shape[1:]):
+            raise RuntimeError(
+                f"{name}(): Expected input to have non-zero size for non-batch dimensions, "
+                f"but input has sizes {list(x.shape)} with dimension {list(x.shape).index(0, 1)} being empty"
+            )
+
+    return check
 
 
 def _adaptive_bounds(size: int, out: int):
@@ -193,9 +210,11 @@ def _adaptive_avg_pool(x, output_size, n):
 
 
 def _adaptive_avg_pool_entries(forward, backward, n):
-    lower(forward)(lambda x, output_size: _adaptive_avg_pool(x, output_size, n))
+    lower(forward, layout=Layout.META, check=_check_adaptive(f"adaptive_avg_pool{n}d"))(
+        lambda x, output_size: _adaptive_avg_pool(x, output_size, n)
+    )
 
-    @lower(backward)
+    @lower(backward, layout=Layout.META)
     def adaptive_avg_pool_backward(grad, x):
         return vjp(lambda x: _adaptive_avg_pool(x, grad.shape[-n:], n), (x,), grad, (True,))[0]
 
@@ -211,14 +230,15 @@ def _adaptive_max_pool(x, output_size, n):
     windows, gathers = x, []
     for axis, out in zip(range(x.ndim - n, x.ndim), output_size):
         starts, ends = _adaptive_bounds(x.shape[axis], out)
-        width = max(e - s for s, e in zip(starts, ends))
-        idx = np.array([[min(s + j, e - 1) for j in range(width)] for s, e in zip(starts, ends)])
+        width = max((e - s for s, e in zip(starts, ends)), default=1)  # an empty output: any
+        idx = np.array([[min(s + j, e - 1) for j in range(width)] for s, e in zip(starts, ends)], int)
+        idx = idx.reshape(out, width)
         gathers.append(idx)
         # axis -> (out, width), with the width axes collected at the end
         gathered = jnp.take(windows, jnp.asarray(idx.reshape(-1)), axis=axis)
         gathered = gathered.reshape(windows.shape[:axis] + idx.shape + windows.shape[axis + 1 :])
         windows = jnp.moveaxis(gathered, axis + 1, -1)
-    windows = windows.reshape(windows.shape[: x.ndim] + (-1,))
+    windows = windows.reshape(windows.shape[: x.ndim] + (math.prod(windows.shape[x.ndim :]),))
     best = jnp.argmax(windows, axis=-1)
     widths = tuple(g.shape[1] for g in gathers)
     offsets = jnp.unravel_index(best, widths)
@@ -230,8 +250,10 @@ def _adaptive_max_pool(x, output_size, n):
 
 
 def _adaptive_max_pool_entries(forward, backward, n):
-    lower(forward)(lambda x, output_size: _adaptive_max_pool(x, output_size, n))
-    lower(backward)(lambda grad, x, indices: _scatter_to_plane(grad, x, indices, n))
+    lower(forward, layout=Layout.META, check=_check_adaptive(f"adaptive_max_pool{n}d"))(
+        lambda x, output_size: _adaptive_max_pool(x, output_size, n)
+    )
+    lower(backward, layout=Layout.META)(lambda grad, x, indices: _scatter_to_plane(grad, x, indices, n))
 
 
 _adaptive_max_pool_entries(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool2d_backward.default, 2)
@@ -241,7 +263,7 @@ _adaptive_max_pool_entries(aten.adaptive_max_pool3d.default, aten.adaptive_max_p
 # ----------------------------------------------------------------------------- unpooling
 def _planes(x, n):
     """``x`` as (planes, elements per spatial plane)."""
-    return x.reshape(-1, math.prod(x.shape[-n:]))
+    return x.reshape(math.prod(x.shape[:-n]), math.prod(x.shape[-n:]))  # no -1: sizes may be 0
 
 
 def _check_unpool_indices(x, indices, output_size, *_):
@@ -258,7 +280,7 @@ def _max_unpool(x, indices, output_size, n):
     return out.reshape(x.shape[:-n] + tuple(output_size))
 
 
-lower(aten.max_unpool2d.default, check=_check_unpool_indices)(
+lower(aten.max_unpool2d.default, check=_check_unpool_indices, layout=Layout.SUGGESTED)(
     lambda x, indices, output_size: _max_unpool(x, indices, output_size, 2)
 )
 lower(aten.max_unpool3d.default, check=_check_unpool_indices)(
@@ -270,8 +292,8 @@ lower(aten.max_unpool3d.default, check=_check_unpool_indices)(
 def _fractional_starts(sample, size: int, out: int, k: int):
     """PyTorch's generate_intervals: window starts spread pseudo-randomly by ``sample`` in [0, 1),
     computed in the sample's dtype; the last window ends at the input's edge."""
-    if out == 1:
-        return jnp.full(sample.shape + (1,), size - k, jnp.int64)
+    if out <= 1:
+        return jnp.full(sample.shape + (out,), size - k, jnp.int64)
     alpha = jnp.asarray(size - k, sample.dtype) / jnp.asarray(out - 1, sample.dtype)
     steps = jnp.arange(out - 1, dtype=sample.dtype)
     starts = ((steps + sample[..., None]) * alpha).astype(jnp.int64) - (sample * alpha).astype(jnp.int64)[
@@ -296,9 +318,10 @@ def _fractional_max_pool(x, kernel_size, output_size, samples, n):
         shape = [1] * (2 * n)
         shape[axis], shape[n + axis] = out, k
         flat = flat * size + positions.reshape(positions.shape[:-2] + tuple(shape))
-    flat = flat.reshape(flat.shape[: x.ndim] + (-1,))
+    flat = flat.reshape(flat.shape[: x.ndim] + (math.prod(flat.shape[x.ndim :]),))
     planes = _planes(x, n)
-    windows = jnp.take_along_axis(planes, flat.reshape(planes.shape[0], -1), 1).reshape(flat.shape)
+    windows = jnp.take_along_axis(planes, flat.reshape(planes.shape[0], -1 if flat.size else 0), 1)
+    windows = windows.reshape(flat.shape)
     best = jnp.argmax(windows, axis=-1)
     return (jnp.max(windows, axis=-1), jnp.take_along_axis(flat, best[..., None], -1)[..., 0])
 

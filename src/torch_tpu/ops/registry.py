@@ -57,6 +57,12 @@ class Layout(enum.Enum):
     COLUMN_MAJOR = "column_major"
     #: as ``torch.empty_like(input, memory_format=memory_format)`` (``*_like`` factories)
     LIKE = "like"
+    #: outputs of the input's rank in the memory format the input suggests (channels-last
+    #: stays channels-last), as CPU's kernels do where the meta kernel returns contiguous
+    SUGGESTED = "suggested"
+    #: as CPU's convolution: channels-last when the input or the weight suggests it (except
+    #: 5-d float64, which CPU convolves in its contiguous-only kernel)
+    CONVOLUTION = "convolution"
 
 
 @dataclasses.dataclass(frozen=True)

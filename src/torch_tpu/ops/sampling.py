@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ._helpers import accumulator
-from .registry import lower
+from .registry import Layout, lower
 
 aten = torch.ops.aten
 
@@ -256,8 +256,8 @@ def _backward_of(forward: Callable):
 
 
 def _upsample_family(forward: Callable, ops: Sequence, backward_ops: Sequence) -> None:
-    lower(*ops)(forward)
-    lower(*backward_ops)(_backward_of(forward))
+    lower(*ops, layout=Layout.META)(forward)
+    lower(*backward_ops, layout=Layout.META)(_backward_of(forward))
 
 
 def _antialiased(filter_fn: Callable, support_size: int) -> Callable[..., Taps]:

@@ -22,6 +22,7 @@ from jax import lax
 
 from . import indexing
 from ._helpers import result_dtype
+from ._nn_helpers import wrap_dim
 from .registry import Layout, Runs, lower
 
 aten = torch.ops.aten
@@ -32,7 +33,7 @@ def _is_legacy_empty(x: jax.Array) -> bool:
     return x.ndim == 1 and x.shape[0] == 0
 
 
-@lower(aten.cat.default)
+@lower(aten.cat.default, layout=Layout.META)
 def cat(tensors, dim=0):
     dtype = result_dtype(*(x.dtype for x in tensors))
     kept = [x.astype(dtype) for x in tensors if not _is_legacy_empty(x)]
@@ -43,7 +44,8 @@ def cat(tensors, dim=0):
 
 @lower(aten.flip.default)
 def flip(x, dims):
-    return jnp.flip(x, axis=dims)
+    axes = [wrap_dim(d, x.ndim) for d in dims]  # a 0-d tensor takes dim 0 or -1, as on CPU
+    return jnp.flip(x, axis=axes) if x.ndim else x
 
 
 @lower(aten.repeat.default)
@@ -96,7 +98,7 @@ def _pad_widths(ndim: int, padding) -> list[tuple[int, int]]:
     return [(0, 0)] * (ndim - len(pairs)) + pairs[::-1]
 
 
-@lower(aten.constant_pad_nd.default)
+@lower(aten.constant_pad_nd.default, layout=Layout.META)
 def constant_pad_nd(x, pad, value=0):
     config = [(lo, hi, 0) for lo, hi in _pad_widths(x.ndim, pad)]  # negative widths crop
     return lax.pad(x, jnp.asarray(value, x.dtype), config)
@@ -115,8 +117,8 @@ def _padding_family(mode: str, forward_ops, backward_ops) -> None:
         _, vjp = jax.vjp(lambda value: pad(value, padding), x)
         return vjp(grad_output.astype(x.dtype))[0]
 
-    lower(*forward_ops)(pad)
-    lower(*backward_ops)(pad_backward)
+    lower(*forward_ops, layout=Layout.SUGGESTED)(pad)  # CPU keeps channels-last, meta does not
+    lower(*backward_ops, layout=Layout.SUGGESTED)(pad_backward)
 
 
 _padding_family(
@@ -246,7 +248,7 @@ def chunk_cat(tensors, dim, num_chunks):
 
 
 # ----------------------------------------------------------------------------- image layouts
-@lower(aten.pixel_shuffle.default)
+@lower(aten.pixel_shuffle.default, layout=Layout.SUGGESTED)
 def pixel_shuffle(x, upscale_factor):
     """(*, C*r*r, H, W) -> (*, C, H*r, W*r)."""
     r, lead = upscale_factor, x.shape[:-3]
@@ -258,7 +260,7 @@ def pixel_shuffle(x, upscale_factor):
     )
 
 
-@lower(aten.pixel_unshuffle.default)
+@lower(aten.pixel_unshuffle.default, layout=Layout.META)
 def pixel_unshuffle(x, downscale_factor):
     """(*, C, H*r, W*r) -> (*, C*r*r, H, W)."""
     r, lead = downscale_factor, x.shape[:-3]

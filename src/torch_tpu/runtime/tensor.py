@@ -92,7 +92,9 @@ def wrap_elementwise(value: jax.Array, inputs) -> torch.Tensor:
 def like_strides(t: torch.Tensor, memory_format=None) -> tuple | None:
     """The strides of ``torch.empty_like(t, memory_format=memory_format)`` (``None`` means
     preserve: a dense ``t``'s own strides, else its suggested format), or None for contiguous."""
-    if t.is_contiguous() and memory_format in (None, torch.preserve_format, torch.contiguous_format):
+    if memory_format in (None, torch.preserve_format, torch.contiguous_format) and is_row_major(
+        tuple(t.shape), t.stride()
+    ):
         return None
     return _like_strides(tuple(t.shape), t.stride(), memory_format or torch.preserve_format)
 
@@ -100,7 +102,18 @@ def like_strides(t: torch.Tensor, memory_format=None) -> tuple | None:
 @cached
 def _like_strides(shape: tuple, strides: tuple, memory_format) -> tuple | None:
     like = torch.empty_like(torch.empty_strided(shape, strides, device="meta"), memory_format=memory_format)
-    return None if like.is_contiguous() else like.stride()
+    return None if is_row_major(shape, like.stride()) else like.stride()
+
+
+def is_row_major(shape: tuple, strides: tuple) -> bool:
+    """Exactly PyTorch's contiguous strides, those of length-1 dimensions included: they decide
+    the format a later kernel suggests (a 1-channel NHWC tensor stays channels-last)."""
+    step = 1
+    for n, stride in zip(reversed(shape), reversed(strides)):
+        if stride != step:
+            return False
+        step *= max(n, 1)
+    return True
 
 
 def wrap_like(value: jax.Array, t: torch.Tensor, memory_format=None) -> torch.Tensor:

@@ -33,7 +33,7 @@ from .. import config
 from .meta import call_quietly, to_meta
 from .registry import LOWERINGS, Layout, qualified_name
 
-__all__ = ["CPU_ERROR_TYPES", "MetaMismatch", "UNCHECKED", "UNCHECKED_OUTPUTS", "checked"]
+__all__ = ["CPU_ERROR_TYPES", "META_STRICTER", "MetaMismatch", "UNCHECKED", "UNCHECKED_OUTPUTS", "checked"]
 
 #: Ops (packet ``aten::x``, or one overload ``aten::x.overload``) whose calls are not replayed on
 #: meta, each with the reason. A lowering of an op with no meta kernel belongs here: the checker

@@ -86,7 +86,7 @@ def _device_mismatch(t: torch.Tensor) -> RuntimeError:
     )
 
 
-_COMPLEX64 = torch.complex64
+_COMPLEX = (torch.complex64, torch.complex128)
 
 
 def _to_jax_arg(x: Any) -> Any:
@@ -98,7 +98,7 @@ def _to_jax_arg(x: Any) -> Any:
         raise _device_mismatch(x)
     if x.is_meta:  # (is_cpu/is_meta are cheap flags; reading .device builds an object)
         raise _device_mismatch(x)
-    if x.dtype is _COMPLEX64:  # only complex views carry lazy conjugate/negative bits
+    if x.dtype in _COMPLEX:  # only complex views carry lazy conjugate/negative bits
         return tensor.read_resolved(x)
     return tensor.read(x)
 
@@ -189,8 +189,12 @@ _SCALAR_TYPE_ORDINALS = {
     6: torch.float32,
     7: torch.float64,
     9: torch.complex64,
+    10: torch.complex128,
     11: torch.bool,
     15: torch.bfloat16,
+    27: torch.uint16,
+    28: torch.uint32,
+    29: torch.uint64,
 }
 
 

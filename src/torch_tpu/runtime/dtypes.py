@@ -13,6 +13,9 @@ import torch
 TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.bool: np.dtype(jnp.bool_),
     torch.uint8: np.dtype(jnp.uint8),
+    torch.uint16: np.dtype(jnp.uint16),
+    torch.uint32: np.dtype(jnp.uint32),
+    torch.uint64: np.dtype(jnp.uint64),
     torch.int8: np.dtype(jnp.int8),
     torch.int16: np.dtype(jnp.int16),
     torch.int32: np.dtype(jnp.int32),
@@ -22,12 +25,13 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.float32: np.dtype(jnp.float32),
     torch.float64: np.dtype(jnp.float64),
     torch.complex64: np.dtype(jnp.complex64),
+    torch.complex128: np.dtype(jnp.complex128),
 }
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
 
 
 class UnsupportedDtypeError(TypeError):
-    """A dtype tpu has no storage for (complex128, complex32, float8...)."""
+    """A dtype tpu has no storage for (complex32, float8...)."""
 
 
 def unsupported(dtype: object) -> TypeError:
@@ -53,6 +57,9 @@ def to_torch(dtype: np.dtype) -> torch.dtype:
 _SCALAR_TYPE_NAMES = {
     torch.bool: "Bool",
     torch.uint8: "Byte",
+    torch.uint16: "UInt16",
+    torch.uint32: "UInt32",
+    torch.uint64: "UInt64",
     torch.int8: "Char",
     torch.int16: "Short",
     torch.int32: "Int",
@@ -62,6 +69,7 @@ _SCALAR_TYPE_NAMES = {
     torch.float32: "Float",
     torch.float64: "Double",
     torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
 }
 
 
@@ -110,6 +118,9 @@ def cast(value, dtype) -> jax.Array:
 _CPP_NAMES = {
     torch.bool: "bool",
     torch.uint8: "uint8_t",
+    torch.uint16: "uint16_t",
+    torch.uint32: "uint32_t",
+    torch.uint64: "uint64_t",
     torch.int8: "int8_t",
     torch.int16: "int16_t",
     torch.int32: "int",
@@ -119,6 +130,7 @@ _CPP_NAMES = {
     torch.float32: "float",
     torch.float64: "double",
     torch.complex64: "c10::complex<float>",
+    torch.complex128: "c10::complex<double>",
 }
 
 

@@ -44,6 +44,10 @@ DTYPES = (
     torch.uint8,
     torch.bool,
     torch.complex64,
+    torch.complex128,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
 )
 # Samples per OpInfo: float32 (and the backward check) see more; other dtypes mostly exercise
 # the same lowering through a different dtype. Keeps the suite within the CI budget on 2 cores.

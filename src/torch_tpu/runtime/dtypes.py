@@ -7,9 +7,9 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
 import torch
+from jax import lax
 
 TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.bool: np.dtype(jnp.bool_),

@@ -194,7 +194,7 @@ def _resolve_ties(actual, expected, sample, dim_position, what):
 
 def _run_or_skip(fn):
     """Run ``fn``; skip when it reaches an op tpu has no lowering for (tracked in docs/ops.md) or
-    produces a dtype tpu does not have (complex128, complex32: a documented clear TypeError)."""
+    produces a dtype tpu does not have (complex32: a documented clear TypeError)."""
     try:
         return fn()
     except NotImplementedError as e:

@@ -149,6 +149,14 @@ BITCASTS = [  # (source dtype, target dtype): x.view(dtype) reinterprets the byt
     (torch.float32, torch.complex64),
     (torch.int64, torch.int32),
     (torch.complex64, torch.int64),
+    (torch.complex128, torch.float64),
+    (torch.float64, torch.complex128),
+    (torch.complex128, torch.int32),
+    (torch.float32, torch.complex128),
+    (torch.uint16, torch.int16),
+    (torch.int8, torch.uint16),
+    (torch.uint32, torch.float32),
+    (torch.uint64, torch.complex64),
 ]
 
 
@@ -162,7 +170,7 @@ def _bit_pattern_source(dtype: torch.dtype) -> torch.Tensor:
     if dtype.is_floating_point:
         return values.to(dtype)
     info = torch.iinfo(dtype)
-    return values.to(torch.int64).clamp(info.min, info.max).to(dtype)
+    return values.to(torch.int64).clamp(int(info.min), min(int(info.max), 2**63 - 1)).to(dtype)
 
 
 @pytest.mark.parametrize("source,target", BITCASTS, ids=lambda d: str(d).removeprefix("torch."))
@@ -496,7 +504,10 @@ def test_host_tensor_mutation_after_transfer_does_not_leak():
     assert_same(tpu, _base())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.complex64])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.complex64, torch.complex128, torch.uint32],
+)
 def test_repr_matches_cpu(dtype):
     cpu = (_base() - 5).to(dtype)
     tpu = cpu.to(TPU)
@@ -507,6 +518,7 @@ def test_repr_matches_cpu(dtype):
 
 def _without_device(text: str) -> str:
     """A tpu tensor's repr as the CPU one would read (the suffix may wrap onto its own line)."""
+    text = re.sub(r",\s*device='tpu:0',\s*", ", ", text)  # the suffix may push dtype= onto a new line
     return re.sub(r",\s*device='tpu:0'", "", text)
 
 
@@ -516,7 +528,17 @@ def test_repr_of_large_tensor_is_summarized_like_cpu():
 
 
 @pytest.mark.parametrize(
-    "dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.complex64, torch.int8]
+    "dtype",
+    [
+        torch.float32,
+        torch.int64,
+        torch.bool,
+        torch.bfloat16,
+        torch.complex64,
+        torch.complex128,
+        torch.int8,
+        torch.uint64,
+    ],
 )
 def test_item_and_tolist(dtype):
     cpu = (_base() - 4).to(dtype)
@@ -541,7 +563,7 @@ def _extremes(dtype: torch.dtype) -> torch.Tensor:
     if dtype == torch.bool:
         return torch.tensor([True, False, True])
     if dtype.is_complex:
-        parts = _extremes(torch.float32)
+        parts = _extremes(dtype.to_real())
         return torch.complex(parts, parts.flip(0))
     if dtype.is_floating_point:
         info = torch.finfo(dtype)
@@ -568,6 +590,9 @@ def _extremes(dtype: torch.dtype) -> torch.Tensor:
 SUPPORTED = [
     torch.bool,
     torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
     torch.int8,
     torch.int16,
     torch.int32,
@@ -577,6 +602,7 @@ SUPPORTED = [
     torch.float32,
     torch.float64,
     torch.complex64,
+    torch.complex128,
 ]
 
 
@@ -590,9 +616,7 @@ def test_dtype_round_trips_exactly(dtype):
     assert_same(torch.empty(cpu.shape, dtype=dtype, device=TPU).copy_(cpu), cpu)
 
 
-@pytest.mark.parametrize(
-    "dtype", [torch.complex128, torch.float8_e4m3fn, torch.uint16, torch.uint32], ids=str
-)
+@pytest.mark.parametrize("dtype", [torch.complex32, torch.float8_e4m3fn], ids=str)
 def test_unsupported_dtype_is_a_clear_error(dtype):
     with pytest.raises(TypeError, match=f"tpu does not support dtype {dtype}"):
         torch.empty(3, dtype=dtype, device=TPU)

@@ -44,6 +44,10 @@ DTYPES = (
     torch.uint8,
     torch.bool,
     torch.complex64,
+    torch.complex128,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
 )
 # Samples per OpInfo: float32 (and the backward check) see more; other dtypes mostly exercise
 # the same lowering through a different dtype. Keeps the suite within the CI budget on 2 cores.
@@ -190,7 +194,7 @@ def _resolve_ties(actual, expected, sample, dim_position, what):
 
 def _run_or_skip(fn):
     """Run ``fn``; skip when it reaches an op tpu has no lowering for (tracked in docs/ops.md) or
-    produces a dtype tpu does not have (complex128, complex32: a documented clear TypeError)."""
+    produces a dtype tpu does not have (complex32: a documented clear TypeError)."""
     try:
         return fn()
     except NotImplementedError as e:

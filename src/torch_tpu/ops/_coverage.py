@@ -72,6 +72,25 @@ def render_text(c: Coverage | None = None) -> str:
     return "\n".join(lines)
 
 
+def _dtypes_markdown() -> list[str]:
+    from ..runtime.dtypes import TORCH_TO_JAX
+    from . import unsigned
+
+    def names(dtypes):
+        return ", ".join(f"`{str(d).removeprefix('torch.')}`" for d in dtypes)
+
+    unsigned_ops = sorted(unsigned.OPS | unsigned.FACTORIES)
+    return [
+        f"**dtypes:** {names(TORCH_TO_JAX)}. Others (`complex32`, the float8 types, the quantized "
+        "and bit types) raise `UnsupportedDtypeError` (a `TypeError`) naming the dtype. "
+        f"{names(sorted(unsigned.UNSIGNED, key=str))} run exactly where CPU's kernels do: the "
+        f"overloads {', '.join(f'`{n}`' for n in unsigned_ops)}, and elementwise ops that promote "
+        "them to a float or wider type; anything else raises CPU's `NotImplementedError` (and "
+        "promoting them with another integer or bool type, CPU's `RuntimeError`).",
+        "",
+    ]
+
+
 def render_markdown(c: Coverage | None = None) -> str:
     c = c or coverage()
     lines = [
@@ -87,6 +106,7 @@ def render_markdown(c: Coverage | None = None) -> str:
         "(or run on CPU with `TORCH_TPU_CPU_FALLBACK=1`, counted in "
         "`torch_tpu.cpu_fallback_counts()`).",
         "",
+        *_dtypes_markdown(),
         "| family | overloads |",
         "|---|---|",
         *(f"| {family} | {len(names)} |" for family, names in c.families.items()),

@@ -25,7 +25,7 @@ from ..runtime.buffer import Deferred
 from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
 from ..runtime.lru import LRU
-from . import layout
+from . import layout, unsigned
 from .registry import LOWERINGS, Lowering, Runs, Types, qualified_name
 
 aten = torch.ops.aten
@@ -86,7 +86,7 @@ def _device_mismatch(t: torch.Tensor) -> RuntimeError:
     )
 
 
-_COMPLEX64 = torch.complex64
+_COMPLEX = (torch.complex64, torch.complex128)
 
 
 def _to_jax_arg(x: Any) -> Any:
@@ -98,7 +98,7 @@ def _to_jax_arg(x: Any) -> Any:
         raise _device_mismatch(x)
     if x.is_meta:  # (is_cpu/is_meta are cheap flags; reading .device builds an object)
         raise _device_mismatch(x)
-    if x.dtype is _COMPLEX64:  # only complex views carry lazy conjugate/negative bits
+    if x.dtype in _COMPLEX:  # only complex views carry lazy conjugate/negative bits
         return tensor.read_resolved(x)
     return tensor.read(x)
 
@@ -157,6 +157,7 @@ def promoted(kind, signature) -> Types:
     ((dtype or Python type, is 0-dim) per input)."""
     from torch._prims_common import elementwise_dtypes
 
+    _check_unsigned_promotion(signature)
     examples = [
         torch.empty((() if zero_dim else (1,)), dtype=s, device="meta")
         if isinstance(s, torch.dtype)
@@ -165,6 +166,17 @@ def promoted(kind, signature) -> Types:
     ]
     compute, result = elementwise_dtypes(*examples, type_promotion_kind=kind)
     return Types(to_jax(compute), to_jax(result))
+
+
+def _check_unsigned_promotion(signature) -> None:
+    """torch.result_type's RuntimeError for uint16/32/64 with another integer or bool dtype,
+    which ``elementwise_dtypes`` does not raise: tensors with dimensions promote among
+    themselves, as do 0-dim ones (a 0-dim tensor or a number of the same kind defers)."""
+    if not any(s in unsigned.UNSIGNED for s, _ in signature):
+        return
+    for zero_dim in (False, True):
+        dtypes = [s for s, z in signature if isinstance(s, torch.dtype) and z == zero_dim]
+        functools.reduce(torch.promote_types, dtypes, dtypes[0]) if dtypes else None
 
 
 def _signature_of(x):
@@ -189,8 +201,12 @@ _SCALAR_TYPE_ORDINALS = {
     6: torch.float32,
     7: torch.float64,
     9: torch.complex64,
+    10: torch.complex128,
     11: torch.bool,
     15: torch.bfloat16,
+    27: torch.uint16,
+    28: torch.uint32,
+    29: torch.uint64,
 }
 
 
@@ -279,6 +295,13 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         if k in convert_by_kind and not (k == _SCALAR and i in static_pos)
     ]
     generator_pos = [i for i, k in enumerate(kinds) if k == _GENERATOR]
+    unsigned_guard = unsigned.guard(
+        op,
+        tensor_pos=[i for i, k in enumerate(kinds) if k == _TENSOR],
+        list_pos=[i for i, k in enumerate(kinds) if k == _TENSOR_LIST],
+        dtype_pos=[i for i, k in enumerate(kinds) if k == _DTYPE],
+        promotes=promote_pos is not None,
+    )
 
     def compute(args: tuple, kwargs: dict):
         if platform.forked_child:
@@ -287,11 +310,15 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             recorded_ops.add(op)
         values = binder.bind(args, kwargs)
         extra = {}
-        lowered = (
-            fn
-            if promote_pos is None
-            else fn_for(promoted_types(entry.promote, [values[i] for i in promote_pos]))
-        )
+        types = None
+        if promote_pos is not None:
+            types = promoted_types(entry.promote, [values[i] for i in promote_pos])
+        if unsigned_guard is not None:
+            try:
+                unsigned_guard(values, types)
+            except NotImplementedError as refusal:  # after PyTorch's own argument checks, as on CPU
+                raise _meta_error(op, args, kwargs) or refusal from None
+        lowered = fn if types is None else fn_for(types)
         for i in generator_pos:
             _check_generator(values[i])
             values[i] = None
@@ -343,9 +370,10 @@ def _to_meta(x: Any) -> Any:
     return x
 
 
-def _translate(op, error: Exception, args: tuple, kwargs: dict) -> Exception:
-    """The exception PyTorch itself raises for these arguments (found by replaying the call on
-    meta tensors, whose kernels carry PyTorch's shape and dtype checks), else one naming the op."""
+def _meta_error(op, args: tuple, kwargs: dict) -> Exception | None:
+    """The exception PyTorch itself raises for these arguments, found by replaying the call on
+    meta tensors, whose kernels carry PyTorch's shape and dtype checks (None: none, or no meta
+    kernel)."""
     meta_args, meta_kwargs = torch.utils._pytree.tree_map(_to_meta, (args, kwargs))
     try:
         op(*meta_args, **meta_kwargs)
@@ -355,7 +383,12 @@ def _translate(op, error: Exception, args: tuple, kwargs: dict) -> Exception:
         return torch_error
     except Exception:  # noqa: BLE001  (no meta kernel: fall through to our own message)
         pass
-    return RuntimeError(f"{op} on tpu: {error}")
+    return None
+
+
+def _translate(op, error: Exception, args: tuple, kwargs: dict) -> Exception:
+    """PyTorch's exception for these arguments, else one naming the op."""
+    return _meta_error(op, args, kwargs) or RuntimeError(f"{op} on tpu: {error}")
 
 
 def _block(outputs) -> None:

@@ -456,7 +456,7 @@ def add(x, y, alpha=1, *, types):
 @lower(aten._add_relu.Tensor, aten._add_relu.Scalar, promote=Promote.DEFAULT, promote_args=("self", "other"))
 def add_relu(x, y, alpha=1, *, types):
     # CPU's fused kernel exists for float32, float64 and the integer types only
-    require(x.dtype not in (jnp.bool_, jnp.float16, jnp.bfloat16, jnp.complex64))
+    require(x.dtype not in (jnp.bool_, jnp.float16, jnp.bfloat16) and not jnp.iscomplexobj(x))
     return jax.nn.relu(add(x, y, alpha, types=types))
 
 

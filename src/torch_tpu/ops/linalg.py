@@ -12,7 +12,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from jax import lax
 from jax._src.lax.linalg import geqrf as _lapack_geqrf  # not re-exported by jax.lax.linalg
@@ -602,10 +601,7 @@ def compute_linear_combination(x, coefficients):
 
 @lower(aten.block_diag.default)
 def block_diag(tensors):
-    dtype = functools.reduce(torch.promote_types, (to_torch(t.dtype) for t in tensors))
-    # complex64 with float64 promotes to complex128, which tpu lacks: build it anyway so the
-    # output, not the lowering, reports the unsupported dtype (as every promoting op does)
-    dtype = np.dtype(np.complex128) if dtype == torch.complex128 else to_jax(dtype)
+    dtype = to_jax(functools.reduce(torch.promote_types, (to_torch(t.dtype) for t in tensors)))
     blocks = [t.reshape((1,) * (2 - t.ndim) + t.shape) for t in tensors]
     rows, cols = sum(b.shape[0] for b in blocks), sum(b.shape[1] for b in blocks)
     result = jnp.zeros((rows, cols), dtype)

@@ -9,10 +9,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax import lax
 
 TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.bool: np.dtype(jnp.bool_),
     torch.uint8: np.dtype(jnp.uint8),
+    torch.uint16: np.dtype(jnp.uint16),
+    torch.uint32: np.dtype(jnp.uint32),
+    torch.uint64: np.dtype(jnp.uint64),
     torch.int8: np.dtype(jnp.int8),
     torch.int16: np.dtype(jnp.int16),
     torch.int32: np.dtype(jnp.int32),
@@ -22,12 +26,13 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.float32: np.dtype(jnp.float32),
     torch.float64: np.dtype(jnp.float64),
     torch.complex64: np.dtype(jnp.complex64),
+    torch.complex128: np.dtype(jnp.complex128),
 }
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
 
 
 class UnsupportedDtypeError(TypeError):
-    """A dtype tpu has no storage for (complex128, complex32, float8...)."""
+    """A dtype tpu has no storage for (complex32, float8...)."""
 
 
 def unsupported(dtype: object) -> TypeError:
@@ -53,6 +58,9 @@ def to_torch(dtype: np.dtype) -> torch.dtype:
 _SCALAR_TYPE_NAMES = {
     torch.bool: "Bool",
     torch.uint8: "Byte",
+    torch.uint16: "UInt16",
+    torch.uint32: "UInt32",
+    torch.uint64: "UInt64",
     torch.int8: "Char",
     torch.int16: "Short",
     torch.int32: "Int",
@@ -62,6 +70,7 @@ _SCALAR_TYPE_NAMES = {
     torch.float32: "Float",
     torch.float64: "Double",
     torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
 }
 
 
@@ -83,13 +92,29 @@ def _low_bits(value, dtype: np.dtype):
     return low.astype(dtype)
 
 
+def _truncated(value, wide: np.dtype) -> jax.Array:
+    """x86's ``cvttsd2si`` into ``wide`` (int32 or int64): NaN, infinities and out-of-range
+    values become its most negative value."""
+    limit = 2.0 ** (8 * wide.itemsize - 1)
+    fits = (value >= -limit) & (value < limit)  # False for NaN
+    return jnp.where(fits, jnp.where(fits, value, 0).astype(wide), jnp.iinfo(wide).min)
+
+
+#: Integer types CPU converts a float to through int64 (the rest go through int32).
+_THROUGH_INT64 = {np.dtype(jnp.int64), np.dtype(jnp.uint8), np.dtype(jnp.uint32)}
+_UINT64 = np.dtype(jnp.uint64)
+
+
 def cast(value, dtype) -> jax.Array:
     """``value.astype(dtype)`` with torch CPU's (x86) results where XLA's differ.
 
     XLA saturates a float converted to an integer; CPU truncates with ``cvttsd2si``, which turns
     NaN, infinities and out-of-range values into the most negative int64 (int32 for int32
-    results). int16/int8 take the low bits of that int32 and uint8 those of the int64, so
-    300.0 -> uint8 is 44 and NaN -> int8 is 0. A complex value keeps its real part (``copy_``).
+    results). int16/int8/uint16 take the low bits of that int32 and uint8/uint32 those of the
+    int64, so 300.0 -> uint8 is 44 and NaN -> int8 is 0. uint64 converts values from 2**63 up as
+    ``x - 2**63`` with the top bit set again (the compilers' sequence). CPU's vectorized loops
+    give other results for out-of-range uint32 conversions (undefined in C++); these are its
+    scalar loop's. A complex value keeps its real part (``copy_``).
     """
     dtype = np.dtype(dtype)
     value = jnp.asarray(value)
@@ -97,12 +122,14 @@ def cast(value, dtype) -> jax.Array:
         value = jnp.real(value)
     if not (jnp.issubdtype(value.dtype, jnp.floating) and jnp.issubdtype(dtype, jnp.integer)):
         return value.astype(dtype)
-    wide = np.dtype(jnp.int64 if dtype in (np.dtype(jnp.int64), np.dtype(jnp.uint8)) else jnp.int32)
     if value.dtype.itemsize < 4:  # half types: compare with the limits exactly
         value = value.astype(jnp.float32)
-    limit = 2.0 ** (8 * wide.itemsize - 1)
-    fits = (value >= -limit) & (value < limit)  # False for NaN
-    whole = jnp.where(fits, jnp.where(fits, value, 0).astype(wide), jnp.iinfo(wide).min)
+    if dtype == _UINT64:
+        high = value >= 2.0**63
+        bits = _truncated(jnp.where(high, value - 2.0**63, value), np.dtype(jnp.int64))
+        return lax.bitcast_convert_type(jnp.where(high, bits ^ jnp.iinfo(jnp.int64).min, bits), _UINT64)
+    wide = np.dtype(jnp.int64 if dtype in _THROUGH_INT64 else jnp.int32)
+    whole = _truncated(value, wide)
     return whole if wide == dtype else _low_bits(whole, dtype)
 
 
@@ -110,6 +137,9 @@ def cast(value, dtype) -> jax.Array:
 _CPP_NAMES = {
     torch.bool: "bool",
     torch.uint8: "uint8_t",
+    torch.uint16: "uint16_t",
+    torch.uint32: "uint32_t",
+    torch.uint64: "uint64_t",
     torch.int8: "int8_t",
     torch.int16: "int16_t",
     torch.int32: "int",
@@ -119,6 +149,7 @@ _CPP_NAMES = {
     torch.float32: "float",
     torch.float64: "double",
     torch.complex64: "c10::complex<float>",
+    torch.complex128: "c10::complex<double>",
 }
 
 

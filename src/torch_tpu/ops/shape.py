@@ -88,7 +88,9 @@ def narrow_copy(x, dim, start, length):
     dim = wrap_dim(dim, x.ndim)
     size = x.shape[dim]
     if not -size <= start <= size:
-        raise IndexError(f"start out of range (expected to be in range of [{-size}, {size}], but got {start})")
+        raise IndexError(
+            f"start out of range (expected to be in range of [{-size}, {size}], but got {start})"
+        )
     start = start + size if start < 0 else start
     _require(length >= 0, "narrow(): length must be non-negative.")
     _require(length <= size - start, f"start ({start}) + length ({length}) exceeds dimension size ({size}).")

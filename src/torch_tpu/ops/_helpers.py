@@ -84,6 +84,16 @@ def result_dtype(*dtypes) -> jnp.dtype:
     return np.dtype(to_jax(result))
 
 
+def host_number(value) -> bool | int | float | complex | None:
+    """The Python number behind a Scalar argument (the dispatcher hands one over as a weakly
+    typed device scalar, whose host value JAX keeps); None for a tensor's value or in a trace."""
+    if isinstance(value, (bool, int, float, complex)):
+        return value
+    if isinstance(value, jax.Array) and value.weak_type and not isinstance(value, jax.core.Tracer):
+        return value.item()
+    return None
+
+
 def has_values(array) -> bool:
     """Whether a value check can look at ``array``: not under a JAX transformation (``jax.vmap``...)
     other than a compiled program's trace (``context.trace``), whose results it reports."""

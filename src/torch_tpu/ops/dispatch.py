@@ -344,6 +344,14 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             raise
         except (TypeError, ValueError) as e:
             raise _translate(op, e, args, kwargs) from e
+        except (KeyError, ArithmeticError, StopIteration) as e:
+            # errors PyTorch never raises, from a lowering meeting arguments it does not expect
+            # (a zero count, a dtype it has no entry for): PyTorch's error for them if its meta
+            # kernel has one
+            translated = _meta_error(op, args, kwargs)
+            if translated is None:
+                raise
+            raise translated from e
         except Exception as e:  # XLA's RESOURCE_EXHAUSTED becomes torch.OutOfMemoryError
             translated = memory.translate(e)
             if translated is e:
@@ -372,22 +380,22 @@ def _to_meta(x: Any) -> Any:
 
 def _meta_error(op, args: tuple, kwargs: dict) -> Exception | None:
     """The exception PyTorch itself raises for these arguments, found by replaying the call on
-    meta tensors, whose kernels carry PyTorch's shape and dtype checks (None: none, or no meta
-    kernel)."""
+    meta tensors, whose kernels carry PyTorch's shape and dtype checks (None: meta accepts them,
+    or has no kernel for the op)."""
     meta_args, meta_kwargs = torch.utils._pytree.tree_map(_to_meta, (args, kwargs))
     try:
         op(*meta_args, **meta_kwargs)
-    except NotImplementedError:  # no meta kernel (data-dependent ops): fall through
-        pass
+    except NotImplementedError:  # no meta kernel (data-dependent ops)
+        return None
     except (RuntimeError, IndexError, ValueError, TypeError) as torch_error:
         return torch_error
-    except Exception:  # noqa: BLE001  (no meta kernel: fall through to our own message)
-        pass
+    except Exception:  # noqa: BLE001  (no usable meta kernel)
+        return None
     return None
 
 
 def _translate(op, error: Exception, args: tuple, kwargs: dict) -> Exception:
-    """PyTorch's exception for these arguments, else one naming the op."""
+    """PyTorch's exception for these arguments (``_meta_error``), else one naming the op."""
     return _meta_error(op, args, kwargs) or RuntimeError(f"{op} on tpu: {error}")
 
 

@@ -11,7 +11,16 @@ import numpy as np
 from jax import lax
 
 from ..runtime.buffer import apply
-from ._helpers import accumulator, binary, check_nonzero, predicate, result_dtype, unary
+from ._helpers import (
+    accumulator,
+    binary,
+    check_nonzero,
+    host_number,
+    predicate,
+    result_dtype,
+    type_name,
+    unary,
+)
 from ._nn_helpers import require
 from .registry import Promote, Runs, Types, lower, runtime
 
@@ -141,6 +150,8 @@ def fill(x, value):
 
 @lower(aten.gelu.default, promote=INT_TO_FLOAT, promote_args=("self",))
 def gelu(x, approximate="none", *, types):
+    if approximate not in ("none", "tanh"):
+        raise RuntimeError("approximate argument must be either none or tanh.")
     return jax.nn.gelu(x.astype(types.compute), approximate=approximate == "tanh").astype(types.result)
 
 
@@ -173,7 +184,15 @@ def hardshrink(x, lambd=0.5, *, types):
     return jnp.where(_shrinks(x, jnp.asarray(lambd, x.dtype)), 0, x).astype(types.result)
 
 
-@lower(aten.softshrink.default, promote=Promote.DEFAULT, promote_args=("self",))
+def _check_lambda(x, lambd=0.5):
+    """CPU refuses a negative threshold (one past the dtype's largest value cannot be given)."""
+    lambd = host_number(lambd)
+    if lambd is not None and not lambd >= 0 and jnp.issubdtype(x.dtype, jnp.floating):
+        bounds = f"[0, {float(jnp.finfo(x.dtype).max):g}] for input dtype {type_name(x.dtype)}"
+        raise RuntimeError(f"lambda must be in range {bounds}, but found {lambd:g}")
+
+
+@lower(aten.softshrink.default, promote=Promote.DEFAULT, promote_args=("self",), check=_check_lambda)
 def softshrink(x, lambd=0.5, *, types):
     x, lambd = x.astype(types.compute), jnp.asarray(lambd, types.compute)
     # 0 * x keeps NaN and the sign of zero, as CPU's kernel does

@@ -25,7 +25,17 @@ from jax import lax
 
 from ..runtime import checks
 from ..runtime.buffer import apply
-from ._helpers import check_bounds, has_values, report_values, result_dtype, type_name, warn
+from ..runtime.dtypes import check_scalar, overflow_error
+from ._helpers import (
+    check_bounds,
+    check_values,
+    has_values,
+    host_number,
+    report_values,
+    result_dtype,
+    type_name,
+    warn,
+)
 from .creation import linear_steps
 from .registry import Promote, Runs, lower
 
@@ -396,7 +406,42 @@ def _require_bool_mask(mask, op: str) -> None:
         _reject(f"{op}: mask must be bool")
 
 
-@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+@functools.cache
+def _fits(dtype: np.dtype) -> Callable:
+    """A jitted test of whether a 0-dim value converts to ``dtype`` without CPU's overflow error
+    (c10's ``overflows``: an imaginary part, an integer out of range, a finite float past the
+    largest ``dtype`` holds)."""
+
+    @jax.jit
+    def fits(value):
+        if jnp.issubdtype(dtype, jnp.complexfloating) or dtype == jnp.bool_ or value.dtype == jnp.bool_:
+            return jnp.array(True)
+        ok = jnp.imag(value) == 0 if jnp.iscomplexobj(value) else jnp.array(True)
+        real = jnp.real(value)
+        if jnp.issubdtype(dtype, jnp.integer):
+            info = jnp.iinfo(dtype)
+            if jnp.issubdtype(real.dtype, jnp.integer):
+                return ok & (real.astype(jnp.int64) >= info.min) & (real.astype(jnp.int64) <= info.max)
+            wide = real.astype(jnp.float64)
+            return ok & (wide >= float(info.min)) & (wide <= float(info.max))
+        if dtype == jnp.float64:
+            return ok
+        wide = real.astype(jnp.float64)
+        return ok & ~(jnp.isfinite(wide) & (jnp.abs(wide) > float(jnp.finfo(dtype).max)))
+
+    return fits
+
+
+def _check_fill_value(x, mask, value):
+    """CPU converts the value to ``x``'s dtype on the host, refusing one it cannot hold."""
+    number = host_number(value)
+    if number is not None:
+        check_scalar(number, x.dtype, x.size)
+    elif jnp.ndim(value) == 0:
+        check_values(_fits(np.dtype(x.dtype)), [value], lambda: overflow_error(x.dtype))
+
+
+@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor, check=_check_fill_value)
 def masked_fill(x, mask, value):
     _require_bool_mask(mask, "masked_fill")
     if jnp.ndim(value):
@@ -461,13 +506,20 @@ def _searchsorted(boundaries, values, out_int32, right, side=None, sorter=None):
 lower(aten.searchsorted.Tensor, aten.searchsorted.Scalar)(_searchsorted)
 
 
+def _require_vector(boundaries) -> None:
+    if boundaries.ndim != 1:
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
+
+
 @lower(aten.bucketize.Tensor)
 def bucketize(x, boundaries, out_int32=False, right=False):
+    _require_vector(boundaries)
     return _searchsorted(boundaries, x, out_int32, right)
 
 
 @lower(aten.bucketize.Scalar)
 def bucketize_scalar(x, boundaries, out_int32=False, right=False):
+    _require_vector(boundaries)
     return _searchsorted(boundaries, x, out_int32, right)
 
 

@@ -21,6 +21,7 @@ from ..runtime.buffer import apply
 from ..runtime.dtypes import to_jax, to_torch
 from . import layout
 from ._helpers import accumulator, type_name
+from ._nn_helpers import wrap_dim
 from .reduction import linalg_vector_norm
 from .registry import Layout, Promote, Runs, lower, runtime
 
@@ -580,6 +581,12 @@ def trace(a):
 
 @lower(aten.linalg_cross.default)
 def linalg_cross(a, b, dim=-1):
+    if a.ndim != b.ndim:
+        raise RuntimeError("linalg.cross: inputs must have the same number of dimensions.")
+    axis = wrap_dim(dim, a.ndim)
+    if a.shape[axis] != 3 or b.shape[axis] != 3:
+        lengths = f"{a.shape[axis]} and {b.shape[axis]}"
+        raise RuntimeError(f"linalg.cross: inputs dimension {dim} must have length 3. Got {lengths}")
     shape = jnp.broadcast_shapes(a.shape, b.shape)
     a, b = jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
     return jnp.cross(a, b, axis=dim)
@@ -636,6 +643,13 @@ def linalg_householder_product(a, tau):
 def ormqr(a, tau, other, left=True, transpose=False):
     """``op(Q) C`` (or ``C op(Q)``) for Q from ``geqrf``'s vectors, ``op`` the adjoint when
     ``transpose``. Q is m x m: the missing reflectors are identities (tau 0)."""
+    if a.ndim < 2:
+        raise RuntimeError("torch.ormqr: input must have at least 2 dimensions.")
+    side = -2 if left else -1
+    if other.ndim >= 2 and tau.ndim and tau.shape[-1] != min(other.shape[side], a.shape[-1]):
+        raise RuntimeError(
+            f"torch.ormqr: tau.shape[-1] must be equal to min(other.shape[{side}], input.shape[-1])"
+        )
     rows = a.shape[-2]
     padding = [(0, 0)] * (a.ndim - 1)
     full_vectors = jnp.pad(a[..., :rows], padding + [(0, rows - min(rows, a.shape[-1]))])

@@ -10,7 +10,7 @@ import torch
 from jax import lax
 
 from ..runtime.buffer import apply
-from ._helpers import check_bounds
+from ._helpers import check_bounds, host_number, type_name
 from ._nn_helpers import REDUCTIONS, compute_dtype, vjp
 from .registry import lower, runtime
 
@@ -71,11 +71,11 @@ lower(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default, check=_che
 lower(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)(_nll_loss_backward)
 
 
-def _loss_entries(forward, backward, loss):
+def _loss_entries(forward, backward, loss, check=None):
     """A pointwise loss ``loss(x, target, *args)`` reduced by ``reduction``; the backward is its
     vjp with respect to ``self``."""
 
-    @lower(forward)
+    @lower(forward, check=check)
     def loss_forward(x, target, reduction=1, *args):
         compute = compute_dtype(x.dtype)
         return _reduce(loss(x.astype(compute), target.astype(compute), *args), reduction).astype(x.dtype)
@@ -101,7 +101,15 @@ def _huber(x, target, delta):
 
 _loss_entries(aten.mse_loss.default, aten.mse_loss_backward.default, lambda x, target: jnp.square(x - target))
 _loss_entries(aten.smooth_l1_loss.default, aten.smooth_l1_loss_backward.default, _smooth_l1)
-_loss_entries(aten.huber_loss.default, aten.huber_loss_backward.default, _huber)
+
+
+def _check_delta(x, target, reduction=1, delta=1.0):
+    delta = host_number(delta)
+    if delta is not None and not delta > 0:
+        raise RuntimeError("huber_loss does not support non-positive values for delta.")
+
+
+_loss_entries(aten.huber_loss.default, aten.huber_loss_backward.default, _huber, check=_check_delta)
 
 _LOG_FLOOR, _BCE_EPSILON = -100.0, 1e-12  # PyTorch's clamps for log(0) and the grad's division
 
@@ -176,7 +184,41 @@ def _check_class_targets(x, target, *_):
     check_bounds([(target, classes, False)], lambda *_: RuntimeError("target out of range"))
 
 
-lower(aten.multi_margin_loss.default, static=("p",), check=_check_class_targets)(_multi_margin)
+def _margin_shapes(x) -> tuple[int, int]:
+    """(samples, classes) of a margin loss's input, refusing what CPU refuses."""
+    if not (x.ndim == 0 or (x.ndim in (1, 2) and x.shape[-1] != 0)):
+        raise RuntimeError(
+            f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {list(x.shape)}"
+        )
+    return (x.shape[0], x.shape[1]) if x.ndim == 2 else (1, x.shape[0] if x.ndim else 1)
+
+
+def _check_multi_margin(x, target, p, margin, weight=None, reduction=1):
+    samples, classes = _margin_shapes(x)
+    if target.ndim > 1 or target.size != samples:
+        raise RuntimeError(
+            "multi_margin_loss: target tensor should be 1-D with size equal to the number of input "
+            f"samples (batch size). Expected target size [{samples}], but got {list(target.shape)}. "
+            f"Input has shape {list(x.shape)}."
+        )
+    if weight is not None and (weight.ndim > 1 or weight.size != classes):
+        raise RuntimeError(f"inconsistent weight size, expected {classes} but got {list(weight.shape)}")
+    if target.dtype != jnp.int64:
+        raise RuntimeError(f"expected scalar type Long but found {type_name(target.dtype)}")
+    _check_class_targets(x, target)
+
+
+def _check_multilabel_margin(x, target, *_):
+    samples, classes = _margin_shapes(x)
+    expected = (samples, classes) if x.ndim == 2 else None
+    if (target.shape != expected) if expected else (target.ndim > 1 or target.size != classes):
+        raise RuntimeError(
+            f"inconsistent target size: {list(target.shape)} for input of size: {list(x.shape)}"
+        )
+    _check_class_targets(x, jnp.maximum(target, 0))
+
+
+lower(aten.multi_margin_loss.default, static=("p",), check=_check_multi_margin)(_multi_margin)
 
 
 @lower(aten.multi_margin_loss_backward.default, static=("p",))
@@ -209,7 +251,7 @@ def _multilabel_margin(x, target, reduction):
 
 lower(
     aten.multilabel_margin_loss_forward.default,
-    check=lambda x, target, *_: _check_class_targets(x, jnp.maximum(target, 0)),
+    check=_check_multilabel_margin,
 )(_multilabel_margin)
 
 

@@ -287,6 +287,7 @@ def _affine(x, weight, bias, shape):
 
 @lower(aten.native_layer_norm.default)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
+    require(len(normalized_shape) > 0)  # PyTorch's meta kernel words the errors
     require(tuple(x.shape[x.ndim - len(normalized_shape) :]) == tuple(normalized_shape))
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     out, mean, rstd = _normalize(x.astype(compute_dtype(x.dtype)), axes, eps)
@@ -552,7 +553,13 @@ def _check_embedding_indices(weight, indices, *_):
     check_bounds([(indices, weight.shape[0], False)], lambda *_: IndexError("index out of range in self"))
 
 
-@lower(aten.embedding.default, check=_check_embedding_indices)
+def _check_embedding(weight, indices, *_):
+    if weight.ndim != 2:
+        raise RuntimeError("'weight' must be 2-D")
+    _check_embedding_indices(weight, indices)
+
+
+@lower(aten.embedding.default, check=_check_embedding)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(weight, indices, axis=0)
 

@@ -26,8 +26,13 @@ INDEX = jnp.int64
 
 
 # ----------------------------------------------------------------------------- dims and dtypes
+_MAX_DIMS = 64
+
+
 def _dims(x: jax.Array, dim) -> tuple[int, ...]:
     """Reduction dims in ``[0, ndim)``, sorted; ``None`` or ``[]`` mean every dim."""
+    if x.ndim > _MAX_DIMS:  # TensorIterator's limit, which every CPU reduction goes through
+        raise RuntimeError(f"only tensors with up to {_MAX_DIMS} dims are supported")
     if dim is None or dim == ():
         return tuple(range(x.ndim))
     dims = (dim,) if isinstance(dim, int) else dim
@@ -178,15 +183,18 @@ def _extreme(name, reduce):
     """``max``/``min`` over everything: an error on empty inputs (there is no identity)."""
 
     def full(x):
-        if x.size == 0:
-            raise RuntimeError(
-                f"{name}(): Expected reduction dim to be specified for "
-                "input.numel() == 0. Specify the reduction dim with the 'dim' "
-                "argument."
-            )
+        _refuse_empty(x, name)
         return reduce(x)
 
     return full
+
+
+def _refuse_empty(x: jax.Array, name: str) -> None:
+    if x.size == 0:
+        raise RuntimeError(
+            f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+            "Specify the reduction dim with the 'dim' argument."
+        )
 
 
 def _extreme_dim(name, reduce, arg):
@@ -207,6 +215,8 @@ def _extreme_dims(name, reduce):
 
     def over(x, dim=(), keepdim=False):
         dims = _dims(x, dim)
+        if not dim:  # every dim: CPU asks for one when there are no elements
+            _refuse_empty(x, name)
         _nonempty(x, dims, name)
         return reduce(x, axis=dims, keepdims=keepdim)
 
@@ -241,6 +251,7 @@ for _name, _reduce, _arg in [("max", jnp.max, jnp.argmax), ("min", jnp.min, jnp.
 @lower(aten.aminmax.default)
 def aminmax(x, dim=None, keepdim=False):
     if dim is None:
+        _dims(x, None)  # the rank limit
         if x.size == 0:
             raise RuntimeError(
                 "aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity."

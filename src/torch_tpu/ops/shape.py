@@ -28,6 +28,11 @@ from .registry import Layout, Runs, lower
 aten = torch.ops.aten
 
 
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise RuntimeError(message)
+
+
 def _is_legacy_empty(x: jax.Array) -> bool:
     """``torch.cat`` skips 1-D empty tensors whatever the other inputs' shapes (legacy behaviour)."""
     return x.ndim == 1 and x.shape[0] == 0
@@ -35,8 +40,15 @@ def _is_legacy_empty(x: jax.Array) -> bool:
 
 @lower(aten.cat.default, layout=Layout.META)
 def cat(tensors, dim=0):
+    for position, x in enumerate(tensors):
+        _require(x.ndim > 0, f"zero-dimensional tensor (at position {position}) cannot be concatenated")
     dtype = result_dtype(*(x.dtype for x in tensors))
     kept = [x.astype(dtype) for x in tensors if not _is_legacy_empty(x)]
+    for x in kept[1:]:
+        _require(
+            x.ndim == kept[0].ndim,
+            f"Tensors must have same number of dimensions: got {kept[0].ndim} and {x.ndim}",
+        )
     if not kept:
         return jnp.zeros((0,), dtype)
     return jnp.concatenate(kept, axis=dim)
@@ -60,6 +72,11 @@ def rot90(x, k=1, dims=(0, 1)):
 
 @lower(aten.roll.default)
 def roll(x, shifts, dims=()):
+    _require(len(shifts) > 0, "`shifts` required")
+    _require(
+        len(shifts) == len(dims) or (len(shifts) == 1 and not dims),
+        f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}",
+    )
     if not dims:  # torch rolls the flattened tensor
         return jnp.roll(x.reshape(-1), shifts).reshape(x.shape)
     return jnp.roll(x, shifts, axis=dims)
@@ -67,7 +84,16 @@ def roll(x, shifts, dims=()):
 
 @lower(aten.narrow_copy.default)
 def narrow_copy(x, dim, start, length):
-    start = start + x.shape[dim] if start < 0 else start
+    _require(x.ndim > 0, "narrow() cannot be applied to a 0-dim tensor.")
+    dim = wrap_dim(dim, x.ndim)
+    size = x.shape[dim]
+    if not -size <= start <= size:
+        raise IndexError(
+            f"start out of range (expected to be in range of [{-size}, {size}], but got {start})"
+        )
+    start = start + size if start < 0 else start
+    _require(length >= 0, "narrow(): length must be non-negative.")
+    _require(length <= size - start, f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
     return lax.slice_in_dim(x, start, start + length, axis=dim)
 
 
@@ -180,7 +206,8 @@ def diagonal_backward(grad_output, input_sizes, offset, dim1, dim2):
 def diag_embed(x, offset=0, dim1=-2, dim2=-1):
     """A tensor with one more dim whose (dim1, dim2) diagonals hold ``x``'s last dim."""
     ndim = x.ndim + 1
-    dim1, dim2 = dim1 % ndim, dim2 % ndim
+    dim1, dim2 = wrap_dim(dim1, ndim), wrap_dim(dim2, ndim)
+    _require(dim1 != dim2, f"diagonal dimensions cannot be identical {dim1}, {dim2}")
     side = x.shape[-1] + abs(offset)
     others = iter(x.shape[:-1])
     shape = [side if d in (dim1, dim2) else next(others) for d in range(ndim)]
@@ -191,7 +218,15 @@ def diag_embed(x, offset=0, dim1=-2, dim2=-1):
 def as_strided_scatter(x, src, size, stride, storage_offset=None):
     """``src`` written where ``as_strided(size, stride, storage_offset)`` of a contiguous copy
     of ``x`` points."""
-    position = np.full(size, storage_offset or 0, np.int64)
+    offset, itemsize = storage_offset or 0, x.dtype.itemsize
+    needed = offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1 if all(size) else 0
+    _require(
+        needed <= x.size,
+        f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and itemsize "
+        f"{itemsize} requiring a storage size of {needed * itemsize} are out of bounds for storage of size "
+        f"{x.size * itemsize}",
+    )
+    position = np.full(size, offset, np.int64)
     for d, (n, s) in enumerate(zip(size, stride)):
         position = position + (np.arange(n) * s).reshape((n,) + (1,) * (len(size) - d - 1))
     return x.reshape(-1).at[position].set(src.astype(x.dtype)).reshape(x.shape)
@@ -208,11 +243,6 @@ def masked_scatter_backward(grad_output, mask, sizes):
 
 
 # ----------------------------------------------------------------------------- stacking
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise RuntimeError(message)
-
-
 @lower(aten.stack.default)
 def stack(tensors, dim=0):
     _require(len(tensors) > 0, "stack expects a non-empty TensorList")
@@ -235,7 +265,13 @@ def chunk_cat(tensors, dim, num_chunks):
         "_chunk_cat expects all input tensors with the same dtype",
     )
     _require(all(x.size for x in tensors), "_chunk_cat expects non-empty tensor")
-    dim = dim % tensors[0].ndim
+    _require(num_chunks >= 1, "_chunk_cat expects positive num_chunks")
+    _require(
+        dim >= 0 or all(x.ndim == tensors[0].ndim for x in tensors),
+        "_chunk_cat expects non-negative dim when input tensors have different ndims",
+    )
+    dim = wrap_dim(dim, tensors[0].ndim)
+    _require(all(dim < x.ndim for x in tensors), "_chunk_cat expects dim < ndim for all input tensors")
 
     def chunks(x):
         size = x.shape[dim]

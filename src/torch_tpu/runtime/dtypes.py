@@ -177,6 +177,9 @@ def check_scalar(value, dtype, numel: int) -> None:
     elements (``fill_``, ``full``)."""
     dtype = np.dtype(dtype)
     if _overflows(value, dtype, numel):
-        raise RuntimeError(
-            f"value cannot be converted to type {_CPP_NAMES[to_torch(dtype)]} without overflow"
-        )
+        raise overflow_error(dtype)
+
+
+def overflow_error(dtype) -> RuntimeError:
+    """PyTorch's error for a value ``dtype`` cannot hold."""
+    return RuntimeError(f"value cannot be converted to type {_CPP_NAMES[to_torch(dtype)]} without overflow")

@@ -142,7 +142,6 @@ _CONV = "convolution's argument checks (stride, padding, dilation, weight rank):
 _INDEX_RANK = "scatter/gather check index bounds before CPU's rank/size checks (the rank check is missing)"
 
 ERROR_XFAILS: dict[str, dict[int, str]] = {
-    "arange": {6: "step 0 raises RuntimeError where the OpInfo wants ValueError (handled in another change)"},
     "dot": {
         0: "dtype mismatch worded by the shared linalg dtype check, not CPU's 'dot : expected both vectors'"
     },

@@ -74,7 +74,7 @@ def render_text(c: Coverage | None = None) -> str:
 
 def _dtypes_markdown() -> list[str]:
     from ..runtime.dtypes import TORCH_TO_JAX
-    from . import unsigned
+    from . import cpu_dtypes as unsigned
 
     def names(dtypes):
         return ", ".join(f"`{str(d).removeprefix('torch.')}`" for d in dtypes)

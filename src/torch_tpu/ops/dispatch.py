@@ -25,7 +25,7 @@ from ..runtime.buffer import Deferred
 from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
 from ..runtime.lru import LRU
-from . import layout, unsigned
+from . import cpu_dtypes, layout
 from .registry import LOWERINGS, Lowering, Runs, Types, qualified_name
 
 aten = torch.ops.aten
@@ -152,9 +152,10 @@ def _check_generator(g) -> None:
 
 # ----------------------------------------------------------------------------- type promotion
 @functools.lru_cache(maxsize=4096)
-def promoted(kind, signature) -> Types:
+def promoted(kind, signature, default_dtype: torch.dtype) -> Types:
     """The compute/result dtypes of an elementwise op for inputs of this signature
-    ((dtype or Python type, is 0-dim) per input)."""
+    ((dtype or Python type, is 0-dim) per input) under this default dtype, which is where
+    integers and Python floats promote to (``torch.set_default_dtype``)."""
     from torch._prims_common import elementwise_dtypes
 
     _check_unsigned_promotion(signature)
@@ -172,7 +173,7 @@ def _check_unsigned_promotion(signature) -> None:
     """torch.result_type's RuntimeError for uint16/32/64 with another integer or bool dtype,
     which ``elementwise_dtypes`` does not raise: tensors with dimensions promote among
     themselves, as do 0-dim ones (a 0-dim tensor or a number of the same kind defers)."""
-    if not any(s in unsigned.UNSIGNED for s, _ in signature):
+    if not any(s in cpu_dtypes.UNSIGNED for s, _ in signature):
         return
     for zero_dim in (False, True):
         dtypes = [s for s, z in signature if isinstance(s, torch.dtype) and z == zero_dim]
@@ -186,7 +187,7 @@ def _signature_of(x):
 
 
 def promoted_types(kind, values) -> Types:
-    return promoted(kind, tuple(_signature_of(v) for v in values if v is not None))
+    return promoted(kind, tuple(_signature_of(v) for v in values if v is not None), torch.get_default_dtype())
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -295,8 +296,9 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         if k in convert_by_kind and not (k == _SCALAR and i in static_pos)
     ]
     generator_pos = [i for i, k in enumerate(kinds) if k == _GENERATOR]
-    unsigned_guard = unsigned.guard(
+    dtype_guard = cpu_dtypes.guard(
         op,
+        binder.names,
         tensor_pos=[i for i, k in enumerate(kinds) if k == _TENSOR],
         list_pos=[i for i, k in enumerate(kinds) if k == _TENSOR_LIST],
         dtype_pos=[i for i, k in enumerate(kinds) if k == _DTYPE],
@@ -313,9 +315,9 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         types = None
         if promote_pos is not None:
             types = promoted_types(entry.promote, [values[i] for i in promote_pos])
-        if unsigned_guard is not None:
+        if dtype_guard is not None:
             try:
-                unsigned_guard(values, types)
+                dtype_guard(values, types)
             except NotImplementedError as refusal:  # after PyTorch's own argument checks, as on CPU
                 raise _meta_error(op, args, kwargs) or refusal from None
         lowered = fn if types is None else fn_for(types)

@@ -10,6 +10,7 @@ import torch
 from jax import lax
 
 from ..runtime.buffer import apply
+from ..runtime.dtypes import type_name
 from ._helpers import check_bounds
 from ._nn_helpers import REDUCTIONS, compute_dtype, vjp
 from .registry import lower, runtime
@@ -71,11 +72,11 @@ lower(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default, check=_che
 lower(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)(_nll_loss_backward)
 
 
-def _loss_entries(forward, backward, loss):
+def _loss_entries(forward, backward, loss, check=None):
     """A pointwise loss ``loss(x, target, *args)`` reduced by ``reduction``; the backward is its
     vjp with respect to ``self``."""
 
-    @lower(forward)
+    @lower(forward, check=check)
     def loss_forward(x, target, reduction=1, *args):
         compute = compute_dtype(x.dtype)
         return _reduce(loss(x.astype(compute), target.astype(compute), *args), reduction).astype(x.dtype)
@@ -142,10 +143,20 @@ def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, re
     return _reduce(loss, reduction).astype(x.dtype)
 
 
+def _check_float_result(x, *_) -> None:
+    """CPU computes soft_margin_loss into a tensor of the input's dtype, a float result."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        result = type_name(torch.get_default_dtype())
+        raise RuntimeError(
+            f"result type {result} can't be cast to the desired output type {type_name(x.dtype)}"
+        )
+
+
 _loss_entries(
     aten.soft_margin_loss.default,
     aten.soft_margin_loss_backward.default,
     lambda x, target: jnp.log1p(jnp.exp(-target * x)),
+    check=_check_float_result,
 )
 
 

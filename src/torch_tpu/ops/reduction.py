@@ -215,6 +215,8 @@ def _arg_extreme(name, arg):
     """``argmax``/``argmin``: ``dim=None`` flattens (``keepdim`` then keeps every dim as 1)."""
 
     def index(x, dim=None, keepdim=False):
+        if x.dtype == jnp.bool_:
+            raise RuntimeError(f"{name}(): does not support bool input")
         if dim is None:
             if x.size == 0:
                 raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
@@ -469,6 +471,8 @@ def _selection(name, x, dim):
 
 @lower(aten.topk.default)
 def topk(x, k, dim=-1, largest=True, sorted=True):
+    if x.dtype == jnp.bool_:
+        raise RuntimeError("topk does not support bool dtypes")
     axis = _dim(x, dim)
     size = 1 if axis is None else x.shape[axis]
     if not 0 <= k <= size:

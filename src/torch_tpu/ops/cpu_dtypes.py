@@ -26,8 +26,9 @@ from collections.abc import Callable
 
 import torch
 
-from ..runtime.dtypes import _SCALAR_TYPE_NAMES, to_jax, type_name
+from ..runtime.dtypes import _SCALAR_TYPE_NAMES, to_jax, to_torch, type_name
 from ._cpu_refusals import REFUSED
+from .registry import Promote
 
 UNSIGNED = frozenset({torch.uint16, torch.uint32, torch.uint64})
 _UNSIGNED_JAX = frozenset(to_jax(d) for d in UNSIGNED)
@@ -159,15 +160,17 @@ def _dtypes(spelled: str) -> frozenset:
 
 
 def guard(
-    op: torch._ops.OpOverload, names, tensor_pos, list_pos, dtype_pos, promotes: bool
+    op: torch._ops.OpOverload, names, tensor_pos, list_pos, dtype_pos, common_dtype: Callable | None
 ) -> Callable | None:
     """A check ``(values, types)`` of one call raising CPU's NotImplementedError where CPU's
-    kernel for this op lacks the dtype it would run on; None when the op needs none."""
+    kernel for this op lacks the dtype it would run on; None when the op needs none.
+    ``common_dtype(values, types)``: for elementwise ops, the dtype CPU's TensorIterator
+    dispatches on (the promotion of the operands, before any integer-to-float step)."""
     checks = [
-        c
-        for c in (_table_guard(op, names), _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, promotes))
-        if c
+        _table_guard(op, names, common_dtype),
+        _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, common_dtype is not None),
     ]
+    checks = [c for c in checks if c is not None]
     if len(checks) < 2:
         return checks[0] if checks else None
     first, second = checks
@@ -179,23 +182,34 @@ def guard(
     return both
 
 
-def _table_guard(op, names) -> Callable | None:
+def _table_guard(op, names, common_dtype) -> Callable | None:
     refused = REFUSED.get(str(op).removeprefix("aten."))
     if refused is None:
         return None
     by_pos = [(None if arg == "*" else names.index(arg), _dtypes(d)) for arg, d in refused.items()]
     jax_by_pos = [(i, frozenset(to_jax(d) for d in ds)) for i, ds in by_pos]
+    every = frozenset().union(*(ds for _, ds in by_pos))
+    stand_in = next(d for d in (torch.float32, torch.int64, torch.complex64) if d not in every)
+
+    def refusal(dtype):
+        error = _refusal(op, dtype)
+        # the dispatcher replays the call on meta tensors of a dtype the kernel takes, for the
+        # argument checks CPU makes before its kernel (a meta decomposition's own dtype errors
+        # for the refused dtype are not CPU's)
+        error.stand_in = (dtype if isinstance(dtype, torch.dtype) else to_torch(dtype), stand_in)
+        return error
 
     def check(values, types):
         for (i, dtypes), (_, jax_dtypes) in zip(by_pos, jax_by_pos):
             if i is None:
-                if types.compute in jax_dtypes:
-                    raise _refusal(op, types.compute)
+                common = common_dtype(values, types)
+                if common in jax_dtypes:
+                    raise refusal(common)
                 continue
             value = values[i]
             for t in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(t, torch.Tensor) and t.dtype in dtypes:
-                    raise _refusal(op, t.dtype)
+                    raise refusal(t.dtype)
 
     return check
 
@@ -279,7 +293,7 @@ def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
             promoted = [
                 values[n] for n in names if isinstance(values[n], (torch.Tensor, int, float, complex, bool))
             ]
-            found["*"] = {elementwise_dtypes(*promoted, type_promotion_kind=entry.promote)[0]}
+            found["*"] = {elementwise_dtypes(*promoted, type_promotion_kind=Promote.DEFAULT)[1]}
         else:
             for n, v in values.items():
                 tensors = v if isinstance(v, (list, tuple)) else (v,)
@@ -307,6 +321,14 @@ def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
             record(func, args, kwargs, None)
             return out
 
+    def run(fn, *args, **kwargs):
+        with warnings.catch_warnings(), Recorder():
+            warnings.simplefilter("ignore")
+            try:
+                fn(*args, **kwargs)
+            except Exception:  # noqa: BLE001, S110  (recorded by the mode, or not a refusal)
+                pass
+
     for info in op_db:
         for dtype in set(PROBED) - set(info.supported_dtypes("cpu")):
             try:
@@ -314,12 +336,16 @@ def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
             except Exception:  # noqa: BLE001  (OpInfos that cannot make samples of this dtype)
                 continue
             for s in samples:
-                with warnings.catch_warnings(), Recorder():
-                    warnings.simplefilter("ignore")
-                    try:
-                        info.op(s.input, *s.args, **s.kwargs)
-                    except Exception:  # noqa: BLE001, S110  (recorded by the mode, or not a refusal)
-                        pass
+                run(info.op, s.input, *s.args, **s.kwargs)
+    # every overload taking only tensors and numbers, called with (2, 2) tensors of each dtype:
+    # the overloads OpInfo reaches through another name (``<<``, ``Scalar`` variants)
+    for op, entry in LOWERINGS.items():
+        kinds = [dispatch._kind(a) for a in op._schema.arguments if not a.has_default_value()]
+        if entry.runtime or not kinds or not set(kinds) <= {dispatch._TENSOR, dispatch._SCALAR}:
+            continue
+        for dtype in PROBED:
+            base = torch.tensor([[1, 0], [3, 1]]).to(dtype)
+            run(op, *[base.clone() if k == dispatch._TENSOR else 1 for k in kinds])
     table = collections.defaultdict(dict)
     for (key, arg), dtypes in sorted(refused.items()):
         dtypes -= ran[key, arg]
@@ -330,17 +356,23 @@ def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
 
 def regenerate() -> None:
     """Rewrite ``_cpu_refusals.py`` from ``probe()``."""
+
+    def entry(key, by_arg):  # one line, or one per argument where too long (ruff's format)
+        inner = ", ".join(f'"{a}": "{d}"' for a, d in by_arg.items())
+        line = f'    "{key}": {{{inner}}},'
+        if len(line) <= 110:
+            return [line]
+        return [f'    "{key}": {{', *(f'        "{a}": "{d}",' for a, d in by_arg.items()), "    },"]
+
     lines = [
         f'"""Generated by ``python -m torch_tpu.ops --regenerate-cpu-dtypes`` (torch {torch.__version__}):',
         "per tpu-lowered ATen overload, the dtypes CPU's kernel refuses, by argument (``*``: the",
-        'promoted compute dtype). Do not edit: rerun the probe."""',
+        'common dtype of an elementwise op\'s operands). Do not edit: rerun the probe."""',
         "",
         "REFUSED = {",
     ]
     for key, by_arg in sorted(probe().items()):
-        lines.append(
-            f'    "{key}": {{{", ".join(f"{a!r}: {d!r}" for a, d in by_arg.items())}}},'.replace("'", '"')
-        )
+        lines += entry(key, by_arg)
     lines.append("}")
     path = pathlib.Path(__file__).with_name("_cpu_refusals.py")
     path.write_text("\n".join(lines) + "\n")

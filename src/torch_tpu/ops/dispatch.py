@@ -26,7 +26,7 @@ from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
 from ..runtime.lru import LRU
 from . import cpu_dtypes, layout
-from .registry import LOWERINGS, Lowering, Runs, Types, qualified_name
+from .registry import LOWERINGS, Lowering, Promote, Runs, Types, qualified_name
 
 aten = torch.ops.aten
 
@@ -302,7 +302,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         tensor_pos=[i for i, k in enumerate(kinds) if k == _TENSOR],
         list_pos=[i for i, k in enumerate(kinds) if k == _TENSOR_LIST],
         dtype_pos=[i for i, k in enumerate(kinds) if k == _DTYPE],
-        promotes=promote_pos is not None,
+        common_dtype=None if promote_pos is None else _common_dtype(entry.promote, promote_pos),
     )
 
     def compute(args: tuple, kwargs: dict):
@@ -319,7 +319,8 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             try:
                 dtype_guard(values, types)
             except NotImplementedError as refusal:  # after PyTorch's own argument checks, as on CPU
-                raise _meta_error(op, args, kwargs) or refusal from None
+                stand_in = getattr(refusal, "stand_in", None)
+                raise _meta_error(op, args, kwargs, stand_in) or refusal from None
         lowered = fn if types is None else fn_for(types)
         for i in generator_pos:
             _check_generator(values[i])
@@ -355,6 +356,14 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     return compute, binder
 
 
+def _common_dtype(kind, promote_pos) -> Callable:
+    """The dtype CPU's TensorIterator runs an elementwise op in: the promotion of its operands
+    (``DEFAULT``'s result dtype; half types not widened, integers not made float)."""
+    if kind is Promote.DEFAULT:
+        return lambda values, types: types.result
+    return lambda values, types: promoted_types(Promote.DEFAULT, [values[i] for i in promote_pos]).result
+
+
 def _for_host(value: Any) -> Any:
     """A lowering input as concrete arrays whose checks have passed (a host read)."""
     if isinstance(value, (list, tuple)):
@@ -364,19 +373,22 @@ def _for_host(value: Any) -> Any:
     return value
 
 
-def _to_meta(x: Any) -> Any:
+def _to_meta(x: Any, stand_in: tuple | None = None) -> Any:
+    """``x`` on meta; tensors of dtype ``stand_in[0]`` as ``stand_in[1]``."""
     if isinstance(x, torch.Tensor) and x.device.type == "tpu":
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        dtype = stand_in[1] if stand_in is not None and x.dtype == stand_in[0] else x.dtype
+        return torch.empty_strided(x.shape, x.stride(), dtype=dtype, device="meta")
     if isinstance(x, torch.device) and x.type == "tpu":  # factories: replay on meta, not here
         return torch.device("meta")
     return x
 
 
-def _meta_error(op, args: tuple, kwargs: dict) -> Exception | None:
+def _meta_error(op, args: tuple, kwargs: dict, stand_in: tuple | None = None) -> Exception | None:
     """The exception PyTorch itself raises for these arguments, found by replaying the call on
     meta tensors, whose kernels carry PyTorch's shape and dtype checks (None: none, or no meta
     kernel)."""
-    meta_args, meta_kwargs = torch.utils._pytree.tree_map(_to_meta, (args, kwargs))
+    to_meta = _to_meta if stand_in is None else functools.partial(_to_meta, stand_in=stand_in)
+    meta_args, meta_kwargs = torch.utils._pytree.tree_map(to_meta, (args, kwargs))
     try:
         op(*meta_args, **meta_kwargs)
     except NotImplementedError:  # no meta kernel (data-dependent ops): fall through

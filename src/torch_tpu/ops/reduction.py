@@ -17,7 +17,7 @@ from jax import lax
 
 from ..runtime.dtypes import to_torch
 from ._helpers import accumulator, type_name
-from .registry import lower, runtime
+from .registry import Promote, lower, runtime
 
 aten = __import__("torch").ops.aten
 INDEX = jnp.int64
@@ -324,10 +324,9 @@ def foreach_norm(xs, ord=2, dtype=None):
     return [linalg_vector_norm(x, ord, None, False, dtype) for x in xs]
 
 
-@lower(aten.logsumexp.default)
-def logsumexp(x, dim, keepdim=False):
-    if _is_integral(x.dtype):
-        x = x.astype(jnp.float32)  # torch's default dtype
+@lower(aten.logsumexp.default, promote=Promote.INT_TO_FLOAT, promote_args=("self",))
+def logsumexp(x, dim, keepdim=False, *, types):
+    x = x.astype(types.result)  # integers in the default float dtype
     dims = _dims(x, dim)
     wide = x.astype(accumulator(x.dtype))
     # torch shifts complex inputs by the largest real part, leaving log on its principal branch

@@ -270,7 +270,8 @@ def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
     """``REFUSED`` as torch CPU has it now: every OpInfo's samples for each dtype its OpInfo
     does not list as supported, run on CPU under a dispatch mode that records, per tpu-lowered
     overload and argument, the dtypes its kernel refused and those it ran (a dtype that both
-    ran and was refused depends on more than the dtype, and is left out)."""
+    ran and was refused depends on more than the dtype, and is left out; so are overloads with
+    a ``dtype=`` argument, which their kernels run in)."""
     from torch._prims_common import elementwise_dtypes
     from torch.testing._internal.common_methods_invocations import op_db
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -285,6 +286,8 @@ def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
         if entry is None or entry.runtime:
             return
         binder = dispatch._Binder(func._schema)
+        if dispatch._DTYPE in binder.kinds:  # a ``dtype=`` decides what the kernel runs in
+            return
         values = dict(zip(binder.names, binder.bind(args, kwargs)))
         found = {}
         if entry.promote is not None:

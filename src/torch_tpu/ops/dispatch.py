@@ -26,6 +26,7 @@ from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
 from ..runtime.lru import LRU
 from . import cpu_dtypes, layout
+from .meta import NEEDS_VALUES_MESSAGES
 from .registry import LOWERINGS, Lowering, Promote, Runs, Types, qualified_name
 
 aten = torch.ops.aten
@@ -394,6 +395,8 @@ def _meta_error(op, args: tuple, kwargs: dict, stand_in: tuple | None = None) ->
     except NotImplementedError:  # no meta kernel (data-dependent ops): fall through
         pass
     except (RuntimeError, IndexError, ValueError, TypeError) as torch_error:
+        if any(text in str(torch_error) for text in NEEDS_VALUES_MESSAGES):
+            return None  # meta cannot run it, no check of PyTorch's
         return torch_error
     except Exception:  # noqa: BLE001  (no meta kernel: fall through to our own message)
         pass

@@ -106,6 +106,13 @@ FAMILIES = {  # CPU's kernel has no implementation for the dtype: NotImplemented
     "avg_pool2d_bool": lambda d: F.avg_pool2d(torch.ones(1, 4, 4, dtype=torch.bool, device=d), 2),
     "max_pool2d_bool": lambda d: F.max_pool2d(torch.ones(1, 4, 4, dtype=torch.bool, device=d), 2),
     "glu_int": lambda d: F.glu(torch.arange(4, device=d)),
+    # refused input with an int64 target of the same dtype: the refusal, not a meta replay's error
+    "nll_loss_int": lambda d: F.nll_loss(
+        torch.ones(3, 4, dtype=torch.int64, device=d), torch.tensor([0, 1, 2], device=d)
+    ),
+    "scatter_reduce_sum_bool_runs": lambda d: torch.zeros(3, dtype=torch.bool, device=d).scatter_reduce(
+        0, torch.tensor([0, 1], device=d), torch.ones(2, dtype=torch.bool, device=d), "sum"
+    ),
     "mse_loss_int": lambda d: F.mse_loss(torch.arange(3, device=d), torch.arange(3, device=d)),
     "layer_norm_int": lambda d: F.layer_norm(torch.arange(6, device=d).view(2, 3), (3,)),
     "interpolate_linear_uint8": lambda d: F.interpolate(
@@ -167,7 +174,7 @@ FAMILIES = {  # CPU's kernel has no implementation for the dtype: NotImplemented
 @pytest.mark.parametrize("case", FAMILIES)
 def test_dtype_refusals_match_cpu(case):
     expected = _outcome(FAMILIES[case], "cpu")
-    if case not in ("relu_int", "addcdiv_int_float"):
+    if case not in ("relu_int", "addcdiv_int_float", "scatter_reduce_sum_bool_runs"):
         assert isinstance(expected, (NotImplementedError, RuntimeError)), expected  # the case tests a refusal
     _same_outcome(FAMILIES[case])
 

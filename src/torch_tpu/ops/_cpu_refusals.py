@@ -201,7 +201,6 @@ REFUSED = {
     "round.decimals": {"*": "bool uint8 int8 int16 int32 int64 complex64 complex128"},
     "round.default": {"*": "bool complex64 complex128"},
     "rrelu_with_noise_functional.default": {"self": "bool uint8 int8 int16 int32 int64 complex64 complex128"},
-    "scatter_reduce.two": {"self": "bool"},
     "sigmoid_backward.default": {"*": "bool uint8 int8 int16 int32 int64"},
     "silu.default": {"*": "bool uint8 int8 int16 int32 int64"},
     "silu_backward.default": {"*": "bool uint8 int8 int16 int32 int64"},

@@ -160,14 +160,21 @@ def _dtypes(spelled: str) -> frozenset:
 
 
 def guard(
-    op: torch._ops.OpOverload, names, tensor_pos, list_pos, dtype_pos, common_dtype: Callable | None
+    op: torch._ops.OpOverload,
+    names,
+    tensor_pos,
+    list_pos,
+    dtype_pos,
+    operand_pos=None,
+    common_dtype: Callable | None = None,
 ) -> Callable | None:
     """A check ``(values, types)`` of one call raising CPU's NotImplementedError where CPU's
     kernel for this op lacks the dtype it would run on; None when the op needs none.
     ``common_dtype(values, types)``: for elementwise ops, the dtype CPU's TensorIterator
-    dispatches on (the promotion of the operands, before any integer-to-float step)."""
+    dispatches on (the promotion of the operands at ``operand_pos``, before any integer-to-float
+    step)."""
     checks = [
-        _table_guard(op, names, common_dtype),
+        _table_guard(op, names, operand_pos, common_dtype),
         _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, common_dtype is not None),
     ]
     checks = [c for c in checks if c is not None]
@@ -182,7 +189,7 @@ def guard(
     return both
 
 
-def _table_guard(op, names, common_dtype) -> Callable | None:
+def _table_guard(op, names, operand_pos, common_dtype) -> Callable | None:
     refused = REFUSED.get(str(op).removeprefix("aten."))
     if refused is None:
         return None
@@ -191,12 +198,13 @@ def _table_guard(op, names, common_dtype) -> Callable | None:
     every = frozenset().union(*(ds for _, ds in by_pos))
     stand_in = next(d for d in (torch.float32, torch.int64, torch.complex64) if d not in every)
 
-    def refusal(dtype):
+    def refusal(dtype, positions):
         error = _refusal(op, dtype)
-        # the dispatcher replays the call on meta tensors of a dtype the kernel takes, for the
-        # argument checks CPU makes before its kernel (a meta decomposition's own dtype errors
-        # for the refused dtype are not CPU's)
-        error.stand_in = (dtype if isinstance(dtype, torch.dtype) else to_torch(dtype), stand_in)
+        # the dispatcher replays the call on meta tensors, those at ``positions`` of a dtype the
+        # kernel takes, for the argument checks CPU makes before its kernel (a meta
+        # decomposition's own errors for the refused dtype are not CPU's)
+        torch_dtype = dtype if isinstance(dtype, torch.dtype) else to_torch(dtype)
+        error.stand_in = (frozenset(positions), torch_dtype, stand_in)
         return error
 
     def check(values, types):
@@ -204,12 +212,12 @@ def _table_guard(op, names, common_dtype) -> Callable | None:
             if i is None:
                 common = common_dtype(values, types)
                 if common in jax_dtypes:
-                    raise refusal(common)
+                    raise refusal(common, operand_pos)
                 continue
             value = values[i]
             for t in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(t, torch.Tensor) and t.dtype in dtypes:
-                    raise refusal(t.dtype)
+                    raise refusal(t.dtype, (i,))
 
     return check
 
@@ -268,10 +276,10 @@ _BY_TYPE_NAME = {n: d for d, n in _SCALAR_TYPE_NAMES.items()}
 
 def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
     """``REFUSED`` as torch CPU has it now: every OpInfo's samples for each dtype its OpInfo
-    does not list as supported, run on CPU under a dispatch mode that records, per tpu-lowered
-    overload and argument, the dtypes its kernel refused and those it ran (a dtype that both
-    ran and was refused depends on more than the dtype, and is left out; so are overloads with
-    a ``dtype=`` argument, which their kernels run in)."""
+    does not list as supported (and one for each it does), run on CPU under a dispatch mode
+    that records, per tpu-lowered overload and argument, the dtypes its kernel refused and
+    those it ran (a dtype that both ran and was refused depends on more than the dtype, and is
+    left out; so are overloads with a ``dtype=`` argument, which their kernels run in)."""
     from torch._prims_common import elementwise_dtypes
     from torch.testing._internal.common_methods_invocations import op_db
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -333,9 +341,13 @@ def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
                 pass
 
     for info in op_db:
-        for dtype in set(PROBED) - set(info.supported_dtypes("cpu")):
+        supported = set(info.supported_dtypes("cpu"))
+        for dtype in PROBED:
+            # supported dtypes: a sample, for what runs (a refusal that depends on another
+            # argument, scatter_reduce's reduction, must not refuse them all)
+            count = 1 if dtype in supported else samples_per_dtype
             try:
-                samples = list(itertools.islice(info.sample_inputs("cpu", dtype), samples_per_dtype))
+                samples = list(itertools.islice(info.sample_inputs("cpu", dtype), count))
             except Exception:  # noqa: BLE001  (OpInfos that cannot make samples of this dtype)
                 continue
             for s in samples:

@@ -303,6 +303,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         tensor_pos=[i for i, k in enumerate(kinds) if k == _TENSOR],
         list_pos=[i for i, k in enumerate(kinds) if k == _TENSOR_LIST],
         dtype_pos=[i for i, k in enumerate(kinds) if k == _DTYPE],
+        operand_pos=promote_pos,
         common_dtype=None if promote_pos is None else _common_dtype(entry.promote, promote_pos),
     )
 
@@ -320,8 +321,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             try:
                 dtype_guard(values, types)
             except NotImplementedError as refusal:  # after PyTorch's own argument checks, as on CPU
-                stand_in = getattr(refusal, "stand_in", None)
-                raise _meta_error(op, args, kwargs, stand_in) or refusal from None
+                raise _refusal_meta_error(op, binder.names, args, kwargs, refusal) or refusal from None
         lowered = fn if types is None else fn_for(types)
         for i in generator_pos:
             _check_generator(values[i])
@@ -374,22 +374,51 @@ def _for_host(value: Any) -> Any:
     return value
 
 
-def _to_meta(x: Any, stand_in: tuple | None = None) -> Any:
-    """``x`` on meta; tensors of dtype ``stand_in[0]`` as ``stand_in[1]``."""
+def _refusal_meta_error(op, names, args: tuple, kwargs: dict, refusal) -> Exception | None:
+    """PyTorch's argument checks for a call CPU's kernel refuses: the meta replay with the
+    refused tensors as a dtype the kernel takes. Which ones is a guess (only the refused
+    argument, or every tensor of its dtype: an index or a second operand of that dtype), so a
+    check must fire both ways, as a shape check does (not one about the stand-ins' dtypes)."""
+    if getattr(refusal, "stand_in", None) is None:
+        return _meta_error(op, args, kwargs)
+    positions, dtype, stand_in = refusal.stand_in
+    errors = [
+        _meta_error(op, *_stand_ins(names, args, kwargs, swapped, dtype, stand_in))
+        for swapped in (positions, range(len(names)))
+    ]
+    return errors[0] if all(errors) else None
+
+
+def _stand_ins(names, args: tuple, kwargs: dict, positions, dtype, stand_in) -> tuple[tuple, dict]:
+    """The call with the tensors of ``dtype`` at these argument positions as meta tensors of
+    dtype ``stand_in``."""
+
+    def swap(x):
+        if isinstance(x, torch.Tensor) and x.dtype == dtype:
+            return torch.empty_strided(x.shape, x.stride(), dtype=stand_in, device="meta")
+        return x
+
+    def at(position, value):
+        return torch.utils._pytree.tree_map(swap, value) if position in positions else value
+
+    args = tuple(at(i, a) for i, a in enumerate(args))
+    kwargs = {k: at(names.index(k) if k in names else -1, v) for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _to_meta(x: Any) -> Any:
     if isinstance(x, torch.Tensor) and x.device.type == "tpu":
-        dtype = stand_in[1] if stand_in is not None and x.dtype == stand_in[0] else x.dtype
-        return torch.empty_strided(x.shape, x.stride(), dtype=dtype, device="meta")
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
     if isinstance(x, torch.device) and x.type == "tpu":  # factories: replay on meta, not here
         return torch.device("meta")
     return x
 
 
-def _meta_error(op, args: tuple, kwargs: dict, stand_in: tuple | None = None) -> Exception | None:
+def _meta_error(op, args: tuple, kwargs: dict) -> Exception | None:
     """The exception PyTorch itself raises for these arguments, found by replaying the call on
     meta tensors, whose kernels carry PyTorch's shape and dtype checks (None: none, or no meta
     kernel)."""
-    to_meta = _to_meta if stand_in is None else functools.partial(_to_meta, stand_in=stand_in)
-    meta_args, meta_kwargs = torch.utils._pytree.tree_map(to_meta, (args, kwargs))
+    meta_args, meta_kwargs = torch.utils._pytree.tree_map(_to_meta, (args, kwargs))
     try:
         op(*meta_args, **meta_kwargs)
     except NotImplementedError:  # no meta kernel (data-dependent ops): fall through

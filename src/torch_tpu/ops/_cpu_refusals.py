@@ -135,7 +135,7 @@ REFUSED = {
     "le.Scalar": {"*": "complex64 complex128"},
     "le.Tensor": {"*": "complex64 complex128"},
     "leaky_relu.default": {"*": "bool uint8 int8 int16 int32 int64 complex64 complex128"},
-    "lerp.Scalar": {"*": "uint8 int8 int16 int32 int64"},
+    "lerp.Scalar": {"*": "uint8 int8 int16 int32 int64", "self": "bool uint8 int8 int16 int32 int64"},
     "lerp.Tensor": {"*": "bool uint8 int8 int16 int32 int64"},
     "lgamma.default": {"*": "complex64 complex128"},
     "linalg_cross.default": {"self": "bool"},

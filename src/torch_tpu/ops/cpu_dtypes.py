@@ -305,10 +305,10 @@ def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
                 values[n] for n in names if isinstance(values[n], (torch.Tensor, int, float, complex, bool))
             ]
             found["*"] = {elementwise_dtypes(*promoted, type_promotion_kind=Promote.DEFAULT)[1]}
-        else:
-            for n, v in values.items():
-                tensors = v if isinstance(v, (list, tuple)) else (v,)
-                found[n] = {t.dtype for t in tensors if isinstance(t, torch.Tensor)}
+        # else (or where CPU's kernel ignores a number operand, lerp's weight): by argument
+        for n, v in values.items():
+            tensors = v if isinstance(v, (list, tuple)) else (v,)
+            found[n] = {t.dtype for t in tensors if isinstance(t, torch.Tensor)}
         key = str(func).removeprefix("aten.")
         if error is None:
             for n, dtypes in found.items():

@@ -191,7 +191,7 @@ def test_unsigned_refusal_names_the_dtype():
 
 def test_unsigned_op_lists_name_lowerings():
     """Every overload the unsigned lists name is a tpu lowering (no stale entries)."""
-    from torch_tpu.ops import unsigned
+    from torch_tpu.ops import cpu_dtypes as unsigned
     from torch_tpu.ops.registry import LOWERINGS
 
     lowered = {str(op).removeprefix("aten.") for op in LOWERINGS}

@@ -74,7 +74,7 @@ def render_text(c: Coverage | None = None) -> str:
 
 def _dtypes_markdown() -> list[str]:
     from ..runtime.dtypes import TORCH_TO_JAX
-    from . import unsigned
+    from . import cpu_dtypes as unsigned  # its uint16/32/64 lists
 
     def names(dtypes):
         return ", ".join(f"`{str(d).removeprefix('torch.')}`" for d in dtypes)
@@ -86,7 +86,10 @@ def _dtypes_markdown() -> list[str]:
         f"{names(sorted(unsigned.UNSIGNED, key=str))} run exactly where CPU's kernels do: the "
         f"overloads {', '.join(f'`{n}`' for n in unsigned_ops)}, and elementwise ops that promote "
         "them to a float or wider type; anything else raises CPU's `NotImplementedError` (and "
-        "promoting them with another integer or bool type, CPU's `RuntimeError`).",
+        "promoting them with another integer or bool type, CPU's `RuntimeError`). Any other dtype "
+        "an overload's CPU kernel lacks (`abs` on bool, `logaddexp` on integers, ...) raises CPU's "
+        "`NotImplementedError` too: the table `ops/_cpu_refusals.py`, which "
+        "`python -m torch_tpu.ops --regenerate-cpu-dtypes` rebuilds by running OpInfo samples on CPU.",
         "",
     ]
 

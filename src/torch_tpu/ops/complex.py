@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..runtime.dtypes import unsupported
+from ..runtime.dtypes import type_name, unsupported
 from ._helpers import unary
 from ._nn_helpers import require
 from .registry import Promote, lower, runtime
@@ -34,15 +34,21 @@ def _complex_pair(real, imag):
     return lax.complex(*jnp.broadcast_arrays(real, imag))
 
 
-def _refuse_complex32(real, imag) -> None:
-    """Two half tensors make a complex32 on CPU, a dtype tpu does not have: say so clearly
-    (before tracing, where the dispatcher would turn it into a generic error)."""
+def _check_parts(real, imag) -> None:
+    """CPU's dtype check; two half tensors make a complex32 on CPU, a dtype tpu does not have:
+    say so clearly (before tracing, where the dispatcher would turn it into a generic error)."""
+    floats = (jnp.float16, jnp.float32, jnp.float64)
+    if real.dtype not in floats or imag.dtype not in floats:
+        raise RuntimeError(
+            "Expected both inputs to be Half, Float or Double tensors but got "
+            f"{type_name(real.dtype)} and {type_name(imag.dtype)}"
+        )
     if real.dtype == imag.dtype == jnp.float16:
         raise unsupported(torch.complex32)
 
 
-lower(aten.complex.default, check=_refuse_complex32)(_complex_pair)
-lower(aten.polar.default, check=_refuse_complex32)(
+lower(aten.complex.default, check=_check_parts)(_complex_pair)
+lower(aten.polar.default, check=_check_parts)(
     lambda magnitude, phase: _complex_pair(magnitude * jnp.cos(phase), magnitude * jnp.sin(phase))
 )
 unary(aten._conj_physical.default, lambda x: jnp.conj(x) if _is_complex(x) else x)

@@ -25,8 +25,9 @@ from ..runtime.buffer import Deferred
 from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
 from ..runtime.lru import LRU
-from . import layout, unsigned
-from .registry import LOWERINGS, Lowering, Runs, Types, qualified_name
+from . import cpu_dtypes, layout
+from .meta import NEEDS_VALUES_MESSAGES
+from .registry import LOWERINGS, Lowering, Promote, Runs, Types, qualified_name
 
 aten = torch.ops.aten
 
@@ -152,9 +153,10 @@ def _check_generator(g) -> None:
 
 # ----------------------------------------------------------------------------- type promotion
 @functools.lru_cache(maxsize=4096)
-def promoted(kind, signature) -> Types:
+def promoted(kind, signature, default_dtype: torch.dtype) -> Types:
     """The compute/result dtypes of an elementwise op for inputs of this signature
-    ((dtype or Python type, is 0-dim) per input)."""
+    ((dtype or Python type, is 0-dim) per input) under this default dtype, which is where
+    integers and Python floats promote to (``torch.set_default_dtype``)."""
     from torch._prims_common import elementwise_dtypes
 
     _check_unsigned_promotion(signature)
@@ -172,7 +174,7 @@ def _check_unsigned_promotion(signature) -> None:
     """torch.result_type's RuntimeError for uint16/32/64 with another integer or bool dtype,
     which ``elementwise_dtypes`` does not raise: tensors with dimensions promote among
     themselves, as do 0-dim ones (a 0-dim tensor or a number of the same kind defers)."""
-    if not any(s in unsigned.UNSIGNED for s, _ in signature):
+    if not any(s in cpu_dtypes.UNSIGNED for s, _ in signature):
         return
     for zero_dim in (False, True):
         dtypes = [s for s, z in signature if isinstance(s, torch.dtype) and z == zero_dim]
@@ -186,7 +188,7 @@ def _signature_of(x):
 
 
 def promoted_types(kind, values) -> Types:
-    return promoted(kind, tuple(_signature_of(v) for v in values if v is not None))
+    return promoted(kind, tuple(_signature_of(v) for v in values if v is not None), torch.get_default_dtype())
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -295,12 +297,14 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         if k in convert_by_kind and not (k == _SCALAR and i in static_pos)
     ]
     generator_pos = [i for i, k in enumerate(kinds) if k == _GENERATOR]
-    unsigned_guard = unsigned.guard(
+    dtype_guard = cpu_dtypes.guard(
         op,
+        binder.names,
         tensor_pos=[i for i, k in enumerate(kinds) if k == _TENSOR],
         list_pos=[i for i, k in enumerate(kinds) if k == _TENSOR_LIST],
         dtype_pos=[i for i, k in enumerate(kinds) if k == _DTYPE],
-        promotes=promote_pos is not None,
+        operand_pos=promote_pos,
+        common_dtype=None if promote_pos is None else _common_dtype(entry.promote, promote_pos),
     )
 
     def compute(args: tuple, kwargs: dict):
@@ -313,11 +317,11 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         types = None
         if promote_pos is not None:
             types = promoted_types(entry.promote, [values[i] for i in promote_pos])
-        if unsigned_guard is not None:
+        if dtype_guard is not None:
             try:
-                unsigned_guard(values, types)
+                dtype_guard(values, types)
             except NotImplementedError as refusal:  # after PyTorch's own argument checks, as on CPU
-                raise _meta_error(op, args, kwargs) or refusal from None
+                raise _refusal_meta_error(op, binder.names, args, kwargs, refusal) or refusal from None
         lowered = fn if types is None else fn_for(types)
         for i in generator_pos:
             _check_generator(values[i])
@@ -361,6 +365,14 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     return compute, binder
 
 
+def _common_dtype(kind, promote_pos) -> Callable:
+    """The dtype CPU's TensorIterator runs an elementwise op in: the promotion of its operands
+    (``DEFAULT``'s result dtype; half types not widened, integers not made float)."""
+    if kind is Promote.DEFAULT:
+        return lambda values, types: types.result
+    return lambda values, types: promoted_types(Promote.DEFAULT, [values[i] for i in promote_pos]).result
+
+
 def _for_host(value: Any) -> Any:
     """A lowering input as concrete arrays whose checks have passed (a host read)."""
     if isinstance(value, (list, tuple)):
@@ -368,6 +380,38 @@ def _for_host(value: Any) -> Any:
     if isinstance(value, (jax.Array, Deferred)):
         return checks.before_host_read(value)
     return value
+
+
+def _refusal_meta_error(op, names, args: tuple, kwargs: dict, refusal) -> Exception | None:
+    """PyTorch's argument checks for a call CPU's kernel refuses: the meta replay with the
+    refused tensors as a dtype the kernel takes. Which ones is a guess (only the refused
+    argument, or every tensor of its dtype: an index or a second operand of that dtype), so a
+    check must fire both ways, as a shape check does (not one about the stand-ins' dtypes)."""
+    if getattr(refusal, "stand_in", None) is None:
+        return _meta_error(op, args, kwargs)
+    positions, dtype, stand_in = refusal.stand_in
+    errors = [
+        _meta_error(op, *_stand_ins(names, args, kwargs, swapped, dtype, stand_in))
+        for swapped in (positions, range(len(names)))
+    ]
+    return errors[0] if all(errors) else None
+
+
+def _stand_ins(names, args: tuple, kwargs: dict, positions, dtype, stand_in) -> tuple[tuple, dict]:
+    """The call with the tensors of ``dtype`` at these argument positions as meta tensors of
+    dtype ``stand_in``."""
+
+    def swap(x):
+        if isinstance(x, torch.Tensor) and x.dtype == dtype:
+            return torch.empty_strided(x.shape, x.stride(), dtype=stand_in, device="meta")
+        return x
+
+    def at(position, value):
+        return torch.utils._pytree.tree_map(swap, value) if position in positions else value
+
+    args = tuple(at(i, a) for i, a in enumerate(args))
+    kwargs = {k: at(names.index(k) if k in names else -1, v) for k, v in kwargs.items()}
+    return args, kwargs
 
 
 def _to_meta(x: Any) -> Any:
@@ -388,6 +432,8 @@ def _meta_error(op, args: tuple, kwargs: dict) -> Exception | None:
     except NotImplementedError:  # no meta kernel (data-dependent ops)
         return None
     except (RuntimeError, IndexError, ValueError, TypeError) as torch_error:
+        if any(text in str(torch_error) for text in NEEDS_VALUES_MESSAGES):
+            return None  # meta cannot run it, no check of PyTorch's
         return torch_error
     except Exception:  # noqa: BLE001  (no usable meta kernel)
         return None

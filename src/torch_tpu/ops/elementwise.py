@@ -7,17 +7,16 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from ..runtime.buffer import apply
+from ..runtime.dtypes import to_jax
 from ._helpers import (
     accumulator,
     binary,
     check_nonzero,
     host_number,
     predicate,
-    result_dtype,
     type_name,
     unary,
 )
@@ -43,11 +42,18 @@ for _op, _fn in [
     (aten.floor, jnp.floor),
     (aten.trunc, jnp.trunc),
     (aten.round, jnp.round),
-    (aten.relu, jax.nn.relu),
     (aten.bitwise_not, jnp.invert),
     (aten.frac, lambda x: x - jnp.trunc(x)),
 ]:
     unary(_op.default, _fn)
+
+
+@lower(aten.relu.default, promote=Promote.DEFAULT, promote_args=("self",))
+def relu(x, *, types):
+    if x.dtype == jnp.bool_:
+        raise RuntimeError("Boolean inputs not supported for relu")
+    return jax.nn.relu(x.astype(types.compute)).astype(types.result)
+
 
 for _op, _fn in [
     (aten.exp, jnp.exp),
@@ -131,15 +137,16 @@ def frexp(x):
     return mantissa.astype(x.dtype), exponent.astype(jnp.int32)
 
 
-@lower(aten.ldexp.Tensor)
-def ldexp(x, other):
-    """PyTorch's ``self * pow(2.0, other)``: the power takes the float dtype of ``other`` (the
-    default float for integers), the product the promotion of ``self`` with that."""
-    inexact = jnp.issubdtype(other.dtype, jnp.inexact)
-    power_dtype = other.dtype if inexact else jnp.dtype(jnp.float32)
-    power = jnp.exp2(other.astype(accumulator(power_dtype))).astype(power_dtype)
-    dtype = result_dtype(x.dtype, power_dtype)
-    return (x.astype(accumulator(dtype)) * power.astype(accumulator(dtype))).astype(dtype)
+@lower(aten.ldexp.Tensor, promote=Promote.INT_TO_FLOAT)
+def ldexp(x, other, *, types):
+    """PyTorch's ``self * pow(2.0, other)``: the power in the dtype of a float ``other`` (else
+    the result's, at least float32), the product in the promotion of both with integers as the
+    default float (a float ``self`` keeps its dtype for an integer ``other``)."""
+    power_dtype = other.dtype if jnp.issubdtype(other.dtype, jnp.inexact) else accumulator(types.result)
+    wide = accumulator(power_dtype)
+    power = jnp.power(jnp.asarray(2, wide), other.astype(wide)).astype(power_dtype)  # exact, unlike exp2
+    dtype = accumulator(types.result)
+    return (x.astype(dtype) * power.astype(dtype)).astype(types.result)
 
 
 @lower(aten.fill.Scalar, aten.fill.Tensor)
@@ -222,6 +229,7 @@ def softplus(x, beta=1.0, threshold=20.0, *, types):
 
 @lower(aten.hardtanh.default, promote=Promote.DEFAULT, promote_args=("self",))
 def hardtanh(x, min_val=-1.0, max_val=1.0, *, types):
+    require(x.dtype != jnp.bool_)
     return jnp.clip(x.astype(types.compute), min_val, max_val).astype(types.result)
 
 
@@ -488,6 +496,7 @@ def heaviside(x, values, *, types):
 @lower(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor, promote=BOOL)
 def isin(elements, test_elements, assume_unique=False, invert=False, *, types):
     """Membership by binary search in the sorted test elements, compared in the promoted dtype."""
+    require(types.compute != jnp.bool_)
     elements = jnp.asarray(elements, types.compute)
     candidates = jnp.sort(jnp.asarray(test_elements, types.compute).reshape(-1))
     if candidates.size == 0:
@@ -498,8 +507,24 @@ def isin(elements, test_elements, assume_unique=False, invert=False, *, types):
     return found != invert
 
 
+def _check_not_bool(x, y) -> None:
+    """CPU's refusal of ``-`` with bool operands (not in PyTorch's meta kernels)."""
+    bools = [jnp.asarray(v).dtype == jnp.bool_ for v in (x, y)]
+    if all(bools):
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with two bool tensors is not supported. "
+            "Use the `^` or `logical_xor()` operator instead."
+        )
+    if any(bools):
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with a bool tensor is not supported. "
+            "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead."
+        )
+
+
 @lower(aten.sub.Tensor, aten.sub.Scalar, promote=Promote.DEFAULT, promote_args=("self", "other"))
 def sub(x, y, alpha=1, *, types):
+    _check_not_bool(x, y)
     x, y = jnp.asarray(x, types.compute), jnp.asarray(y, types.compute)
     return (x - y * jnp.asarray(alpha, types.compute)).astype(types.result)
 
@@ -527,9 +552,10 @@ _ROUNDED_DIVISIONS = {
     runs=Runs.EAGER,
 )
 def div_mode(x, y, rounding_mode=None, *, types):
-    if rounding_mode is None:  # true division, in float32 for integers
+    if rounding_mode is None:  # true division, in the default float dtype for integers
         if not jnp.issubdtype(types.compute, jnp.inexact):
-            types = Types(np.dtype(jnp.float32), np.dtype(jnp.float32))
+            default = to_jax(__import__("torch").get_default_dtype())
+            types = Types(default, default)
         return apply(_divided, x, y, _true_divide, types)
     return _ROUNDED_DIVISIONS[rounding_mode](x, y, types=types)
 
@@ -613,7 +639,18 @@ def addcmul(x, t1, t2, value=1, *, types):
     return (x.astype(c) + jnp.asarray(value, c) * t1.astype(c) * t2.astype(c)).astype(types.result)
 
 
+_ADDCDIV_INTEGERS = (  # CPU's message (meta's spells it as a tuple)
+    "Integer division with addcdiv is no longer supported, and in a future  release addcdiv will perform "
+    "a true division of tensor1 and tensor2. The historic addcdiv behavior can be implemented as "
+    "(input + value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for integer inputs and as "
+    "(input + value * tensor1 / tensor2) for float inputs. The future addcdiv behavior is just the latter "
+    "implementation: (input + value * tensor1 / tensor2), for all dtypes."
+)
+
+
 @lower(aten.addcdiv.default, promote=Promote.DEFAULT, promote_args=("self", "tensor1", "tensor2"))
 def addcdiv(x, t1, t2, value=1, *, types):
+    if not any(jnp.issubdtype(t.dtype, jnp.inexact) for t in (t1, t2)):
+        raise RuntimeError(_ADDCDIV_INTEGERS)
     c = types.compute
     return (x.astype(c) + jnp.asarray(value, c) * (t1.astype(c) / t2.astype(c))).astype(types.result)

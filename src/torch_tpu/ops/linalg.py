@@ -21,7 +21,7 @@ from ..runtime.buffer import apply
 from ..runtime.dtypes import to_jax, to_torch
 from . import layout
 from ._helpers import accumulator, type_name
-from ._nn_helpers import wrap_dim
+from ._nn_helpers import require, wrap_dim
 from .reduction import linalg_vector_norm
 from .registry import Layout, Promote, Runs, lower, runtime
 
@@ -484,6 +484,7 @@ def linalg_qr(a, mode="reduced"):
 
 @lower(aten._linalg_svd.default, layout=Layout.COLUMN_MAJOR)
 def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
+    require(jnp.issubdtype(a.dtype, jnp.inexact))
     if not compute_uv:
         empty = jnp.zeros((0,), a.dtype)
         return empty, jnp.linalg.svd(a, compute_uv=False), empty
@@ -565,6 +566,7 @@ def linalg_lu(a, pivot=True):
 @lower(aten.linalg_matrix_exp.default)
 def linalg_matrix_exp(a):
     """Scaling and squaring with Pade approximants; half types run in float32."""
+    require(jnp.issubdtype(a.dtype, jnp.inexact))
     if not a.shape[-1]:
         return a
     return jax.scipy.linalg.expm(a.astype(accumulator(a.dtype))).astype(a.dtype)
@@ -761,6 +763,7 @@ def _batched_pairs(x1, x2):
 def cdist_forward(x1, x2, p, compute_mode=None):
     """Row distances; p = 2 uses the matrix-product form where torch does (mode 1 always,
     the default mode beyond 25 rows), otherwise the differences' norm."""
+    require(all(jnp.issubdtype(x.dtype, jnp.floating) for x in (x1, x2)))
     _check_distance_p("cdist", p)
     x1, x2 = _batched_pairs(x1, x2)
     mode = compute_mode or 0

@@ -10,7 +10,8 @@ import torch
 from jax import lax
 
 from ..runtime.buffer import apply
-from ._helpers import check_bounds, host_number, type_name
+from ..runtime.dtypes import type_name
+from ._helpers import check_bounds, host_number
 from ._nn_helpers import REDUCTIONS, compute_dtype, vjp
 from .registry import lower, runtime
 
@@ -150,10 +151,20 @@ def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, re
     return _reduce(loss, reduction).astype(x.dtype)
 
 
+def _check_float_result(x, *_) -> None:
+    """CPU computes soft_margin_loss into a tensor of the input's dtype, a float result."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        result = type_name(torch.get_default_dtype())
+        raise RuntimeError(
+            f"result type {result} can't be cast to the desired output type {type_name(x.dtype)}"
+        )
+
+
 _loss_entries(
     aten.soft_margin_loss.default,
     aten.soft_margin_loss_backward.default,
     lambda x, target: jnp.log1p(jnp.exp(-target * x)),
+    check=_check_float_result,
 )
 
 

@@ -15,6 +15,10 @@ __all__ = ["META", "call_quietly", "to_meta"]
 
 META = torch.device("meta")
 
+#: Messages of meta kernels that cannot say what an op returns without the values (a boolean
+#: mask's coordinates, ``repeat_interleave``'s total): no argument check of PyTorch's.
+NEEDS_VALUES_MESSAGES = ("register_meta function for torch.nonzero", "a meta tensor without output_size")
+
 
 def to_meta(x: Any) -> Any:
     """A meta stand-in for a kernel argument: tensors keep shape, strides and dtype (CPU scalars

@@ -30,7 +30,7 @@ import torch
 from torch.utils import _pytree
 
 from .. import config
-from .meta import call_quietly, to_meta
+from .meta import NEEDS_VALUES_MESSAGES, call_quietly, to_meta
 from .registry import LOWERINGS, Layout, qualified_name
 
 __all__ = ["CPU_ERROR_TYPES", "META_STRICTER", "MetaMismatch", "UNCHECKED", "UNCHECKED_OUTPUTS", "checked"]
@@ -104,6 +104,9 @@ UNCHECKED: dict[str, str] = {
     "aten::_embedding_bag_forward_only": "meta's offset2bag/max_indices shapes are not CPU's",
     "aten::_weight_norm_interface": "CPU returns the norms in float32 for half inputs, meta not",
     "aten::log_sigmoid_forward": "tpu leaves the buffer empty, like CUDA (meta sizes it as CPU)",
+    "aten::polar": "meta asserts (AssertionError) on integer parts, CPU raises RuntimeError",
+    "aten::complex": "meta asserts (AssertionError) on integer parts, CPU raises RuntimeError",
+    "aten::ldexp.Tensor": "meta returns float32 for integers whatever the default dtype, CPU follows it",
 }
 
 
@@ -143,7 +146,7 @@ META_STRICTER: dict[str, str] = {
 
 #: Messages of meta kernels that cannot say what an op returns without the values (a boolean
 #: mask's coordinates, ``repeat_interleave``'s total): such calls are not checked.
-_NEEDS_VALUES = ("register_meta function for torch.nonzero", "a meta tensor without output_size")
+_NEEDS_VALUES = NEEDS_VALUES_MESSAGES
 #: Messages of meta kernels that fail on arguments CPU accepts (the upsample meta kernels on an
 #: empty batch): such calls are not checked.
 _META_BUGS = ("cond must be a bool",)
@@ -224,8 +227,12 @@ def _checked_call(op, kernel: Callable, written, tensors: dict, args: tuple, kwa
         try:
             kernel(*args, **kwargs)
         except Exception as error:
-            # CPU kernels refuse a dtype with NotImplementedError where meta raises RuntimeError
-            refused_dtype = isinstance(error, NotImplementedError) and type(rejection) is RuntimeError
+            # CPU kernels refuse a dtype with NotImplementedError where meta raises RuntimeError;
+            # a refusal of cpu_dtypes' table (a ``stand_in``) is CPU's, whatever meta's decomposition
+            # makes of that dtype
+            refused_dtype = isinstance(error, NotImplementedError) and (
+                type(rejection) is RuntimeError or getattr(error, "stand_in", None) is not None
+            )
             cpu_type = qualified_name(op) in CPU_ERROR_TYPES
             if type(error) is not type(rejection) and not (refused_dtype or cpu_type):
                 raise MetaMismatch(

@@ -611,7 +611,7 @@ def _embedding_bag(
     count the non-padding indices (zeros for sum), max_indices are the chosen rows' indices
     (max), a copy of the bag sizes (mean) or zeros (sum), and the sum's fast path (padding-free,
     non-double) leaves offset2bag empty."""
-    require(indices.ndim == 1 and offsets.ndim == 1)
+    require(indices.ndim == 1 and offsets.ndim == 1 and jnp.issubdtype(weight.dtype, jnp.floating))
     compute = compute_dtype(weight.dtype)
     bags = offsets.shape[0] - (1 if include_last_offset else 0)
     offset2bag = _offset2bag(indices, offsets, bags)

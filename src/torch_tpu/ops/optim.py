@@ -61,7 +61,7 @@ def _per_tensor(op: torch._ops.OpOverload) -> Callable:
             for i, is_tensor in taking_part
             if i < len(values) and values[i] is not None
         )
-        return entry.fn(*values, types=promoted(entry.promote, signature))
+        return entry.fn(*values, types=promoted(entry.promote, signature, torch.get_default_dtype()))
 
     return call
 

@@ -19,7 +19,7 @@ from ..runtime.buffer import apply
 from ..runtime.dtypes import to_torch
 from ._helpers import accumulator, has_values, report_values, type_name
 from ._nn_helpers import require
-from .registry import lower, runtime
+from .registry import Promote, lower, runtime
 
 aten = __import__("torch").ops.aten
 INDEX = jnp.int64
@@ -227,6 +227,8 @@ def _arg_extreme(name, arg):
     """``argmax``/``argmin``: ``dim=None`` flattens (``keepdim`` then keeps every dim as 1)."""
 
     def index(x, dim=None, keepdim=False):
+        if x.dtype == jnp.bool_:
+            raise RuntimeError(f"{name}(): does not support bool input")
         if dim is None:
             if x.size == 0:
                 raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
@@ -335,10 +337,9 @@ def foreach_norm(xs, ord=2, dtype=None):
     return [linalg_vector_norm(x, ord, None, False, dtype) for x in xs]
 
 
-@lower(aten.logsumexp.default)
-def logsumexp(x, dim, keepdim=False):
-    if _is_integral(x.dtype):
-        x = x.astype(jnp.float32)  # torch's default dtype
+@lower(aten.logsumexp.default, promote=Promote.INT_TO_FLOAT, promote_args=("self",))
+def logsumexp(x, dim, keepdim=False, *, types):
+    x = x.astype(types.result)  # integers in the default float dtype
     dims = _dims(x, dim)
     wide = x.astype(accumulator(x.dtype))
     # torch shifts complex inputs by the largest real part, leaving log on its principal branch
@@ -482,6 +483,8 @@ def _selection(name, x, dim):
 
 @lower(aten.topk.default)
 def topk(x, k, dim=-1, largest=True, sorted=True):
+    if x.dtype == jnp.bool_:
+        raise RuntimeError("topk does not support bool dtypes")
     axis = _dim(x, dim)
     size = 1 if axis is None else x.shape[axis]
     if not 0 <= k <= size:

@@ -1,0 +1,393 @@
+"""Dtypes CPU's kernels refuse, refused by tpu alike with CPU's ``NotImplementedError``.
+
+Two tables, both found by running OpInfo samples through torch CPU and recording, per ATen
+overload, which dtypes ran and which its kernel refused (``"abs_cpu" not implemented for
+'Bool'``):
+
+* ``REFUSED`` (generated: ``python -m torch_tpu.ops --regenerate-cpu-dtypes`` rewrites
+  ``_cpu_refusals.py``): for the ordinary dtypes, the few each overload's kernel lacks (``abs``
+  on bool, ``logaddexp`` on integers, ``kthvalue`` on bool, ...), keyed by the argument whose
+  dtype CPU dispatches on (``*``: the promoted compute dtype of an elementwise op).
+* ``OPS``/``FACTORIES``: uint16/uint32/uint64, PyTorch's "barebones" unsigned dtypes, which CPU's
+  kernels support only in a few ops (creation, copies, views, ``==``/``!=``, bitwise and/or/xor,
+  ``*``, sorting, ...): the lists name the overloads that run them; the rest refuse them.
+
+Only overloads with something to refuse get a check (``guard``), so the others pay nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import pathlib
+import re
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from ..runtime.dtypes import _SCALAR_TYPE_NAMES, to_jax, to_torch, type_name
+from ._cpu_refusals import REFUSED
+from .registry import Promote
+
+UNSIGNED = frozenset({torch.uint16, torch.uint32, torch.uint64})
+_UNSIGNED_JAX = frozenset(to_jax(d) for d in UNSIGNED)
+
+#: Overloads whose CPU kernels take uint16/32/64 tensors: elementwise ops (whose check is on the
+#: dtype they compute in; ops promoting integers to float need no entry) and the others (whose
+#: check is on their tensor arguments; sum and cumsum accumulate in int64).
+OPS = frozenset(
+    {
+        # elementwise, computing in the unsigned dtype
+        "bitwise_and.Scalar",
+        "bitwise_and.Tensor",
+        "bitwise_or.Scalar",
+        "bitwise_or.Tensor",
+        "bitwise_xor.Scalar",
+        "bitwise_xor.Tensor",
+        "ceil.default",
+        "eq.Scalar",
+        "eq.Tensor",
+        "flip.default",  # CPU flips other dims than the last one only: tpu flips all
+        "floor.default",
+        "isinf.default",
+        "isnan.default",
+        "isneginf.default",
+        "isposinf.default",
+        "mul.Scalar",
+        "mul.Tensor",
+        "nan_to_num.default",
+        "ne.Scalar",
+        "ne.Tensor",
+        "round.default",
+        "signbit.default",
+        "trunc.default",
+        "where.self",
+        # the others
+        "_chunk_cat.default",
+        "_local_scalar_dense.default",
+        "_to_copy.default",
+        "_unique2.default",
+        "all.default",
+        "all.dim",
+        "any.default",
+        "any.dim",
+        "as_strided_scatter.default",
+        "block_diag.default",
+        "cat.default",
+        "constant_pad_nd.default",
+        "copy_.default",
+        "cumprod.default",
+        "cumsum.default",
+        "diag_embed.default",
+        "diagonal_scatter.default",
+        "embedding.default",
+        "equal.default",
+        "fill.Scalar",
+        "fill_.Scalar",
+        "full_like.default",
+        "index.Tensor",
+        "index_select.default",
+        "ldexp.Tensor",
+        "linspace.Scalar_Tensor",
+        "linspace.Tensor_Scalar",
+        "linspace.Tensor_Tensor",
+        "logspace.Scalar_Tensor",
+        "logspace.Tensor_Scalar",
+        "logspace.Tensor_Tensor",
+        "logsumexp.default",
+        "nansum.default",
+        "narrow_copy.default",
+        "new_full.default",
+        "new_ones.default",
+        "new_zeros.default",
+        "nonzero_static.default",
+        "ones_like.default",
+        "prod.default",
+        "prod.dim_int",
+        "randint_like.default",
+        "randint_like.low_dtype",
+        "repeat.default",
+        "roll.default",
+        "select_scatter.default",
+        "slice_scatter.default",
+        "sort.default",
+        "sort.stable",
+        "stack.default",
+        "sum.default",
+        "sum.dim_IntList",
+        "unfold.default",
+        "unique_consecutive.default",
+        "zero_.default",
+        "zeros_like.default",
+    }
+)
+
+#: Overloads whose ``dtype=`` may be unsigned (factories and conversions; ``arange``,
+#: ``linspace`` and reductions into an unsigned dtype are refused by CPU).
+FACTORIES = frozenset(
+    {
+        "_to_copy.default",
+        "empty.memory_format",
+        "empty_strided.default",
+        "full.default",
+        "full_like.default",
+        "new_full.default",
+        "new_ones.default",
+        "new_zeros.default",
+        "ones.default",
+        "ones_like.default",
+        "randint.default",
+        "randint.generator",
+        "randint.low",
+        "randint.low_generator",
+        "randint_like.default",
+        "randint_like.low_dtype",
+        "scalar_tensor.default",
+        "zeros.default",
+        "zeros_like.default",
+    }
+)
+
+
+def _refusal(op: torch._ops.OpOverload, dtype) -> NotImplementedError:
+    name = op._schema.name.removeprefix("aten::")
+    return NotImplementedError(f"\"{name}\" not implemented for '{type_name(dtype)}'")
+
+
+def _dtypes(spelled: str) -> frozenset:
+    return frozenset(getattr(torch, d) for d in spelled.split())
+
+
+def guard(
+    op: torch._ops.OpOverload,
+    names,
+    tensor_pos,
+    list_pos,
+    dtype_pos,
+    operand_pos=None,
+    common_dtype: Callable | None = None,
+) -> Callable | None:
+    """A check ``(values, types)`` of one call raising CPU's NotImplementedError where CPU's
+    kernel for this op lacks the dtype it would run on; None when the op needs none.
+    ``common_dtype(values, types)``: for elementwise ops, the dtype CPU's TensorIterator
+    dispatches on (the promotion of the operands at ``operand_pos``, before any integer-to-float
+    step)."""
+    checks = [
+        _table_guard(op, names, operand_pos, common_dtype),
+        _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, common_dtype is not None),
+    ]
+    checks = [c for c in checks if c is not None]
+    if len(checks) < 2:
+        return checks[0] if checks else None
+    first, second = checks
+
+    def both(values, types):
+        first(values, types)
+        second(values, types)
+
+    return both
+
+
+def _table_guard(op, names, operand_pos, common_dtype) -> Callable | None:
+    refused = REFUSED.get(str(op).removeprefix("aten."))
+    if refused is None:
+        return None
+    by_pos = [(None if arg == "*" else names.index(arg), _dtypes(d)) for arg, d in refused.items()]
+    jax_by_pos = [(i, frozenset(to_jax(d) for d in ds)) for i, ds in by_pos]
+    every = frozenset().union(*(ds for _, ds in by_pos))
+    stand_in = next(d for d in (torch.float32, torch.int64, torch.complex64) if d not in every)
+
+    def refusal(dtype, positions):
+        error = _refusal(op, dtype)
+        # the dispatcher replays the call on meta tensors, those at ``positions`` of a dtype the
+        # kernel takes, for the argument checks CPU makes before its kernel (a meta
+        # decomposition's own errors for the refused dtype are not CPU's)
+        torch_dtype = dtype if isinstance(dtype, torch.dtype) else to_torch(dtype)
+        error.stand_in = (frozenset(positions), torch_dtype, stand_in)
+        return error
+
+    def check(values, types):
+        for (i, dtypes), (_, jax_dtypes) in zip(by_pos, jax_by_pos):
+            if i is None:
+                common = common_dtype(values, types)
+                if common in jax_dtypes:
+                    raise refusal(common, operand_pos)
+                continue
+            value = values[i]
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(t, torch.Tensor) and t.dtype in dtypes:
+                    raise refusal(t.dtype, (i,))
+
+    return check
+
+
+def _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, promotes: bool) -> Callable | None:
+    name = str(op).removeprefix("aten.")
+    dtype_pos = () if name in FACTORIES else tuple(dtype_pos)
+    if promotes:
+        if name in OPS:
+            return None
+
+        def check_promoted(values, types):
+            if types.compute in _UNSIGNED_JAX:
+                raise _refusal(op, types.compute)
+
+        return check_promoted
+    tensor_pos = () if name in OPS else tuple(tensor_pos)
+    list_pos = () if name in OPS else tuple(list_pos)
+    if not (tensor_pos or list_pos or dtype_pos):
+        return None
+
+    def check(values, types):
+        for i in dtype_pos:
+            if values[i] in UNSIGNED:
+                raise _refusal(op, values[i])
+        for i in tensor_pos:
+            if isinstance(values[i], torch.Tensor) and values[i].dtype in UNSIGNED:
+                raise _refusal(op, values[i].dtype)
+        for i in list_pos:
+            for t in values[i] or ():
+                if isinstance(t, torch.Tensor) and t.dtype in UNSIGNED:
+                    raise _refusal(op, t.dtype)
+
+    return check
+
+
+# ----------------------------------------------------------------------------- the probe
+#: The dtypes the probe tries (the unsigned ones have their own lists above).
+PROBED = (
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+)
+_REFUSAL = re.compile(r"not implemented for '(\w+)'")
+_BY_TYPE_NAME = {n: d for d, n in _SCALAR_TYPE_NAMES.items()}
+
+
+def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
+    """``REFUSED`` as torch CPU has it now: every OpInfo's samples for each dtype its OpInfo
+    does not list as supported (and one for each it does), run on CPU under a dispatch mode
+    that records, per tpu-lowered overload and argument, the dtypes its kernel refused and
+    those it ran (a dtype that both ran and was refused depends on more than the dtype, and is
+    left out; so are overloads with a ``dtype=`` argument, which their kernels run in)."""
+    from torch._prims_common import elementwise_dtypes
+    from torch.testing._internal.common_methods_invocations import op_db
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from . import dispatch
+    from .registry import LOWERINGS
+
+    refused, ran = collections.defaultdict(set), collections.defaultdict(set)
+
+    def record(func, args, kwargs, error):
+        entry = LOWERINGS.get(func)
+        if entry is None or entry.runtime:
+            return
+        binder = dispatch._Binder(func._schema)
+        if dispatch._DTYPE in binder.kinds:  # a ``dtype=`` decides what the kernel runs in
+            return
+        values = dict(zip(binder.names, binder.bind(args, kwargs)))
+        found = {}
+        if entry.promote is not None:
+            kinds = (dispatch._TENSOR, dispatch._SCALAR)
+            names = entry.promote_args or [n for n, k in zip(binder.names, binder.kinds) if k in kinds]
+            promoted = [
+                values[n] for n in names if isinstance(values[n], (torch.Tensor, int, float, complex, bool))
+            ]
+            found["*"] = {elementwise_dtypes(*promoted, type_promotion_kind=Promote.DEFAULT)[1]}
+        # else (or where CPU's kernel ignores a number operand, lerp's weight): by argument
+        for n, v in values.items():
+            tensors = v if isinstance(v, (list, tuple)) else (v,)
+            found[n] = {t.dtype for t in tensors if isinstance(t, torch.Tensor)}
+        key = str(func).removeprefix("aten.")
+        if error is None:
+            for n, dtypes in found.items():
+                ran[key, n] |= dtypes
+            return
+        dtype = _BY_TYPE_NAME[error]
+        arg = next((n for n, dtypes in found.items() if dtype in dtypes), None)
+        if arg is not None:
+            refused[key, arg].add(dtype)
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            try:
+                out = func(*args, **kwargs)
+            except NotImplementedError as e:
+                match = _REFUSAL.search(str(e))
+                if match and match.group(1) in _BY_TYPE_NAME:
+                    record(func, args, kwargs, match.group(1))
+                raise
+            record(func, args, kwargs, None)
+            return out
+
+    def run(fn, *args, **kwargs):
+        with warnings.catch_warnings(), Recorder():
+            warnings.simplefilter("ignore")
+            try:
+                fn(*args, **kwargs)
+            except Exception:  # noqa: BLE001, S110  (recorded by the mode, or not a refusal)
+                pass
+
+    for info in op_db:
+        supported = set(info.supported_dtypes("cpu"))
+        for dtype in PROBED:
+            # supported dtypes: a sample, for what runs (a refusal that depends on another
+            # argument, scatter_reduce's reduction, must not refuse them all)
+            count = 1 if dtype in supported else samples_per_dtype
+            try:
+                samples = list(itertools.islice(info.sample_inputs("cpu", dtype), count))
+            except Exception:  # noqa: BLE001  (OpInfos that cannot make samples of this dtype)
+                continue
+            for s in samples:
+                run(info.op, s.input, *s.args, **s.kwargs)
+    # every overload taking only tensors and numbers, called with (2, 2) tensors of each dtype:
+    # the overloads OpInfo reaches through another name (``<<``, ``Scalar`` variants)
+    for op, entry in LOWERINGS.items():
+        kinds = [dispatch._kind(a) for a in op._schema.arguments if not a.has_default_value()]
+        if entry.runtime or not kinds or not set(kinds) <= {dispatch._TENSOR, dispatch._SCALAR}:
+            continue
+        for dtype in PROBED:
+            base = torch.tensor([[1, 0], [3, 1]]).to(dtype)
+            run(op, *[base.clone() if k == dispatch._TENSOR else 1 for k in kinds])
+    table = collections.defaultdict(dict)
+    for (key, arg), dtypes in sorted(refused.items()):
+        dtypes -= ran[key, arg]
+        if dtypes:
+            table[key][arg] = " ".join(str(d).removeprefix("torch.") for d in PROBED if d in dtypes)
+    return dict(table)
+
+
+def regenerate() -> None:
+    """Rewrite ``_cpu_refusals.py`` from ``probe()``."""
+
+    def entry(key, by_arg):  # one line, or one per argument where too long (ruff's format)
+        inner = ", ".join(f'"{a}": "{d}"' for a, d in by_arg.items())
+        line = f'    "{key}": {{{inner}}},'
+        if len(line) <= 110:
+            return [line]
+        return [f'    "{key}": {{', *(f'        "{a}": "{d}",' for a, d in by_arg.items()), "    },"]
+
+    lines = [
+        f'"""Generated by ``python -m torch_tpu.ops --regenerate-cpu-dtypes`` (torch {torch.__version__}):',
+        "per tpu-lowered ATen overload, the dtypes CPU's kernel refuses, by argument (``*``: the",
+        'common dtype of an elementwise op\'s operands). Do not edit: rerun the probe."""',
+        "",
+        "REFUSED = {",
+    ]
+    for key, by_arg in sorted(probe().items()):
+        lines += entry(key, by_arg)
+    lines.append("}")
+    path = pathlib.Path(__file__).with_name("_cpu_refusals.py")
+    path.write_text("\n".join(lines) + "\n")

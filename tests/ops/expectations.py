@@ -149,7 +149,6 @@ ERROR_XFAILS: dict[str, dict[int, str]] = {
         0: "dtype mismatch worded by the shared linalg dtype check, not CPU's 'dot : expected both vectors'"
     },
     "complex": {
-        0: "complex()'s dtype checks come from a meta replay with no message ('invalid arguments')",
         1: "complex()'s dtype checks come from a meta replay with no message ('invalid arguments')",
         2: "a complex128 result (out= of another dtype) reaches the dtype table, which tpu lacks (KeyError)",
     },

@@ -62,7 +62,8 @@ def _tensor_only_calls():
         ]
         if not required or any(str(a.type) != "Tensor" for a in required):
             continue
-        for dtype in sorted({d for dtypes in by_arg.values() for d in dtypes.split()}):
+        cuda_runs = cpu_dtypes.CUDA_RUNS.get(key, ("", ""))[0].split()
+        for dtype in sorted({d for dtypes in by_arg.values() for d in dtypes.split()} - set(cuda_runs)):
             yield pytest.param(key, dtype, id=f"{key}-{dtype}")
 
 
@@ -223,3 +224,13 @@ def test_default_dtype_matches_cpu(case, default):
         _same_outcome(fn)
     finally:
         torch.set_default_dtype(previous)
+
+
+def test_refusals_cuda_does_not_share_run_as_on_cuda():
+    """CPU has no integer histc; CUDA does, and Transformers' MoE routing uses it off CPU."""
+    assert set(cpu_dtypes.CUDA_RUNS) <= set(cpu_dtypes.REFUSED)  # (no stale entry)
+    experts = torch.tensor([0, 2, 2, 3, 1, 2], dtype=torch.int32)
+    expected = torch.histc(experts.float(), bins=4, min=0, max=3).to(torch.int32)
+    actual = torch.histc(experts.to(TPU), bins=4, min=0, max=3)
+    assert actual.dtype == torch.int32
+    torch.testing.assert_close(actual.cpu(), expected)

@@ -30,6 +30,16 @@ from ..runtime.dtypes import _SCALAR_TYPE_NAMES, to_jax, to_torch, type_name
 from ._cpu_refusals import REFUSED
 from .registry import Promote
 
+#: Refusals of CPU's kernels that CUDA's kernels do not share and that code written for
+#: accelerators relies on: tpu runs these dtypes as CUDA does (overload: dtypes, who relies on it).
+CUDA_RUNS: dict[str, tuple[str, str]] = {
+    "histc.default": (
+        "uint8 int8 int16 int32 int64",
+        "Transformers' MoE layers (Mixtral, Qwen3-MoE, DeepSeek-V3) count tokens per expert with "
+        "an int32 histc on every device but CPU and MPS",
+    ),
+}
+
 UNSIGNED = frozenset({torch.uint16, torch.uint32, torch.uint64})
 _UNSIGNED_JAX = frozenset(to_jax(d) for d in UNSIGNED)
 
@@ -193,7 +203,10 @@ def _table_guard(op, names, operand_pos, common_dtype) -> Callable | None:
     refused = REFUSED.get(str(op).removeprefix("aten."))
     if refused is None:
         return None
-    by_pos = [(None if arg == "*" else names.index(arg), _dtypes(d)) for arg, d in refused.items()]
+    runs = (
+        _dtypes(CUDA_RUNS[name][0]) if (name := str(op).removeprefix("aten.")) in CUDA_RUNS else frozenset()
+    )
+    by_pos = [(None if arg == "*" else names.index(arg), _dtypes(d) - runs) for arg, d in refused.items()]
     jax_by_pos = [(i, frozenset(to_jax(d) for d in ds)) for i, ds in by_pos]
     every = frozenset().union(*(ds for _, ds in by_pos))
     stand_in = next(d for d in (torch.float32, torch.int64, torch.complex64) if d not in every)

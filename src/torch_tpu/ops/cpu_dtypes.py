@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..runtime.dtypes import _SCALAR_TYPE_NAMES, to_jax, to_torch, type_name
+from ..runtime.dtypes import _SCALAR_TYPE_NAMES, TORCH_TO_JAX, to_jax, to_torch, type_name
 from ._cpu_refusals import REFUSED
 from .registry import Promote
 
@@ -268,21 +268,8 @@ def _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, promotes: bool) -> Call
 
 
 # ----------------------------------------------------------------------------- the probe
-#: The dtypes the probe tries (the unsigned ones have their own lists above).
-PROBED = (
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.complex64,
-    torch.complex128,
-)
+#: The dtypes the probe tries: every tpu dtype but the unsigned ones (their own lists above).
+PROBED = tuple(d for d in TORCH_TO_JAX if d not in UNSIGNED)
 _REFUSAL = re.compile(r"not implemented for '(\w+)'")
 _BY_TYPE_NAME = {n: d for d, n in _SCALAR_TYPE_NAMES.items()}
 

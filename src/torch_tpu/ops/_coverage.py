@@ -74,16 +74,16 @@ def render_text(c: Coverage | None = None) -> str:
 
 def _dtypes_markdown() -> list[str]:
     from ..runtime.dtypes import TORCH_TO_JAX
-    from . import cpu_dtypes as unsigned  # its uint16/32/64 lists
+    from . import cpu_dtypes
 
     def names(dtypes):
         return ", ".join(f"`{str(d).removeprefix('torch.')}`" for d in dtypes)
 
-    unsigned_ops = sorted(unsigned.OPS | unsigned.FACTORIES)
+    unsigned_ops = sorted(cpu_dtypes.OPS | cpu_dtypes.FACTORIES)
     return [
         f"**dtypes:** {names(TORCH_TO_JAX)}. Others (`complex32`, the float8 types, the quantized "
         "and bit types) raise `UnsupportedDtypeError` (a `TypeError`) naming the dtype. "
-        f"{names(sorted(unsigned.UNSIGNED, key=str))} run exactly where CPU's kernels do: the "
+        f"{names(sorted(cpu_dtypes.UNSIGNED, key=str))} run exactly where CPU's kernels do: the "
         f"overloads {', '.join(f'`{n}`' for n in unsigned_ops)}, and elementwise ops that promote "
         "them to a float or wider type; anything else raises CPU's `NotImplementedError` (and "
         "promoting them with another integer or bool type, CPU's `RuntimeError`). Any other dtype "

@@ -178,7 +178,8 @@ def _check_unsigned_promotion(signature) -> None:
         return
     for zero_dim in (False, True):
         dtypes = [s for s, z in signature if isinstance(s, torch.dtype) and z == zero_dim]
-        functools.reduce(torch.promote_types, dtypes, dtypes[0]) if dtypes else None
+        if dtypes:
+            functools.reduce(torch.promote_types, dtypes)  # raises CPU's error
 
 
 def _signature_of(x):

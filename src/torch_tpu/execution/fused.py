@@ -42,7 +42,7 @@ from typing import Any
 
 import jax
 
-from ..runtime import buffer, checks, memory, platform
+from ..runtime import buffer, checks, memory, platform, precision
 from ..runtime.buffer import Deferred
 from ..runtime.context import context
 from ..runtime.lru import LRU
@@ -65,7 +65,7 @@ class CacheStats:
 
     def _zero(self) -> None:
         self.requests = self.hits = self.misses = 0
-        self.compile_seconds = 0.0
+        self.compile_seconds = self.flush_seconds = 0.0
         self.graphs_run = self.ops_run = 0
         self.donated_buffers = 0
         self.compiled_graphs = self.compiled_runs = 0
@@ -78,6 +78,7 @@ class CacheStats:
             "hits": self.hits,
             "misses": self.misses,
             "compile_seconds": self.compile_seconds,
+            "flush_seconds": self.flush_seconds,
             "graphs_run": self.graphs_run,
             "ops_run": self.ops_run,
             "cached_graphs": len(_executables),
@@ -109,6 +110,7 @@ def explain(message: str) -> None:
 
 # ----------------------------------------------------------------------------- node specs
 _LEAF, _NODE, _STATIC, _SEQ = range(4)
+_ARRAY = buffer.ARRAY_TYPE
 #: (fn, input signature) -> (output treedef, output avals)
 _shapes = LRU()
 
@@ -151,15 +153,29 @@ def _program(nodes: list, outputs: tuple) -> Callable:
 
     def run(*leaves):
         env: list = []
-        for fn, arg_specs, kw_specs in nodes:
-            out = fn(
-                *(_resolve(s, env, leaves) for s in arg_specs),
-                **{k: _resolve(s, env, leaves) for k, s in kw_specs},
-            )
+        for fn, arg_specs, kw_specs, matmul_precision in nodes:
+            with precision.scope(matmul_precision):
+                out = fn(
+                    *(_resolve(s, env, leaves) for s in arg_specs),
+                    **{k: _resolve(s, env, leaves) for k, s in kw_specs},
+                )
             env.append(jax.tree_util.tree_leaves(out))
         return [env[n][i] for n, i in outputs]
 
     return run
+
+
+def _difference(new: tuple, old: tuple) -> str:
+    """What differs between two recorded nodes: the op, or which static argument."""
+    if new[0] is not old[0]:
+        return "another op"
+    if new[3] != old[3]:
+        return f"the float32 matmul precision changed ({old[3] or 'highest'} -> {new[3] or 'highest'})"
+    new_specs, old_specs = (*new[1], *(s for _, s in new[2])), (*old[1], *(s for _, s in old[2]))
+    for position, (a, b) in enumerate(zip(new_specs, old_specs)):
+        if a != b and a[0] is _STATIC and b[0] is _STATIC:
+            return f"its static argument {position} (a shape, dim or dtype) changed: {b[1]!r} -> {a[1]!r}"
+    return "its arguments come from other ops or inputs"
 
 
 def _uses_leaf(specs, leaf: int) -> bool:
@@ -217,8 +233,8 @@ class Graph:
     """The ops one thread recorded since its last sync point."""
 
     def __init__(self) -> None:
-        # (fn, arg specs, kwarg specs): the program, with no arrays in it (inputs are leaf
-        # indices), so it doubles as the node's part of the fingerprint
+        # (fn, arg specs, kwarg specs, matmul precision): the program, with no arrays in it
+        # (inputs are leaf indices), so it doubles as the node's part of the fingerprint
         self.nodes: list[tuple] = []
         self.leaves: list[jax.Array] = []  # concrete inputs, in first-use order
         self.leaf_ids: dict[int, int] = {}
@@ -246,12 +262,13 @@ class Graph:
                 return (_NODE, x.node, x.index)
             x = x.value
             kind = type(x)
-        if isinstance(x, jax.Array):
+        if kind is _ARRAY or isinstance(x, jax.Array):  # (the type test first: isinstance is slow)
             index = self.leaf_ids.get(id(x))
             if index is None:
                 index = self.leaf_ids[id(x)] = len(self.leaves)
                 self.leaves.append(x)
-            signature.append((x.shape, x.dtype, getattr(x, "weak_type", False)))
+            weak = x.weak_type if kind is _ARRAY else getattr(x, "weak_type", False)
+            signature.append((x.shape, x.dtype, weak))
             depends.update(checks.taint_of(x))
             return (_LEAF, index)
         if kind in (list, tuple) and any(type(v) is Deferred or isinstance(v, jax.Array) for v in x):
@@ -278,14 +295,19 @@ class Graph:
                 abstract_kwargs = {k: _abstract(s, walk) for k, s in kw_specs}
                 out = jax.eval_shape(fn, *abstract_args, **abstract_kwargs)
                 leaves, treedef = jax.tree_util.tree_flatten(out)
-                shapes = _shapes[signature_key] = (treedef, leaves)
+                single = treedef == jax.tree_util.tree_structure(0)  # one array: no unflattening
+                shapes = _shapes[signature_key] = (None if single else treedef, leaves)
             treedef, avals = shapes
             node = len(self.nodes)
-            self.nodes.append((fn, arg_specs, kw_specs))
+            self.nodes.append((fn, arg_specs, kw_specs, precision.current()))
             self.taints.append(frozenset(depends) if depends else _NO_CHECKS)
             self._unclaimed.clear()
             if log_recompiles:
                 self.sources.append(f"{name or getattr(fn, '__name__', fn)} at {checks.user_line()}")
+            if treedef is None:
+                out = Deferred(avals[0], self, node, 0)
+                self.outputs.append(weakref.ref(out))
+                return out
             outs = [Deferred(aval, self, node, i) for i, aval in enumerate(avals)]
             self.outputs.extend(weakref.ref(d) for d in outs)
             return jax.tree_util.tree_unflatten(treedef, outs)
@@ -338,6 +360,7 @@ class Graph:
 
     def _run(self, reason: str) -> None:
         global last_flush_reason
+        flush_started, compiled_before = time.perf_counter(), stats.compile_seconds
         live, outputs = self._live_outputs()
         donated = self._donatable(live) if donate else ()
         fingerprint = (
@@ -387,6 +410,7 @@ class Graph:
                 checks.taint([d.value], self.taints[d.node])
         self.taints = []
         checks.poll()
+        stats.flush_seconds += time.perf_counter() - flush_started - (stats.compile_seconds - compiled_before)
 
     def _release(self) -> None:
         self.leaves, self.leaf_ids, self.undo = [], {}, []
@@ -414,7 +438,7 @@ class Graph:
         self._release()
         if not isinstance(error, Exception):  # an interrupt: delivered as it is
             return error
-        ops = self.sources or [getattr(fn, "__name__", str(fn)) for fn, _, _ in self.nodes]
+        ops = self.sources or [getattr(fn, "__name__", str(fn)) for fn, *_ in self.nodes]
         try:
             return type(error)(
                 f"{error}\n[torch_tpu] while running a fused graph of "
@@ -429,7 +453,7 @@ class Graph:
         """Say which recorded op made this graph differ from the last one that started the same
         way (``TORCH_TPU_LOG_RECOMPILES=1``)."""
         keys = fingerprint[0]
-        start = keys[0] if keys else None
+        start = keys[0][0] if keys else None  # the first op's function, whatever its arguments
         previous = _previous_by_start.get(start)
         _previous_by_start[start] = (fingerprint, list(self.sources))
         if previous is None:
@@ -441,10 +465,8 @@ class Graph:
         (old_keys, old_outputs, old_avals, _), old_sources = previous
         for i, (new, old) in enumerate(zip(keys, old_keys)):
             if new != old:
-                explain(
-                    f"recompiling: op {i} differs from the previous graph: now "
-                    f"{self.sources[i]}, before {old_sources[i]}"
-                )
+                explain(f"recompiling: op {i} differs from the previous graph: {_difference(new, old)}")
+                explain(f"  now {self.sources[i]}, before {old_sources[i]}")
                 return
         if len(keys) != len(old_keys):
             explain(f"recompiling: {len(keys)} ops instead of {len(old_keys)} (ends at {self.sources[-1]})")
@@ -453,7 +475,7 @@ class Graph:
             user = next(
                 (
                     self.sources[n]
-                    for n, (_, args, kwargs) in enumerate(self.nodes)
+                    for n, (_, args, kwargs, _) in enumerate(self.nodes)
                     if _uses_leaf((*args, *(s for _, s in kwargs)), changed)
                 ),
                 "?",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 _HALF_TYPES = (jnp.float16, jnp.bfloat16)
 REDUCTIONS = ("none", "mean", "sum")  # at::Reduction enum order
@@ -14,11 +13,6 @@ REDUCTIONS = ("none", "mean", "sum")  # at::Reduction enum order
 def compute_dtype(dtype) -> np.dtype:
     """PyTorch's opmath type: half types compute in float32."""
     return jnp.dtype(jnp.float32) if dtype in _HALF_TYPES else jnp.dtype(dtype)
-
-
-def precision(dtype):
-    """Full float32 accuracy for matmul-like ops, as PyTorch CPU computes them."""
-    return lax.Precision.HIGHEST if jnp.dtype(dtype) in (jnp.float32, jnp.float64) else None
 
 
 def vjp(fn, primals, cotangent, mask):

@@ -1,9 +1,10 @@
 """Factory lowerings: fills (``full``, ``zeros``, ``*_like``, ``new_*``), ranges, windows,
 identity. (Random factories live in ops/random.py.)
 
-Factories that read the default dtype, a global, resolve it outside any trace (``runs=Runs.EAGER``);
-each is a handful of XLA ops. The ``*_like``/``new_*`` ones take their dtype from ``self`` and are
-jitted like any lowering.
+Factories that read the default dtype, a global, resolve it outside any trace (``runs=Runs.EAGER``)
+and then run one jitted program through ``buffer.apply`` (so fused eager records it): calling
+``jnp`` eagerly would run and dispatch every XLA op on its own, ten times the cost. The
+``*_like``/``new_*`` ones take their dtype from ``self`` and are jitted like any lowering.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import numpy as np
 import torch
 from jax.scipy.special import i0
 
+from ..runtime.buffer import apply
 from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
+from ..runtime.tensor import fill
+from ..runtime.transfer import device_scalar
 from ._helpers import accumulator
 from .registry import Layout, Runs, lower, runtime
 
@@ -50,7 +54,11 @@ def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=
         length = abs(span) // abs(stride)
     else:
         length = math.ceil((float(end) - float(start)) / float(step))
-    return _cpu_arange(first, stride, length, np.dtype(dtype), accumulate)
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(accumulate, jnp.integer):
+        return apply(_jitted_arange, first, stride, length, dtype, accumulate)
+    # op by op: compiled as one program, XLA would contract the emulated roundings (FMA)
+    return _cpu_arange(first, stride, length, dtype, accumulate)
 
 
 def _check_range(start: float, end: float, step: float) -> None:
@@ -94,6 +102,8 @@ def _cpu_arange(first, stride, length: int, dtype: np.dtype, accumulate: np.dtyp
         vector = _fused_multiply_add(lane.astype(accumulate), stride, base)
     return jnp.where(vectorized, vector.astype(dtype), at(index).astype(dtype))
 
+
+_jitted_arange = jax.jit(_cpu_arange, static_argnums=(0, 1, 2, 3, 4))
 
 #: The vector width (bytes) of the arange kernel torch's x86 CPU build runs: the AVX2 one, also
 #: on AVX512 machines (``REGISTER_DISPATCH`` registers no AVX512 variant of ``arange_stub``).
@@ -156,7 +166,21 @@ def range_default(start, end, dtype=None, layout=None, device=None, pin_memory=N
 # ----------------------------------------------------------------------------- fills
 def _checked_full(shape, value, dtype) -> jax.Array:
     check_scalar(value, dtype, math.prod(shape))
-    return jnp.broadcast_to(cast(value, dtype), shape)
+    return _full(shape, value, dtype)
+
+
+_INT64_RANGE = range(-(2**63), 2**63)
+
+
+def _full(shape, value, dtype) -> jax.Array:
+    """``shape`` filled with ``value`` cast to ``dtype``: one program per shape and dtype, the
+    value a runtime input (a uint64 fill past int64's range, which JAX cannot take as a Python
+    number, is cast on the host)."""
+    if isinstance(value, int) and value not in _INT64_RANGE:
+        value = cast(np.uint64(value), dtype)
+    else:
+        value = device_scalar(value)
+    return apply(fill, value, tuple(shape), np.dtype(dtype))
 
 
 def _fill_dtype(value) -> np.dtype:
@@ -182,7 +206,7 @@ def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None):
 
 def _constant_factory(value):
     def factory(size, dtype=None, layout=None, device=None, pin_memory=None):
-        return jnp.full(size, value, _float_or_default(dtype))
+        return _full(size, value, _float_or_default(dtype))
 
     return factory
 

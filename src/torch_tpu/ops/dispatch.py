@@ -20,11 +20,10 @@ import torch
 
 from .. import config
 from ..execution.tracing import NEEDS_VALUES
-from ..runtime import checks, memory, overlap, platform, random, tensor, transfer
+from ..runtime import checks, memory, overlap, platform, precision, random, tensor, transfer
 from ..runtime.buffer import Deferred
 from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
-from ..runtime.lru import LRU
 from . import cpu_dtypes, layout
 from .meta import NEEDS_VALUES_MESSAGES
 from .registry import LOWERINGS, Lowering, Promote, Runs, Types, qualified_name
@@ -104,9 +103,6 @@ def _to_jax_arg(x: Any) -> Any:
     return tensor.read(x)
 
 
-_scalar_arrays = LRU()
-
-
 def _host_scalars(x: Any) -> list:
     """The ``scalars`` tensor of a ``_foreach_*.Tensor`` op, read on the host as CUDA does: it
     must be a CPU tensor; a device one is refused with CUDA's error."""
@@ -123,19 +119,12 @@ def _index_to_jax(x: Any) -> Any:
 
 
 def _scalar(x: Any) -> Any:
-    """A Python number as a weakly typed device scalar, cached by value: handing JAX a fresh
-    Python number costs a host->device transfer per call, and the same constants (alpha=1,
-    0.5, eps) recur on every step. Values stay dynamic, so a new learning rate never recompiles."""
+    """A Python number as a cached device scalar (``transfer.device_scalar``)."""
     if isinstance(x, torch.Tensor):
         return _to_jax_arg(x)
     if x is None or isinstance(x, jax.Array):
         return x
-    key = (type(x), x) if x else (type(x), str(x))  # keeps -0.0 apart from 0.0
-    array = _scalar_arrays.get(key)
-    if array is None:
-        with jax.ensure_compile_time_eval():  # a constant, even when first seen in a trace
-            array = _scalar_arrays[key] = jax.numpy.asarray(x)
-    return array
+    return transfer.device_scalar(x)
 
 
 def _scalars(xs: Any) -> Any:
@@ -182,14 +171,17 @@ def _check_unsigned_promotion(signature) -> None:
             functools.reduce(torch.promote_types, dtypes)  # raises CPU's error
 
 
-def _signature_of(x):
-    if isinstance(x, torch.Tensor):
-        return x.dtype, x.dim() == 0
-    return type(x), True
+_Tensor = torch.Tensor
 
 
 def promoted_types(kind, values) -> Types:
-    return promoted(kind, tuple(_signature_of(v) for v in values if v is not None), torch.get_default_dtype())
+    """``promoted`` for these operands ((dtype, is 0-dim) per tensor, the type of a number)."""
+    signature = tuple(
+        (v.dtype, v.dim() == 0) if isinstance(v, _Tensor) else (type(v), True)
+        for v in values
+        if v is not None
+    )
+    return promoted(kind, signature, torch.get_default_dtype())
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -234,6 +226,9 @@ class _Binder:
 
     def bind(self, args: tuple, kwargs: dict) -> list:
         values = list(args)
+        if not kwargs:  # (the common call: positional arguments, the rest defaulted)
+            values += self.defaults[len(args) :]
+            return values
         for name, default in zip(self.names[len(args) :], self.defaults[len(args) :]):
             values.append(kwargs[name] if name in kwargs else default)
         return values
@@ -341,7 +336,11 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             recorder = ctx.recorder
             if traced and recorder is not None:
                 return recorder.record(lowered, values, extra, name)
-            return lowered(*values, **extra)
+            matmul_precision = precision.current()
+            if matmul_precision is None:
+                return lowered(*values, **extra)
+            with precision.scope(matmul_precision):
+                return lowered(*values, **extra)
         except (IndexError, UnsupportedDtypeError, torch.OutOfMemoryError, *NEEDS_VALUES):
             # already the right error: PyTorch's IndexErrors (bounds, mask shapes), or a result
             # dtype tpu does not have, which must keep its clear TypeError; or a compiled
@@ -615,7 +614,8 @@ def _recording(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
             platform.check_not_forked()
         if recorded_ops is not None:
             recorded_ops.add(op)
-        return kernel(*args, **kwargs)
+        with precision.scope(precision.current()):  # for the programs it runs (``apply``)
+            return kernel(*args, **kwargs)
 
     return recorded
 

@@ -1,7 +1,8 @@
 """Matrix products (mm, bmm, addmm and relatives) and linear-algebra decompositions.
 
 Products run at ``Precision.HIGHEST`` so float32 is true float32 on every backend (a TPU would
-otherwise use bfloat16 passes), and float16/bfloat16 accumulate in float32 like torch CPU.
+otherwise use bfloat16 passes), unless ``torch.set_float32_matmul_precision`` allows faster
+passes (``runtime.precision``); float16/bfloat16 accumulate in float32 like torch CPU.
 Integer products are exact; bool products are not implemented, as on CPU.
 """
 
@@ -19,6 +20,7 @@ from jax._src.lax.linalg import geqrf as _lapack_geqrf  # not re-exported by jax
 from ..runtime import overlap, tensor
 from ..runtime.buffer import apply
 from ..runtime.dtypes import to_jax, to_torch
+from ..runtime.precision import matmul_precision
 from . import layout
 from ._helpers import accumulator, type_name
 from ._nn_helpers import require, wrap_dim
@@ -53,7 +55,9 @@ def _check_dtypes(name: str, *arrays) -> None:
 # ----------------------------------------------------------------------------- products
 def _product(spec: str, a, b):
     """``einsum(spec, a, b)`` accumulated in torch's opmath dtype (result not yet rounded)."""
-    return jnp.einsum(spec, a, b, precision=HIGHEST, preferred_element_type=accumulator(a.dtype))
+    return jnp.einsum(
+        spec, a, b, precision=matmul_precision(a.dtype), preferred_element_type=accumulator(a.dtype)
+    )
 
 
 def _scaled_sum(bias, product, beta, alpha, dtype):
@@ -248,7 +252,7 @@ def _check_grouped(a, b, offs, bias, out_dtype) -> None:
 def _ragged(a, b, offs, dimension_numbers=None):
     """``ragged_dot(_general)`` of groups given by end offsets, accumulated in opmath."""
     sizes = jnp.diff(offs, prepend=jnp.zeros(1, offs.dtype))
-    options = dict(precision=HIGHEST, preferred_element_type=accumulator(a.dtype))
+    options = dict(precision=matmul_precision(a.dtype), preferred_element_type=accumulator(a.dtype))
     if dimension_numbers is None:
         return lax.ragged_dot(a, b, sizes, **options)
     return lax.ragged_dot_general(a, b, sizes, dimension_numbers, **options)

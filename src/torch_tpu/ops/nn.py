@@ -8,6 +8,7 @@ derivative of its forward; they are written out where PyTorch's formula differs 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -17,9 +18,10 @@ from jax import lax
 
 from ..runtime import tensor
 from ..runtime.buffer import apply
+from ..runtime.precision import matmul_precision
 from ..runtime.random import next_key
 from ._helpers import check_bounds
-from ._nn_helpers import compute_dtype, ntuple, precision, require, vjp, wrap_dim
+from ._nn_helpers import compute_dtype, ntuple, require, vjp, wrap_dim
 from .registry import Layout, Promote, lower, runtime
 
 aten = torch.ops.aten
@@ -50,7 +52,7 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
         rhs_dilation=dilation,
         feature_group_count=groups,
         dimension_numbers=_conv_dimension_numbers(n),
-        precision=precision(compute),
+        precision=lax.Precision.HIGHEST,  # (the matmul precision setting is not for convolutions)
         preferred_element_type=compute,
     )
     if transposed:
@@ -782,11 +784,18 @@ def fused_sdp_choice(
     return int(backend.MATH)
 
 
+@jax.jit
 def _pack_key(key) -> jax.Array:
     """A PRNG key as one int64, PyTorch's shape for ``philox_seed``, so backward replays the
     forward's dropout mask."""
     high, low = jax.random.key_data(key).astype(jnp.int64)
     return (high << 32) | low
+
+
+@functools.cache
+def _zero_offset() -> jax.Array:
+    """``philox_offset``: always 0 (each call draws a fresh key instead)."""
+    return jnp.zeros((), jnp.int64)
 
 
 def _unpack_key(seed):
@@ -797,12 +806,12 @@ def _attention(q, k, v, bias, seed, dropout_p, is_causal, scale):
     """(output, logsumexp). Grouped-query attention (fewer key/value heads) repeats the
     key/value heads; fully masked rows give zeros, as PyTorch's math path does."""
     compute = compute_dtype(q.dtype)
-    highest = precision(compute)
+    matmul = matmul_precision(compute)
     q, k, v = (t.astype(compute) for t in (q, k, v))
     if q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
         k, v = (jnp.repeat(t, q.shape[-3] // t.shape[-3], axis=-3) for t in (k, v))
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = jnp.einsum("...ld,...sd->...ls", q, k, precision=highest) * scale
+    scores = jnp.einsum("...ld,...sd->...ls", q, k, precision=matmul) * scale
     if is_causal:
         scores = jnp.where(jnp.tril(jnp.ones(scores.shape[-2:], jnp.bool_)), scores, -jnp.inf)
     if bias is not None:
@@ -816,7 +825,7 @@ def _attention(q, k, v, bias, seed, dropout_p, is_causal, scale):
     weights = exps / jnp.where(sums == 0, 1, sums)
     if dropout_p > 0:
         weights = _dropout(weights, dropout_p, _unpack_key(seed))[0]
-    out = jnp.einsum("...ls,...sd->...ld", weights, v, precision=highest)
+    out = jnp.einsum("...ls,...sd->...ld", weights, v, precision=matmul)
     logsumexp = (jnp.log(sums) + row_max)[..., 0]
     return out.astype(q.dtype), logsumexp.astype(jnp.float32)
 
@@ -829,7 +838,7 @@ def scaled_dot_product_fused_attention(
     query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None
 ):
     """A runtime entry only because the schema also returns ints (max_q, max_k)."""
-    seed = _pack_key(next_key())
+    seed = apply(_pack_key, next_key())
     bias = None if attn_bias is None else tensor.read(attn_bias)
     out, logsumexp = apply(
         _attention_forward,
@@ -850,7 +859,7 @@ def scaled_dot_product_fused_attention(
         query.shape[-2],
         key.shape[-2],
         tensor.wrap(seed),
-        tensor.wrap(jnp.zeros((), jnp.int64)),
+        tensor.wrap(_zero_offset()),
         None,
     )
 
@@ -889,8 +898,8 @@ def scaled_dot_product_fused_attention_backward(
 # (eval mode, no grad, batch_first). Same math as PyTorch's: q, k, v projections from the packed
 # weight, q scaled by 1/sqrt(head_dim), masked softmax (a float mask is masked where nonzero),
 # heads merged and projected.
-def _linear(x, weight, bias, highest):
-    return jnp.einsum("...i,oi->...o", x, weight, precision=highest) + bias
+def _linear(x, weight, bias, matmul):
+    return jnp.einsum("...i,oi->...o", x, weight, precision=matmul) + bias
 
 
 def _heads(x, num_heads: int):
@@ -905,21 +914,21 @@ def _multi_head_attention(
     """(output (B, T, E), attention weights (B, heads, T, S)), in the compute dtype."""
     require(query.ndim == 3 and query.shape == key.shape == value.shape)
     compute = compute_dtype(query.dtype)
-    highest = precision(compute)
+    matmul = matmul_precision(compute)
     weights = (w.astype(compute) for w in jnp.split(qkv_weight, 3))
     biases = (b.astype(compute) for b in jnp.split(qkv_bias, 3))
     q, k, v = (
-        _heads(_linear(x.astype(compute), w, b, highest), num_heads)
+        _heads(_linear(x.astype(compute), w, b, matmul), num_heads)
         for x, w, b in zip((query, key, value), weights, biases)
     )
-    scores = jnp.einsum("bhtd,bhsd->bhts", q / math.sqrt(q.shape[-1]), k, precision=highest)
+    scores = jnp.einsum("bhtd,bhsd->bhts", q / math.sqrt(q.shape[-1]), k, precision=matmul)
     if mask is not None:
         masked = _softmax_mask(mask.astype(jnp.bool_), scores.shape, mask_type)
         scores = jnp.where(masked, -jnp.inf, scores)
     attention = jax.nn.softmax(scores, axis=-1)
-    context = jnp.einsum("bhts,bhsd->bhtd", attention, v, precision=highest)
+    context = jnp.einsum("bhts,bhsd->bhtd", attention, v, precision=matmul)
     merged = context.transpose(0, 2, 1, 3).reshape(query.shape)
-    return _linear(merged, proj_weight.astype(compute), proj_bias.astype(compute), highest), attention
+    return _linear(merged, proj_weight.astype(compute), proj_bias.astype(compute), matmul), attention
 
 
 @lower(aten._native_multi_head_attention.default)
@@ -972,7 +981,7 @@ def transformer_encoder_layer_fwd(
     mask_type=None,
 ):
     compute = compute_dtype(src.dtype)
-    highest = precision(compute)
+    matmul = matmul_precision(compute)
 
     def norm(x, weight, bias):
         return native_layer_norm(x, (embed_dim,), weight, bias, eps)[0].astype(compute)
@@ -983,9 +992,9 @@ def transformer_encoder_layer_fwd(
         )[0]
 
     def feed_forward(x):
-        hidden = _linear(x, ffn_weight_1.astype(compute), ffn_bias_1.astype(compute), highest)
+        hidden = _linear(x, ffn_weight_1.astype(compute), ffn_bias_1.astype(compute), matmul)
         hidden = jax.nn.gelu(hidden, approximate=False) if use_gelu else jax.nn.relu(hidden)
-        return _linear(hidden, ffn_weight_2.astype(compute), ffn_bias_2.astype(compute), highest)
+        return _linear(hidden, ffn_weight_2.astype(compute), ffn_bias_2.astype(compute), matmul)
 
     x = src.astype(compute)
     if norm_first:

@@ -15,7 +15,7 @@ import torch
 from jax import lax
 
 from ._helpers import check_bounds, type_name
-from ._nn_helpers import compute_dtype, ntuple, precision, require, vjp
+from ._nn_helpers import compute_dtype, ntuple, require, vjp
 from .registry import Layout, lower
 
 aten = torch.ops.aten
@@ -201,7 +201,7 @@ def _adaptive_avg_pool(x, output_size, n):
             averaging[row, start:end] = 1 / (end - start)
         y = jnp.moveaxis(
             jnp.tensordot(
-                y, jnp.asarray(averaging.T, compute), ((axis,), (0,)), precision=precision(compute)
+                y, jnp.asarray(averaging.T, compute), ((axis,), (0,)), precision=lax.Precision.HIGHEST
             ),
             -1,
             axis,

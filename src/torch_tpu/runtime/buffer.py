@@ -209,14 +209,15 @@ def get_array(storage) -> jax.Array | Deferred:
     return value
 
 
-_ARRAY = type(jnp.zeros(()))
+#: The type of concrete device arrays (``jax.Array`` is an abstract base: slow to test against).
+ARRAY_TYPE = type(jnp.zeros(()))
 
 
 def concrete(storage) -> jax.Array:
     """The storage value as a concrete array: the common case first (it already is one), else
     zeros for an uninitialized storage, or a fused graph's result (running the graph)."""
     value = getattr(storage, _ATTR)
-    if type(value) is _ARRAY:
+    if type(value) is ARRAY_TYPE:
         return value
     value = get_array(storage)
     return value.concrete() if type(value) is Deferred else value

@@ -81,7 +81,10 @@ def wrap_elementwise(value: jax.Array, inputs) -> torch.Tensor:
     ``inputs`` (``x.t() + 1`` is transposed, a channels-last input gives a channels-last output);
     contiguous when they all are. Other values in ``inputs`` are ignored."""
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-    if all(t.is_contiguous() for t in tensors):
+    for t in tensors:
+        if not t.is_contiguous():
+            break
+    else:
         return wrap(value)
     strides = _elementwise_strides(
         tuple(value.shape), tuple((tuple(t.shape), t.stride(), t.element_size()) for t in tensors)
@@ -330,7 +333,8 @@ def _strided_write(buf: jax.Array, value: jax.Array, shape, strides, offset) -> 
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
-def _fill(value: jax.Array, shape, dtype) -> jax.Array:
+def fill(value: jax.Array, shape: tuple, dtype) -> jax.Array:
+    """``value`` cast to ``dtype`` (as CPU casts) and broadcast to ``shape``."""
     return jnp.broadcast_to(cast(value, dtype), shape)
 
 
@@ -347,7 +351,7 @@ def write(t: torch.Tensor, value) -> None:
     )
     if whole:
         if value.shape != shape or value.dtype != dtype:
-            value = apply(_fill, value, shape, dtype)
+            value = apply(fill, value, shape, dtype)
         buffer.put(storage, value)
         return
     buf = storage_array(storage, dtype)

@@ -27,7 +27,7 @@ import jax
 import torch
 
 from ...execution import fused, tracing
-from ...runtime import buffer, checks, memory, random, tensor, transfer
+from ...runtime import buffer, checks, memory, precision, random, tensor, transfer
 from ...runtime.context import context
 from ...runtime.lru import LRU
 
@@ -228,16 +228,22 @@ class Program:
     def _compile(self, key: tuple, values: list, donated: tuple[int, ...]) -> _Executable:
         layout = key[0]
         if not donated and self._last_layout is not None:
-            fused.explain(f"recompiling compiled graph {self.name}: {_layout_change(self._last_layout, key)}")
+            why = (
+                "torch.set_float32_matmul_precision changed"
+                if self._last_layout == key
+                else _layout_change(self._last_layout, key)
+            )
+            fused.explain(f"recompiling compiled graph {self.name}: {why}")
         started = time.perf_counter()
         traced = _Traced()
         program = self._traceable(layout, traced)
         # positions shift by one: the key is the program's first argument
-        run = (
-            jax.jit(program, donate_argnums=tuple(i + 1 for i in donated))
-            .lower(_unused_key(), *values)
-            .compile()
-        )
+        with precision.scope(precision.current()):
+            run = (
+                jax.jit(program, donate_argnums=tuple(i + 1 for i in donated))
+                .lower(_unused_key(), *values)
+                .compile()
+            )
         fused.stats.compile_seconds += time.perf_counter() - started
         fused.stats.compiled_graphs += 1
         return _Executable(run, traced)
@@ -245,16 +251,19 @@ class Program:
     # ------------------------------------------------------------------ calls
     def __call__(self, *args: Any) -> Any:
         key, values, sources = self._gather(args)
-        executable = self._executables.get((key, ()))
+        matmul_precision = precision.current()  # a program is built for one setting
+        executable = self._executables.get((key, (), matmul_precision))
         if executable is None:
-            executable = self._executables[(key, ())] = self._compile(key, values, ())
+            executable = self._executables[(key, (), matmul_precision)] = self._compile(key, values, ())
             self._last_layout = key
         traced = executable.traced
         donated = _donatable(values, traced.written)
         if donated:
-            donating = self._executables.get((key, donated))
+            donating = self._executables.get((key, donated, matmul_precision))
             if donating is None:
-                donating = self._executables[(key, donated)] = self._compile(key, values, donated)
+                donating = self._executables[(key, donated, matmul_precision)] = self._compile(
+                    key, values, donated
+                )
             executable = donating
             fused.stats.donated_buffers += len(donated)
         random_key = random.next_key() if traced.random else _unused_key()
@@ -288,7 +297,8 @@ class Program:
         """StableHLO text of this graph for these arguments (traced, not run)."""
         key, values, _ = self._gather(args)
         program = self._traceable(key[0], _Traced())
-        return jax.jit(program).lower(_unused_key(), *values).as_text()
+        with precision.scope(precision.current()):
+            return jax.jit(program).lower(_unused_key(), *values).as_text()
 
 
 def _arguments(layout: tuple, storages: list) -> list:

@@ -1,0 +1,256 @@
+"""Eager speed in one table: per-op dispatch, fused recording, a GPT step five ways, cold starts.
+
+Every row measures its contenders side by side in one run (interleaved rounds, medians, the
+helpers of ``bench_ops.py``), so read the ratios; absolute times on a shared 2-core box drift.
+
+- **dispatch**: strict eager per op (a 16-element ``add``, a ``linear`` on a transposed weight,
+  indexing with an index tensor) against PyTorch CPU, ``jnp`` eager and a ``jax.jit`` call;
+- **fused recording**: a 4-layer GPT training step (d=128, batch 8 x 64, where Python dominates)
+  in fused eager, per recorded op, split into recording (Python, ops recorded), flushing (each
+  graph's fingerprint, cache lookup and dispatch: ``flush_seconds``) and waiting for the
+  device at the step's end;
+- **GPT step**: that step on PyTorch CPU, tpu strict, fused and compiled, and hand-written
+  ``jax.jit``;
+- **cold start** (fresh processes, empty caches): the first 32-token greedy ``generate()`` of
+  the tiny Llama of ``bench_hf.py`` and the first ``torch.compile`` training step of
+  ``bench_compile.py``, the latter also with warm caches;
+- **matmul precision**: a 1024x1024 float32 matmul under each
+  ``torch.set_float32_matmul_precision`` setting (XLA:CPU computes all three alike).
+
+Usage::
+
+    python bench/bench_eager.py              # everything (a few minutes)
+    python bench/bench_eager.py --quick      # fewer rounds, no cold starts
+    python bench/bench_eager.py --markdown   # the table as Markdown, for docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import bench_compile
+import bench_fused
+import jax
+import jax.numpy as jnp
+import torch
+import torch.nn.functional as F
+from bench_ops import compare, no_sync
+
+import torch_tpu
+from torch_tpu.demo.model import GPTConfig
+
+#: the issue's "small GPT where Python dominates"
+GPT_CONFIG = GPTConfig(vocab_size=96, block_size=64, n_layer=4, n_head=4, n_embd=128)
+GPT_BATCH = 8
+WARMUP_STEPS = 3
+
+
+def _row(name: str, times: dict[str, float], unit: str, reference: str, note: str = "") -> tuple:
+    scale = {"us": 1e6, "ms": 1e3, "s": 1.0}[unit]
+    cells = ", ".join(f"{label} {seconds * scale:.1f} {unit}" for label, seconds in times.items())
+    ratios = ", ".join(
+        f"{label} {seconds / times[reference]:.2f}x" for label, seconds in times.items() if label != reference
+    )
+    return name, cells, f"vs {reference}: {ratios}" + (f"; {note}" if note else "")
+
+
+# ----------------------------------------------------------------------------- dispatch
+def _dispatch_rows(rounds: int) -> list[tuple]:
+    x, w = torch.randn(4, 16), torch.randn(32, 16)
+    a, b, idx = torch.randn(16), torch.randn(16), torch.tensor([0, 2, 3])
+    cases = {
+        "add, 16 elements": (lambda a, b: a + b, jnp.add, (a, b)),
+        "linear, transposed weight": (F.linear, lambda x, w: x @ w.T, (x, w)),
+        "index with a tensor": (lambda w, i: w[i], lambda w, i: w[i], (w, idx)),
+    }
+    rows = []
+    for name, (torch_op, jax_op, cpu_args) in cases.items():
+        tpu_args = [t.to("tpu") for t in cpu_args]
+        jax_args = [torch_tpu.to_jax(t) for t in tpu_args]
+        jitted = jax.jit(jax_op)
+        last: list = [None]
+
+        def sync_jax(last=last):
+            jax.block_until_ready(last[0])
+
+        contenders = {
+            "tpu": (lambda: torch_op(*tpu_args), torch.tpu.synchronize),
+            "torch cpu": (lambda: torch_op(*cpu_args), no_sync),
+            "jnp": (lambda: last.__setitem__(0, jax_op(*jax_args)), sync_jax),
+            "jax.jit": (lambda: last.__setitem__(0, jitted(*jax_args)), sync_jax),
+        }
+        rows.append(_row(f"strict: {name}", compare(contenders, 500, rounds), "us", "jnp"))
+    return rows
+
+
+# ----------------------------------------------------------------------------- GPT step
+def _gpt() -> tuple:
+    torch.manual_seed(0)
+    model = bench_fused.GPT(GPT_CONFIG)
+    idx = torch.randint(0, GPT_CONFIG.vocab_size, (GPT_BATCH, GPT_CONFIG.block_size))
+    targets = torch.randint(0, GPT_CONFIG.vocab_size, (GPT_BATCH, GPT_CONFIG.block_size))
+    return model, idx, targets
+
+
+def _fused_split(step, steps: int) -> dict[str, float]:
+    """Seconds per fused step: recording, flushing and waiting, and ops recorded per step."""
+    torch.tpu.synchronize()
+    torch.tpu.reset_compilation_cache_stats()
+    total = wait = 0.0
+    for _ in range(steps):
+        started = time.perf_counter()
+        step()
+        recorded = time.perf_counter()
+        torch.tpu.synchronize()
+        wait += time.perf_counter() - recorded
+        total += time.perf_counter() - started
+    stats = torch.tpu.compilation_cache_stats()
+    flush = stats["flush_seconds"]
+    assert stats["misses"] == 0, "the fused step recompiled while timed"
+    return {
+        "record": (total - wait - flush) / steps,
+        "flush": flush / steps,
+        "wait": wait / steps,
+        "ops": stats["ops_run"] / steps,
+    }
+
+
+def _gpt_rows(rounds: int) -> list[tuple]:
+    model, idx, targets = _gpt()
+    assert GPT_CONFIG.n_head == bench_fused.CONFIG.n_head  # (the JAX step's head count)
+    jax_step = bench_fused._JaxStep(model, idx, targets)
+    sync = torch.tpu.synchronize
+    contenders = {
+        "torch cpu": (bench_fused._torch_step(model, "cpu", idx, targets), no_sync),
+        "strict": (bench_fused._torch_step(model, "tpu", idx, targets, "strict"), sync),
+        "fused": (bench_fused._torch_step(model, "tpu", idx, targets, "fused"), sync),
+        "compiled": (bench_compile._torch_step(model, "tpu", idx, targets, "tpu"), sync),
+        "jax.jit": (jax_step, jax_step.sync),
+    }
+    for fn, wait in contenders.values():
+        for _ in range(WARMUP_STEPS):
+            fn()
+        wait()
+    split = _fused_split(contenders["fused"][0], 3 * rounds)
+    times = compare(contenders, 2, rounds)
+    ops = split.pop("ops")
+    per_op = ", ".join(f"{part} {seconds / ops * 1e6:.1f} us" for part, seconds in split.items())
+    return [
+        _row(
+            f"GPT step ({GPT_CONFIG.n_layer} layers, d={GPT_CONFIG.n_embd}, batch {GPT_BATCH}x64)",
+            times,
+            "ms",
+            "jax.jit",
+        ),
+        (f"fused: per recorded op ({ops:.0f} ops/step)", per_op, "record: Python; wait: the device"),
+    ]
+
+
+# ----------------------------------------------------------------------------- cold starts
+_GENERATE = """
+import json, time, torch, torch_tpu
+from bench_hf import LLAMA, NEW_TOKENS, PROMPT_LENGTH
+from torch_tpu.testing import hf_zoo
+model = hf_zoo.build("llama", **LLAMA).to("tpu")
+prompt = torch.randint(3, LLAMA["vocab_size"], (1, PROMPT_LENGTH), generator=torch.Generator().manual_seed(1))
+ids = prompt.to("tpu")
+seconds = []
+for _ in range(2):
+    started = time.perf_counter()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                         min_new_tokens=NEW_TOKENS, do_sample=False, num_beams=1)
+    out.cpu()
+    seconds.append(time.perf_counter() - started)
+print(json.dumps({"first": seconds[0], "second": seconds[1]}))
+"""
+
+
+def _fresh(code: str, environment: dict) -> dict:
+    output = subprocess.run(
+        [sys.executable, "-c", code],
+        env=environment,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(output.splitlines()[-1])
+
+
+def _cold_rows() -> list[tuple]:
+    with tempfile.TemporaryDirectory() as cache:
+        empty = dict(os.environ, TORCH_TPU_CACHE_DIR=cache, HF_HUB_OFFLINE="1")
+        generate = _fresh(_GENERATE, empty)
+    starts = bench_compile.start_times(("compiled",))["compiled"]
+    return [
+        (
+            "cold: first generate(), 32 tokens, tiny Llama",
+            f"{generate['first']:.2f} s (then {generate['second']:.2f} s)",
+            "fresh process, empty cache",
+        ),
+        (
+            "cold: first torch.compile training step",
+            f"{starts['cold']['seconds']:.2f} s cold, {starts['warm']['seconds']:.2f} s warm caches",
+            f"XLA compiles: {starts['cold']['xla_compiles']} cold, {starts['warm']['xla_compiles']} warm",
+        ),
+    ]
+
+
+# ----------------------------------------------------------------------------- precision
+def _precision_row(rounds: int) -> tuple:
+    a, b = torch.randn(1024, 1024, device="tpu"), torch.randn(1024, 1024, device="tpu")
+    before = torch.get_float32_matmul_precision()
+    times = {}
+    try:
+        for setting in ("highest", "high", "medium"):
+            torch.set_float32_matmul_precision(setting)
+            (a @ b).cpu()
+            samples = []
+            for _ in range(rounds):
+                started = time.perf_counter()
+                (a @ b).cpu()
+                samples.append(time.perf_counter() - started)
+            times[setting] = statistics.median(samples)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    return _row("matmul 1024x1024 float32 by precision", times, "ms", "highest")
+
+
+# ----------------------------------------------------------------------------- table
+def table(rows: list[tuple], markdown: bool) -> str:
+    header = ("case", "times (median)", "ratios / notes")
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|---|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join(lines)
+    width = max(len(row[0]) for row in rows)
+    return "\n".join(f"{row[0]:<{width}}  {row[1]}\n{'':<{width}}  {row[2]}" for row in [header, *rows])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, no cold starts")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    args = parser.parse_args(argv)
+    rounds = 3 if args.quick else 7
+    print(
+        f"device: {torch.tpu.get_device_name()}  (torch {torch.__version__}, jax {jax.__version__}, "
+        f"load average {os.getloadavg()[0]:.1f} at start)",
+        flush=True,
+    )
+    rows = _dispatch_rows(rounds) + _gpt_rows(rounds) + [_precision_row(rounds)]
+    if not args.quick:
+        rows += _cold_rows()
+    print(f"load average {os.getloadavg()[0]:.1f} at the end\n")
+    print(table(rows, args.markdown))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""What the eager hot path caches is never reused where it does not apply: random keys drawn a
+block at a time, device constants keyed by value, factory programs keyed by shape and dtype,
+promotion keyed by the operands' dtypes and the default dtype."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import torch_tpu
+
+
+def _draws(n: int) -> list[torch.Tensor]:
+    return [torch.rand(3, device="tpu").cpu() for _ in range(n)]
+
+
+def test_random_values_do_not_depend_on_where_key_blocks_start():
+    torch.manual_seed(7)
+    straight = _draws(150)  # crosses block boundaries
+    torch.manual_seed(7)
+    _draws(10)
+    state = torch.tpu.get_rng_state()
+    resumed = _draws(140)
+    torch.tpu.set_rng_state(state)  # mid-block: the next keys are the same ones again
+    assert all(torch.equal(a, b) for a, b in zip(straight[10:], resumed))
+    assert all(torch.equal(a, b) for a, b in zip(resumed, _draws(140)))
+
+
+def test_reseeding_forgets_the_keys_drawn_ahead():
+    torch.manual_seed(1)
+    first = _draws(3)
+    torch.manual_seed(2)
+    other = _draws(3)
+    torch.manual_seed(1)
+    assert all(torch.equal(a, b) for a, b in zip(first, _draws(3)))
+    assert not any(torch.equal(a, b) for a, b in zip(first, other))
+
+
+def test_fused_and_strict_draw_the_same_keys():
+    torch.manual_seed(3)
+    strict = torch.randn(64, device="tpu").cpu()
+    torch.manual_seed(3)
+    with torch_tpu.eager_mode("fused"):
+        fused = torch.randn(64, device="tpu").cpu()
+    assert torch.equal(strict, fused)
+
+
+@pytest.mark.parametrize(
+    "value, dtype",
+    [
+        (2.5, torch.float32),
+        (-0.0, torch.float32),
+        (0.0, torch.float32),
+        (1, torch.float32),
+        (True, torch.float32),
+        (7, torch.int8),
+        (-1, torch.int64),
+        (2**63 - 1, torch.int64),
+        (2**64 - 1, torch.uint64),
+        (1e-3, torch.bfloat16),
+        (1 + 2j, torch.complex64),
+        (math.inf, torch.float16),
+        (True, torch.bool),
+    ],
+)
+def test_fills_take_each_value_and_dtype_in_turn(value, dtype):
+    """One program per shape and dtype serves every fill value (a runtime input): values equal in
+    Python (1, 1.0, True; 0.0 and -0.0) must still fill their own bits."""
+    for shape in ((3,), (2, 2)):
+        expected = torch.full(shape, value, dtype=dtype)
+        actual = torch.full(shape, value, dtype=dtype, device="tpu").cpu()
+        assert actual.dtype == expected.dtype
+        assert torch.equal(actual.view(torch.uint8), expected.view(torch.uint8)), (value, dtype)
+
+
+def test_zeros_ones_and_integer_ranges_follow_shape_and_default_dtype():
+    before = torch.get_default_dtype()
+    try:
+        for default in (torch.float32, torch.float64):
+            torch.set_default_dtype(default)
+            for make in (torch.zeros, torch.ones):
+                for shape in ((2,), (3, 1)):
+                    actual = make(*shape, device="tpu")
+                    assert actual.dtype == default and torch.equal(actual.cpu(), make(*shape))
+    finally:
+        torch.set_default_dtype(before)
+    for end in (5, 6, 5):
+        assert torch.equal(torch.arange(end, device="tpu").cpu(), torch.arange(end))
+    assert torch.equal(torch.arange(2, 9, 3, device="tpu").cpu(), torch.arange(2, 9, 3))
+
+
+def test_promotion_is_not_reused_across_dtypes_dimensions_or_default_dtype():
+    cases = [
+        (torch.ones(2, dtype=torch.int32), torch.ones(2, dtype=torch.int64)),
+        (torch.ones(2, dtype=torch.int32), torch.ones((), dtype=torch.int64)),
+        (torch.ones(2, dtype=torch.float16), torch.ones((), dtype=torch.float64)),
+        (torch.ones((), dtype=torch.float16), torch.ones((), dtype=torch.float64)),
+    ]
+    before = torch.get_default_dtype()
+    try:
+        for default in (torch.float32, torch.float64):
+            torch.set_default_dtype(default)
+            for a, b in cases:
+                for other in (b, 2.5, 3):
+                    on_tpu = other.to("tpu") if isinstance(other, torch.Tensor) else other
+                    assert (a.to("tpu") + on_tpu).dtype == (a + other).dtype
+                    assert (a.to("tpu") / on_tpu).dtype == (a / other).dtype
+    finally:
+        torch.set_default_dtype(before)

@@ -499,14 +499,15 @@ def _functional_kernel(entry: Lowering, compute: Callable) -> Callable:
     return kernel
 
 
-def _store(dst: torch.Tensor | list, value, resize: bool) -> None:
-    """Write a lowering's output into an in-place target or an ``out=`` tensor, PyTorch-style
-    (a ``Tensor[]`` target takes a list of outputs, one each)."""
+def _fit(dst: torch.Tensor | list, value, resize: bool) -> None:
+    """Check that a lowering's output can go into an in-place target or an ``out=`` tensor,
+    PyTorch-style, resizing an ``out=`` to it (a ``Tensor[]`` target takes a list of outputs,
+    one each)."""
     if isinstance(dst, (list, tuple)):
         if len(dst) != len(value):
             raise RuntimeError(f"expected {len(value)} output tensors, got {len(dst)}")
         for d, v in zip(dst, value):
-            _store(d, v, resize)
+            _fit(d, v, resize)
         return
     if not tensor.is_tpu(dst):
         raise _device_mismatch(dst)
@@ -528,7 +529,14 @@ def _store(dst: torch.Tensor | list, value, resize: bool) -> None:
                 stacklevel=4,
             )
         dst.resize_(value.shape)
-    tensor.write(dst, value)
+
+
+def _write(dst: torch.Tensor | list, value) -> None:
+    if isinstance(dst, (list, tuple)):
+        for d, v in zip(dst, value):
+            _write(d, v)
+    else:
+        tensor.write(dst, value)
 
 
 def _mutating_kernel(
@@ -541,6 +549,7 @@ def _mutating_kernel(
     targets = [(names.index(a.name), a.name) for a in schema.arguments if _is_written(a)]
     outs = {a.name for a in schema.arguments if _is_out(a)}
     check_overlap = overlap.writes_checker(schema)
+    check_resized = overlap.writes_checker(schema, resized=True) if resize else None
     single = len(targets) == 1
     returns = len(schema.returns)
     # PyTorch leaves out arguments equal to *this* schema's defaults, which the functional schema
@@ -563,8 +572,13 @@ def _mutating_kernel(
             if i >= len(args) and name not in kwargs:
                 kwargs = {**kwargs, name: default}
         values = compute(args, kwargs)
-        for dst, value in zip(written, (values,) if single else values):
-            _store(dst, value, resize)
+        stores = list(zip(written, (values,) if single else values))
+        for dst, value in stores:
+            _fit(dst, value, resize)
+        if check_resized is not None:
+            check_resized(written, args, kwargs)
+        for dst, value in stores:
+            _write(dst, value)
         if context.launch_blocking:
             _block(values)
         if not returns:

@@ -27,7 +27,7 @@ from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_n
 from ..runtime.lru import LRU
 from . import cpu_dtypes, layout
 from .meta import NEEDS_VALUES_MESSAGES
-from .registry import LOWERINGS, Lowering, Promote, Runs, Types, qualified_name
+from .registry import LOWERINGS, Lowering, OutDtype, Promote, Runs, Types, qualified_name
 
 aten = torch.ops.aten
 
@@ -539,8 +539,28 @@ def _write(dst: torch.Tensor | list, value) -> None:
         tensor.write(dst, value)
 
 
+def _out_dtype_checker(rule: OutDtype | None, schema: torch._C.FunctionSchema) -> Callable | None:
+    """``check(outputs, args, kwargs)`` raising CPU's error for an ``out=`` of another dtype than
+    ``rule`` demands (None: no rule, or not an ``out=`` overload)."""
+    if rule is None or not any(map(_is_out, schema.arguments)):
+        return None
+    binder = _Binder(schema)
+
+    def check(outputs: list, args: tuple, kwargs: dict) -> None:
+        expected = rule.expected(*binder.bind(args, kwargs))
+        for out in outputs:
+            if isinstance(out, torch.Tensor) and out.dtype != expected:
+                raise RuntimeError(rule.message(expected, out.dtype))
+
+    return check
+
+
 def _mutating_kernel(
-    compute: Callable, functional: torch._C.FunctionSchema, schema: torch._C.FunctionSchema, resize: bool
+    compute: Callable,
+    functional: torch._C.FunctionSchema,
+    schema: torch._C.FunctionSchema,
+    resize: bool,
+    out_dtype: OutDtype | None = None,
 ) -> Callable:
     """The kernel of a derived in-place or ``out=`` overload: compute the functional op, then
     store its outputs, in order, into the arguments the schema marks as written (``self`` for
@@ -550,6 +570,7 @@ def _mutating_kernel(
     outs = {a.name for a in schema.arguments if _is_out(a)}
     check_overlap = overlap.writes_checker(schema)
     check_resized = overlap.writes_checker(schema, resized=True) if resize else None
+    check_dtypes = _out_dtype_checker(out_dtype, schema)
     single = len(targets) == 1
     returns = len(schema.returns)
     # PyTorch leaves out arguments equal to *this* schema's defaults, which the functional schema
@@ -566,6 +587,8 @@ def _mutating_kernel(
     def kernel(*args, **kwargs):
         written = [args[i] if i < len(args) else kwargs[name] for i, name in targets]
         check_overlap(written, args, kwargs)
+        if check_dtypes is not None:
+            check_dtypes(written, args, kwargs)
         if outs:
             kwargs = {k: v for k, v in kwargs.items() if k not in outs}
         for i, name, default in own_defaults:
@@ -732,7 +755,9 @@ def install() -> None:
             DERIVED[variant] = op
             lib.impl(
                 variant,
-                checked(variant, _mutating_kernel(compute, op._schema, variant._schema, resize)),
+                checked(
+                    variant, _mutating_kernel(compute, op._schema, variant._schema, resize, entry.out_dtype)
+                ),
                 "PrivateUse1",
             )
     sparse.install(fallback)

@@ -17,9 +17,9 @@ from jax import lax
 
 from ..runtime.buffer import apply
 from ..runtime.dtypes import to_torch
-from ._helpers import accumulator, has_values, report_values, type_name
+from ._helpers import accumulator, has_values, input_dtype, report_values, structured_out, type_name
 from ._nn_helpers import require
-from .registry import Promote, lower, runtime
+from .registry import OutDtype, Promote, lower, runtime
 
 aten = __import__("torch").ops.aten
 INDEX = jnp.int64
@@ -210,6 +210,16 @@ def _extreme_dim(name, reduce, arg):
     return along
 
 
+#: amax/amin's rule: CPU's meta function words it
+_SAME_AS_INPUT = OutDtype(
+    input_dtype,
+    lambda want, got: (
+        f"Expected the dtype for input and out to match, but got {type_name(want)} for input's dtype "
+        f"and {type_name(got)} for out's dtype."
+    ),
+)
+
+
 def _extreme_dims(name, reduce):
     """``amax``/``amin``: several dims, no indices."""
 
@@ -246,11 +256,11 @@ for _name, _reduce, _arg in [("max", jnp.max, jnp.argmax), ("min", jnp.min, jnp.
     _packet = getattr(aten, _name)
     lower(_packet.default)(_extreme(_name, _reduce))
     lower(_packet.dim)(_extreme_dim(_name, _reduce, _arg))
-    lower(getattr(aten, "a" + _name).default)(_extreme_dims("a" + _name, _reduce))
+    lower(getattr(aten, "a" + _name).default, out_dtype=_SAME_AS_INPUT)(_extreme_dims("a" + _name, _reduce))
     lower(getattr(aten, "arg" + _name).default)(_arg_extreme("arg" + _name, _arg))
 
 
-@lower(aten.aminmax.default)
+@lower(aten.aminmax.default, out_dtype=structured_out(input_dtype))
 def aminmax(x, dim=None, keepdim=False):
     if dim is None:
         _dims(x, None)  # the rank limit

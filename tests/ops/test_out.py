@@ -1,7 +1,11 @@
-"""Derived ``out=`` and in-place variants refuse an output sharing memory with an input exactly
-where CPU's kernel does (``at::assert_no_overlap`` and friends): per op and per argument, as
-``scatter(x, ..., out=x)`` is fine while ``scatter(..., src=y, out=y)`` is not. Each call runs
-on CPU and on tpu: both raise the same error, or both compute the same result."""
+"""Derived ``out=`` (and in-place) variants refuse what CPU's kernels refuse, with CPU's message.
+
+Overlap: an output sharing memory with an input is refused exactly where CPU's kernel refuses it
+(``at::assert_no_overlap`` and friends), per op and per argument: ``scatter(x, ..., out=x)`` is
+fine while ``scatter(..., src=y, out=y)`` is not. Dtypes: an ``out=`` of another dtype than the
+result is refused by the ops whose CPU kernels demand one (structured kernels, ``multinomial``),
+in their words, and cast by the others. Each call runs on CPU and on tpu: both raise the same
+error, or both compute the same result."""
 
 from __future__ import annotations
 
@@ -126,3 +130,30 @@ def test_generated_out_overloads_are_native_functions_autogen():
     assert overlap.GENERATED_OUT == {
         name for name in autogen if name.endswith("out") and name.split(".")[0] in overlap.NO_OVERLAP_OPS
     }
+
+
+OUT_DTYPES = {  # (the call with an out= tensor maker, the out= dtype)
+    "gather": lambda o, d: torch.gather(_floats(4, d), 0, _ints(2, d), out=o(d)),
+    "aminmax": lambda o, d: torch.aminmax(_floats(4, d), dim=0, out=(o(d), o(d))),
+    "amax": lambda o, d: torch.amax(_floats(4, d), 0, out=o(d)),
+    "amin": lambda o, d: torch.amin(_floats(4, d), 0, out=o(d)),
+    "multinomial": lambda o, d: torch.multinomial(_floats(4, d) + 1, 2, out=o(d)),
+    "complex": lambda o, d: torch.complex(_floats(4, d), _floats(4, d), out=o(d)),
+    "polar": lambda o, d: torch.polar(_floats(4, d), _floats(4, d), out=o(d)),
+    "add_casts": lambda o, d: torch.add(_floats(4, d), 1, out=o(d)),  # TensorIterator: cast rule
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int32, torch.complex128], ids=str)
+@pytest.mark.parametrize("name", OUT_DTYPES)
+def test_out_dtype_refused_as_on_cpu(name, dtype):
+    def call(device):
+        return OUT_DTYPES[name](lambda d: torch.empty((), dtype=dtype, device=d), device)
+
+    cpu, cpu_error = _run(call, "cpu")
+    tpu, tpu_error = _run(call, "tpu")
+    if cpu_error is not None:
+        assert str(tpu_error) == str(cpu_error)
+    elif name != "multinomial":  # (random draws: only the acceptance compares)
+        assert tpu_error is None, f"CPU allows it, tpu raises {tpu_error}"
+        torch.testing.assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu(), tpu), cpu)

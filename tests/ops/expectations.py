@@ -149,11 +149,6 @@ ERROR_XFAILS: dict[str, dict[int, str]] = {
         0: "a non-bool mask is refused with another message than CPU's 'only supports boolean masks'",
         1: "a non-bool mask is refused with another message than CPU's 'only supports boolean masks'",
     },
-    "mean": {
-        0: "the integer-dtype refusal names the dtype as torch.int64, CPU as Long",
-        1: "the integer-dtype refusal names the dtype as torch.int64, CPU as Long",
-    },
-    "eye": {2: "eye(n, m) with a negative m names n"},
     "nn.functional.adaptive_max_pool2d": {
         1: "CPU's 'internal error' for an output size of 0 is not reproduced"
     },
@@ -165,6 +160,4 @@ ERROR_XFAILS: dict[str, dict[int, str]] = {
     "nn.functional.conv3d": dict.fromkeys((2, 3, 4, 6, 7), _CONV),
     "nn.functional.max_pool3d": {4: "a 4-d (unbatched) input with an empty channel dim is accepted"},
     "nn.functional.gaussian_nll_loss": {2: "the broadcast error is the meta replay's wording, not CPU's"},
-    "linalg.lstsq": {0: "a 0-d input fails in the lowering (no meta kernel to word it)"},
-    "linalg.lstsq.grad_oriented": {0: "a 0-d input fails in the lowering (no meta kernel to word it)"},
 }

@@ -16,7 +16,6 @@ import numpy as np
 from jax import lax
 
 from ..runtime.buffer import apply
-from ..runtime.dtypes import to_torch
 from ._helpers import accumulator, has_values, input_dtype, report_values, structured_out, type_name
 from ._nn_helpers import require
 from .registry import OutDtype, Promote, lower, runtime
@@ -83,7 +82,7 @@ def _float_dtype(name: str, x_dtype, dtype) -> np.dtype:
         which = "Optional" if dtype is not None else "Input"
         raise RuntimeError(
             f"{name}(): could not infer output dtype. {which} dtype must be either "
-            f"a floating point or complex dtype. Got: {to_torch(result)}"
+            f"a floating point or complex dtype. Got: {type_name(result)}"
         )
     return result
 

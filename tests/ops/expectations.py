@@ -132,12 +132,6 @@ XFAILS: dict[str, XFail] = {
 
 #: Error inputs (``tests/ops/test_error_inputs.py``) on which tpu's exception differs from CPU's:
 #: OpInfo name -> {index of the ErrorInput: why}.
-_OUT_DTYPE = (
-    "the derived out= variant words a wrong out dtype as the cast rule; CPU's op-specific message differs"
-)
-_OUT_OVERLAP = (
-    "the derived out= variant does not refuse an out= overlapping an input (CPU's assert_no_overlap)"
-)
 _CONV = "convolution's argument checks (stride, padding, dilation, weight rank): meta replays, other order"
 _INDEX_RANK = "scatter/gather check index bounds before CPU's rank/size checks (the rank check is missing)"
 
@@ -148,27 +142,13 @@ ERROR_XFAILS: dict[str, dict[int, str]] = {
     "vdot": {
         0: "dtype mismatch worded by the shared linalg dtype check, not CPU's 'dot : expected both vectors'"
     },
-    "complex": {
-        1: "complex()'s dtype checks come from a meta replay with no message ('invalid arguments')",
-        2: "a complex128 result (out= of another dtype) reaches the dtype table, which tpu lacks (KeyError)",
-    },
-    "kthvalue": {0: _OUT_OVERLAP},
-    "gather": {0: _INDEX_RANK, 1: _OUT_DTYPE, 6: _OUT_OVERLAP},
+    "gather": {0: _INDEX_RANK},
     "scatter": {2: _INDEX_RANK},
     "scatter_add": {2: _INDEX_RANK},
     "masked_scatter": {
         0: "a non-bool mask is refused with another message than CPU's 'only supports boolean masks'",
         1: "a non-bool mask is refused with another message than CPU's 'only supports boolean masks'",
     },
-    "aminmax": {3: _OUT_DTYPE},
-    "amax": {5: _OUT_DTYPE},
-    "amin": {5: _OUT_DTYPE},
-    "mean": {
-        0: "the integer-dtype refusal names the dtype as torch.int64, CPU as Long",
-        1: "the integer-dtype refusal names the dtype as torch.int64, CPU as Long",
-    },
-    "eye": {2: "eye(n, m) with a negative m names n"},
-    "multinomial": {2: "a non-Long out= is not refused before the distribution check"},
     "nn.functional.adaptive_max_pool2d": {
         1: "CPU's 'internal error' for an output size of 0 is not reproduced"
     },
@@ -180,6 +160,4 @@ ERROR_XFAILS: dict[str, dict[int, str]] = {
     "nn.functional.conv3d": dict.fromkeys((2, 3, 4, 6, 7), _CONV),
     "nn.functional.max_pool3d": {4: "a 4-d (unbatched) input with an empty channel dim is accepted"},
     "nn.functional.gaussian_nll_loss": {2: "the broadcast error is the meta replay's wording, not CPU's"},
-    "linalg.lstsq": {0: "a 0-d input fails in the lowering (no meta kernel to word it)"},
-    "linalg.lstsq.grad_oriented": {0: "a 0-d input fails in the lowering (no meta kernel to word it)"},
 }

@@ -105,6 +105,15 @@ ERROR_CASES = {
     "_linalg_check_errors": lambda d: torch.linalg.inv(torch.zeros(2, 3, 3).to(d)),
     "cdist negative p": lambda d: torch.cdist(_x(3, 2).to(d), _x(3, 2).to(d), p=-1),
     "renorm non-positive p": lambda d: torch.renorm(_x(3, 2).to(d), 0, 0, 1.0),
+    "lstsq 1-d input": lambda d: torch.linalg.lstsq(_x(3).to(d), _x(3).to(d)),
+    "lstsq 0-d other": lambda d: torch.linalg.lstsq(_x(3, 3).to(d), torch.ones(()).to(d)),
+    "lstsq other's dtype": lambda d: torch.linalg.lstsq(_x(3, 3).to(d), _x(3).double().to(d)),
+    "lstsq other's rank": lambda d: torch.linalg.lstsq(_x(3, 3).to(d), _x(2, 3, 3, 1).to(d)),
+    "lstsq vector size": lambda d: torch.linalg.lstsq(_x(3, 3).to(d), _x(2).to(d)),
+    "lstsq matrix size": lambda d: torch.linalg.lstsq(_x(3, 2).to(d), _x(2, 3).to(d)),
+    "lstsq integers": lambda d: torch.linalg.lstsq(
+        torch.eye(2, dtype=torch.int32).to(d), torch.ones(2, 2).int().to(d)
+    ),
 }
 
 

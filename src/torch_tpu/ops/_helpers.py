@@ -17,10 +17,25 @@ import torch
 from ..runtime import checks
 from ..runtime.buffer import apply
 from ..runtime.context import context
-from ..runtime.dtypes import to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
-from .registry import Promote, lower
+from ..runtime.dtypes import item_name, to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
+from .registry import OutDtype, Promote, lower
 
 _LIBRARIES = tuple(os.path.dirname(m.__file__) for m in (torch, sys.modules["torch_tpu"]))
+
+
+def structured_out(expected: Callable[..., torch.dtype]) -> OutDtype:
+    """The out= dtype rule of PyTorch's structured kernels outside TensorIterator: the outputs
+    must have the result's dtype, ``expected`` from the op's arguments."""
+    return OutDtype(
+        expected,
+        lambda want, got: (
+            f"Expected out tensor to have dtype {item_name(want)}, but got {item_name(got)} instead"
+        ),
+    )
+
+
+def input_dtype(x, *_) -> torch.dtype:
+    return x.dtype
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..runtime.dtypes import type_name, unsupported
+from ..runtime.dtypes import to_torch, type_name, unsupported
 from ._helpers import unary
 from ._nn_helpers import require
-from .registry import Promote, lower, runtime
+from .registry import OutDtype, Promote, lower, runtime
 
 aten = torch.ops.aten
 
@@ -35,20 +35,40 @@ def _complex_pair(real, imag):
 
 
 def _check_parts(real, imag) -> None:
-    """CPU's dtype check; two half tensors make a complex32 on CPU, a dtype tpu does not have:
-    say so clearly (before tracing, where the dispatcher would turn it into a generic error)."""
-    floats = (jnp.float16, jnp.float32, jnp.float64)
-    if real.dtype not in floats or imag.dtype not in floats:
+    """CPU's dtype checks (torch or JAX dtypes); two half tensors make a complex32 on CPU, a
+    dtype tpu does not have: say so clearly (before tracing, where the dispatcher would turn it
+    into a generic error)."""
+    dtypes = [x.dtype if isinstance(x.dtype, torch.dtype) else to_torch(x.dtype) for x in (real, imag)]
+    floats = (torch.float16, torch.float32, torch.float64)
+    if dtypes[0] not in floats or dtypes[1] not in floats:
         raise RuntimeError(
-            "Expected both inputs to be Half, Float or Double tensors but got "
-            f"{type_name(real.dtype)} and {type_name(imag.dtype)}"
+            f"Expected both inputs to be Half, Float or Double tensors but got {type_name(dtypes[0])} and "
+            f"{type_name(dtypes[1])}"
         )
-    if real.dtype == imag.dtype == jnp.float16:
+    if dtypes[0] != dtypes[1]:
+        real_name, imag_name = map(type_name, dtypes)
+        raise RuntimeError(
+            f"Expected object of scalar type {real_name} but got scalar type {imag_name} for second argument"
+        )
+    if dtypes[0] == torch.float16:
         raise unsupported(torch.complex32)
 
 
-lower(aten.complex.default, check=_check_parts)(_complex_pair)
-lower(aten.polar.default, check=_check_parts)(
+def _complex_of_parts(real, imag) -> torch.dtype:
+    _check_parts(real, imag)  # first, as on CPU
+    return real.dtype.to_complex()
+
+
+#: complex/polar's out= rule, after their input checks
+_COMPLEX_OUT = OutDtype(
+    _complex_of_parts,
+    lambda want, got: (
+        f"Expected object of scalar type {type_name(want)} but got scalar type {type_name(got)} "
+        "for argument 'out'"
+    ),
+)
+lower(aten.complex.default, check=_check_parts, out_dtype=_COMPLEX_OUT)(_complex_pair)
+lower(aten.polar.default, check=_check_parts, out_dtype=_COMPLEX_OUT)(
     lambda magnitude, phase: _complex_pair(magnitude * jnp.cos(phase), magnitude * jnp.sin(phase))
 )
 unary(aten._conj_physical.default, lambda x: jnp.conj(x) if _is_complex(x) else x)

@@ -448,9 +448,9 @@ def eye(n, dtype=None, layout=None, device=None, pin_memory=None):
 
 @lower(aten.eye.m, runs=Runs.EAGER)
 def eye_m(n, m, dtype=None, layout=None, device=None, pin_memory=None):
-    for size in (n, m):
+    for name, size in (("n", n), ("m", m)):
         if size < 0:
-            raise RuntimeError(f"n must be greater or equal to 0, got {size}")
+            raise RuntimeError(f"{name} must be greater or equal to 0, got {size}")
     return jnp.eye(n, m, dtype=_float_or_default(dtype))
 
 

@@ -26,7 +26,7 @@ from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
 from . import cpu_dtypes, layout
 from .meta import NEEDS_VALUES_MESSAGES
-from .registry import LOWERINGS, Lowering, Promote, Runs, Types, qualified_name
+from .registry import LOWERINGS, Lowering, OutDtype, Promote, Runs, Types, qualified_name
 
 aten = torch.ops.aten
 
@@ -498,14 +498,15 @@ def _functional_kernel(entry: Lowering, compute: Callable) -> Callable:
     return kernel
 
 
-def _store(dst: torch.Tensor | list, value, resize: bool) -> None:
-    """Write a lowering's output into an in-place target or an ``out=`` tensor, PyTorch-style
-    (a ``Tensor[]`` target takes a list of outputs, one each)."""
+def _fit(dst: torch.Tensor | list, value, resize: bool) -> None:
+    """Check that a lowering's output can go into an in-place target or an ``out=`` tensor,
+    PyTorch-style, resizing an ``out=`` to it (a ``Tensor[]`` target takes a list of outputs,
+    one each)."""
     if isinstance(dst, (list, tuple)):
         if len(dst) != len(value):
             raise RuntimeError(f"expected {len(value)} output tensors, got {len(dst)}")
         for d, v in zip(dst, value):
-            _store(d, v, resize)
+            _fit(d, v, resize)
         return
     if not tensor.is_tpu(dst):
         raise _device_mismatch(dst)
@@ -527,11 +528,38 @@ def _store(dst: torch.Tensor | list, value, resize: bool) -> None:
                 stacklevel=4,
             )
         dst.resize_(value.shape)
-    tensor.write(dst, value)
+
+
+def _write(dst: torch.Tensor | list, value) -> None:
+    if isinstance(dst, (list, tuple)):
+        for d, v in zip(dst, value):
+            _write(d, v)
+    else:
+        tensor.write(dst, value)
+
+
+def _out_dtype_checker(rule: OutDtype | None, schema: torch._C.FunctionSchema) -> Callable | None:
+    """``check(outputs, args, kwargs)`` raising CPU's error for an ``out=`` of another dtype than
+    ``rule`` demands (None: no rule, or not an ``out=`` overload)."""
+    if rule is None or not any(map(_is_out, schema.arguments)):
+        return None
+    binder = _Binder(schema)
+
+    def check(outputs: list, args: tuple, kwargs: dict) -> None:
+        expected = rule.expected(*binder.bind(args, kwargs))
+        for out in outputs:
+            if isinstance(out, torch.Tensor) and out.dtype != expected:
+                raise RuntimeError(rule.message(expected, out.dtype))
+
+    return check
 
 
 def _mutating_kernel(
-    compute: Callable, functional: torch._C.FunctionSchema, schema: torch._C.FunctionSchema, resize: bool
+    compute: Callable,
+    functional: torch._C.FunctionSchema,
+    schema: torch._C.FunctionSchema,
+    resize: bool,
+    out_dtype: OutDtype | None = None,
 ) -> Callable:
     """The kernel of a derived in-place or ``out=`` overload: compute the functional op, then
     store its outputs, in order, into the arguments the schema marks as written (``self`` for
@@ -540,6 +568,8 @@ def _mutating_kernel(
     targets = [(names.index(a.name), a.name) for a in schema.arguments if _is_written(a)]
     outs = {a.name for a in schema.arguments if _is_out(a)}
     check_overlap = overlap.writes_checker(schema)
+    check_resized = overlap.writes_checker(schema, resized=True) if resize else None
+    check_dtypes = _out_dtype_checker(out_dtype, schema)
     single = len(targets) == 1
     returns = len(schema.returns)
     # PyTorch leaves out arguments equal to *this* schema's defaults, which the functional schema
@@ -556,14 +586,21 @@ def _mutating_kernel(
     def kernel(*args, **kwargs):
         written = [args[i] if i < len(args) else kwargs[name] for i, name in targets]
         check_overlap(written, args, kwargs)
+        if check_dtypes is not None:
+            check_dtypes(written, args, kwargs)
         if outs:
             kwargs = {k: v for k, v in kwargs.items() if k not in outs}
         for i, name, default in own_defaults:
             if i >= len(args) and name not in kwargs:
                 kwargs = {**kwargs, name: default}
         values = compute(args, kwargs)
-        for dst, value in zip(written, (values,) if single else values):
-            _store(dst, value, resize)
+        stores = list(zip(written, (values,) if single else values))
+        for dst, value in stores:
+            _fit(dst, value, resize)
+        if check_resized is not None:
+            check_resized(written, args, kwargs)
+        for dst, value in stores:
+            _write(dst, value)
         if context.launch_blocking:
             _block(values)
         if not returns:
@@ -718,7 +755,9 @@ def install() -> None:
             DERIVED[variant] = op
             lib.impl(
                 variant,
-                checked(variant, _mutating_kernel(compute, op._schema, variant._schema, resize)),
+                checked(
+                    variant, _mutating_kernel(compute, op._schema, variant._schema, resize, entry.out_dtype)
+                ),
                 "PrivateUse1",
             )
     sparse.install(fallback)

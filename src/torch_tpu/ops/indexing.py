@@ -31,8 +31,10 @@ from ._helpers import (
     check_values,
     has_values,
     host_number,
+    input_dtype,
     report_values,
     result_dtype,
+    structured_out,
     type_name,
     warn,
 )
@@ -202,7 +204,7 @@ def _gather(x, dim, index):
     return _as_1d(x)[_along(_as_1d(index), dim)].reshape(index.shape)
 
 
-@lower(aten.gather.default, runs=Runs.EAGER)
+@lower(aten.gather.default, runs=Runs.EAGER, out_dtype=structured_out(input_dtype))
 def gather(x, dim, index, sparse_grad=False):
     _check_along(x, dim, index, "gather")
     if not index.size:  # torch accepts any empty index

@@ -682,7 +682,32 @@ def _svd_least_squares(a, b, rcond):
     return solution, jnp.sum(keep, -1).astype(jnp.int64), s
 
 
-@lower(aten.linalg_lstsq.default, runs=Runs.HOST)
+def _check_lstsq(a, b, rcond=None, driver=None) -> None:
+    """CPU's first argument checks, in its order (the lowering assumes them)."""
+    if a.ndim < 2:
+        raise RuntimeError("torch.linalg.lstsq: input must have at least 2 dimensions.")
+    if b.ndim < 1:
+        raise RuntimeError("torch.linalg.lstsq: other must have at least 1 dimension.")
+    if a.dtype != b.dtype:
+        raise RuntimeError(
+            "torch.linalg.lstsq: Expected input and other to have the same dtype, but got input's dtype "
+            f"{type_name(a.dtype)} and other's dtype {type_name(b.dtype)}"
+        )
+    if not 0 <= a.ndim - b.ndim <= 1:
+        raise RuntimeError(
+            "torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and "
+            "(input.dim() - other.dim()) <= 1"
+        )
+    vector = b.ndim == a.ndim - 1
+    if a.shape[-2] != b.shape[-1 if vector else -2]:
+        raise RuntimeError(
+            f"torch.linalg.lstsq: input.size(-2) should match other.size({-1 if vector else -2})"
+        )
+    if a.dtype not in (jnp.float32, jnp.float64, jnp.complex64, jnp.complex128):  # CPU's LAPACK dispatch
+        raise RuntimeError("This function doesn't handle types other than float and double")
+
+
+@lower(aten.linalg_lstsq.default, runs=Runs.HOST, check=_check_lstsq)
 def linalg_lstsq(a, b, rcond=None, driver=None):
     driver = driver or "gelsy"
     rows, cols = a.shape[-2:]

@@ -20,7 +20,7 @@ from jax.scipy.special import digamma
 
 from ._helpers import accumulator, check_values, result_dtype, type_name
 from .creation import _factory_out, _float_or_default
-from .registry import Layout, Runs, lower, runtime
+from .registry import Layout, OutDtype, Runs, lower, runtime
 
 aten = torch.ops.aten
 
@@ -550,7 +550,15 @@ def _positive_sums(probs):
     return jnp.all(probs.astype(accumulator(probs.dtype)).sum(-1) > 0)
 
 
-@lower(aten.multinomial.default, random=True, check=_check_multinomial)
+@lower(
+    aten.multinomial.default,
+    random=True,
+    check=_check_multinomial,
+    out_dtype=OutDtype(
+        lambda *_: torch.int64,
+        lambda want, got: f"multinomial expects Long tensor out, got: {type_name(got)}",
+    ),
+)
 def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
     logits = jnp.log(probs.astype(accumulator(probs.dtype)))
     if replacement:

@@ -16,10 +16,9 @@ import numpy as np
 from jax import lax
 
 from ..runtime.buffer import apply
-from ..runtime.dtypes import to_torch
-from ._helpers import accumulator, has_values, report_values, type_name
+from ._helpers import accumulator, has_values, input_dtype, report_values, structured_out, type_name
 from ._nn_helpers import require
-from .registry import Promote, lower, runtime
+from .registry import OutDtype, Promote, lower, runtime
 
 aten = __import__("torch").ops.aten
 INDEX = jnp.int64
@@ -83,7 +82,7 @@ def _float_dtype(name: str, x_dtype, dtype) -> np.dtype:
         which = "Optional" if dtype is not None else "Input"
         raise RuntimeError(
             f"{name}(): could not infer output dtype. {which} dtype must be either "
-            f"a floating point or complex dtype. Got: {to_torch(result)}"
+            f"a floating point or complex dtype. Got: {type_name(result)}"
         )
     return result
 
@@ -210,6 +209,16 @@ def _extreme_dim(name, reduce, arg):
     return along
 
 
+#: amax/amin's rule: CPU's meta function words it
+_SAME_AS_INPUT = OutDtype(
+    input_dtype,
+    lambda want, got: (
+        f"Expected the dtype for input and out to match, but got {type_name(want)} for input's dtype "
+        f"and {type_name(got)} for out's dtype."
+    ),
+)
+
+
 def _extreme_dims(name, reduce):
     """``amax``/``amin``: several dims, no indices."""
 
@@ -246,11 +255,11 @@ for _name, _reduce, _arg in [("max", jnp.max, jnp.argmax), ("min", jnp.min, jnp.
     _packet = getattr(aten, _name)
     lower(_packet.default)(_extreme(_name, _reduce))
     lower(_packet.dim)(_extreme_dim(_name, _reduce, _arg))
-    lower(getattr(aten, "a" + _name).default)(_extreme_dims("a" + _name, _reduce))
+    lower(getattr(aten, "a" + _name).default, out_dtype=_SAME_AS_INPUT)(_extreme_dims("a" + _name, _reduce))
     lower(getattr(aten, "arg" + _name).default)(_arg_extreme("arg" + _name, _arg))
 
 
-@lower(aten.aminmax.default)
+@lower(aten.aminmax.default, out_dtype=structured_out(input_dtype))
 def aminmax(x, dim=None, keepdim=False):
     if dim is None:
         _dims(x, None)  # the rank limit

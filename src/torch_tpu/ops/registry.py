@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Promote
 
-__all__ = ["Layout", "Lowering", "LOWERINGS", "Promote", "Runs", "Types", "lower", "runtime"]
+__all__ = ["Layout", "Lowering", "LOWERINGS", "OutDtype", "Promote", "Runs", "Types", "lower", "runtime"]
 
 
 class Types(NamedTuple):
@@ -65,6 +65,16 @@ class Layout(enum.Enum):
     CONVOLUTION = "convolution"
 
 
+class OutDtype(NamedTuple):
+    """The dtype an ``out=`` variant's outputs must have, where CPU's kernel demands one (not
+    TensorIterator's cast rule, the default) and says so before its other checks."""
+
+    #: the functional op's arguments -> the dtype every output must have
+    expected: Callable[..., torch.dtype]
+    #: (expected, given) -> CPU's message
+    message: Callable[[torch.dtype, torch.dtype], str]
+
+
 @dataclasses.dataclass(frozen=True)
 class Lowering:
     op: torch._ops.OpOverload
@@ -83,6 +93,7 @@ class Lowering:
     check: Callable | None = None
     family: str = ""  # the ops module that registered it (docs/ops.md's sections)
     layout: Layout | None = None  # outputs not row-major in PyTorch (None: row-major)
+    out_dtype: OutDtype | None = None  # the out= variant's dtype rule (None: the cast rule)
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}

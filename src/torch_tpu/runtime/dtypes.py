@@ -74,6 +74,31 @@ _SCALAR_TYPE_NAMES = {
 }
 
 
+#: The C++ element types' names, as PyTorch's structured kernels word a wrong out= dtype.
+_ITEM_NAMES = {
+    torch.bool: "bool",
+    torch.uint8: "unsigned char",
+    torch.uint16: "short unsigned int",
+    torch.uint32: "unsigned int",
+    torch.uint64: "long unsigned int",
+    torch.int8: "signed char",
+    torch.int16: "short int",
+    torch.int32: "int",
+    torch.int64: "long int",
+    torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16",
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.complex64: "c10::complex<float>",
+    torch.complex128: "c10::complex<double>",
+}
+
+
+def item_name(dtype: torch.dtype) -> str:
+    """The C++ element type of a torch dtype (``long int``)."""
+    return _ITEM_NAMES[dtype]
+
+
 def type_name(dtype) -> str:
     """PyTorch's C++ name for a torch or JAX dtype (``Long``), as its error messages spell it."""
     if not isinstance(dtype, torch.dtype):

@@ -33,29 +33,37 @@ PARTIAL_OVERLAP = (
     "a single memory location. Please clone() the tensor before performing the operation."
 )
 
-#: Ops whose CPU kernels refuse any overlap of output and input, full overlap too
-#: (``assert_no_overlap``): they read inputs at positions other than the one they write.
-NO_OVERLAP_OPS = frozenset(
-    {
-        "cat",
-        "stack",
-        "gather",
-        "take",
-        "put",
-        "index",
-        "index_select",
-        "index_put",
-        "_index_put_impl",
-        "index_copy",
-        "index_add",
-        "index_reduce",
-        "scatter",
-        "scatter_add",
-        "scatter_reduce",
-        "masked_select",
-        "nonzero",
-    }
-)
+#: Ops whose CPU kernels refuse any overlap of their output with some of their inputs, full
+#: overlap too (``assert_no_overlap``): those they read at positions other than the one they
+#: write. op -> those inputs (the others, as ``scatter``'s ``self``, which an ``out=`` may be:
+#: partial overlap only). The kernels check once their outputs have been resized, as well.
+NO_OVERLAP_OPS: dict[str, tuple[str, ...]] = {
+    "cat": ("tensors",),
+    "stack": ("tensors",),
+    "gather": ("self",),
+    "take": ("self", "index"),
+    "put": ("index", "source"),
+    "index": ("self", "indices"),
+    "index_select": ("self", "index"),
+    "index_put": ("indices", "values"),
+    "_index_put_impl": ("indices", "values"),
+    "index_copy": ("index", "source"),
+    "index_add": ("index", "source"),
+    "index_reduce": ("index", "source"),
+    "scatter": ("index", "src"),
+    "scatter_add": ("index", "src"),
+    "scatter_reduce": ("index", "src"),
+    "masked_select": ("self", "mask"),
+    "nonzero": ("self",),
+    "kthvalue": ("self",),
+    "linalg_cross": ("self", "other"),
+}
+#: Their ``out=`` overloads that PyTorch generates from the functional op (native_functions.yaml's
+#: ``autogen``): computed into a new tensor, then copied, so only the output itself is checked.
+GENERATED_OUT = frozenset({"put.out", "index_put.out", "_index_put_impl.out"})
+#: Of those, ops whose check covers only some of their outputs (``kthvalue`` reads a clone of
+#: its input, so its indices may go there).
+NO_OVERLAP_OUTPUTS: dict[str, tuple[str, ...]] = {"kthvalue": ("values",)}
 
 
 class Overlap(enum.Enum):
@@ -223,18 +231,35 @@ def check_writes(written: Sequence, read: Iterable, no_overlap: bool = False, co
                     raise RuntimeError(PARTIAL_OVERLAP)
 
 
-def writes_checker(schema: torch._C.FunctionSchema) -> Callable[[list, tuple, dict], None]:
+def writes_checker(
+    schema: torch._C.FunctionSchema, resized: bool = False
+) -> Callable[[list, tuple, dict], None] | None:
     """For an in-place or ``out=`` overload: ``check(written, args, kwargs)`` runs
-    :func:`check_writes` on its written arguments against the tensors it reads."""
+    :func:`check_writes` on its written arguments (in schema order) against the tensors it
+    reads. ``resized``: the check of the outputs once resized (a resize can move an ``out=``
+    onto an input, as ``gather(x, 0, i[1:], out=i[:1])``), which only ``NO_OVERLAP_OPS``'
+    kernels make (None for the others: TensorIterator checks before it resizes)."""
     name = schema.name.split("::")[-1].removesuffix("_")
-    no_overlap = name in NO_OVERLAP_OPS
+    strict = NO_OVERLAP_OPS.get(name, ())
+    if f"{name}.{schema.overload_name}" in GENERATED_OUT:
+        return None if resized else lambda written, args, kwargs: check_writes(written, ())
+    if resized and not strict:
+        return None
+    is_written = [arg.alias_info is not None and arg.alias_info.is_write for arg in schema.arguments]
     read = [
         (i, arg.name)
         for i, arg in enumerate(schema.arguments)
-        if "Tensor" in str(arg.type) and not (arg.alias_info is not None and arg.alias_info.is_write)
+        if "Tensor" in str(arg.type) and not is_written[i]
     ]
+    written_names = [arg.name for arg, w in zip(schema.arguments, is_written) if w]
+    covered = NO_OVERLAP_OUTPUTS.get(name, written_names)
+    strict_targets = [i for i, n in enumerate(written_names) if n in covered]
 
     def check(written: list, args: tuple, kwargs: dict) -> None:
-        check_writes(written, [args[i] if i < len(args) else kwargs.get(arg) for i, arg in read], no_overlap)
+        values = {arg: args[i] if i < len(args) else kwargs.get(arg) for i, arg in read}
+        check_writes(written, [v for arg, v in values.items() if arg not in strict])
+        if strict:
+            strict_written = [written[i] for i in strict_targets]
+            check_writes(strict_written, [values[arg] for arg in strict if arg in values], no_overlap=True)
 
     return check

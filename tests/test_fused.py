@@ -263,3 +263,74 @@ def test_a_second_process_loads_compiled_graphs_from_disk(run_python, tmp_path):
     second = run_python(program, TORCH_TPU_CACHE_DIR=cache).split()
     assert first[0] == second[0]
     assert int(first[1]) == 0 and int(second[1]) > 0
+
+
+# ----------------------------------------------------------------------------- churning ops
+@pytest.fixture
+def fresh_churn():
+    from torch_tpu.execution import fused as fused_module
+
+    for table in (fused_module._churning, fused_module._history):
+        table.clear()
+    yield fused_module
+    for table in (fused_module._churning, fused_module._history):
+        table.clear()
+
+
+def _growing_loop(steps: int, device: str, sizes=None, start: int = 2):
+    """A generation-like loop: a sequence grows by one step each iteration (its cat and read
+    change shape), while the work on its last element keeps one shape."""
+    torch.manual_seed(0)
+    weight = torch.randn(8, 8).to(device)
+    sequence = torch.zeros(1, start, 8).to(device)
+    results = []
+    for step in range(steps):
+        last = sequence[:, -1]  # a read of a growing buffer
+        hidden = torch.tanh(last @ weight) + step
+        sequence = torch.cat([sequence, hidden[:, None]], dim=1)  # needs this graph's value
+        if sizes is not None:
+            sequence = sequence[:, -sizes[step] :]
+        results.append(hidden.sum().item())  # a sync point each step, as generation has
+    return results, sequence.cpu()
+
+
+def test_ops_whose_shapes_grow_every_graph_run_alone_and_the_rest_stays_compiled(fresh_churn):
+    expected = _growing_loop(12, "cpu")
+    torch.tpu.reset_compilation_cache_stats()
+    with torch_tpu.eager_mode("fused"):
+        actual = _growing_loop(12, "tpu")
+    stats = torch.tpu.compilation_cache_stats()
+    torch.testing.assert_close(actual[0], expected[0])
+    torch.testing.assert_close(actual[1], expected[1])
+    assert stats["ops_run_alone"] > 0
+    # once the growing ops run alone, the fixed-shape work hits the graph cache every step
+    # (after a second pass, which compiles the first steps' graphs without the growing ops)
+    with torch_tpu.eager_mode("fused"):
+        _growing_loop(12, "tpu")
+        before = torch.tpu.compilation_cache_stats()["misses"]
+        assert _growing_loop(12, "tpu")[0] == actual[0]
+        assert torch.tpu.compilation_cache_stats()["misses"] == before
+
+
+def test_recurring_shapes_are_not_taken_for_churn(fresh_churn):
+    sizes = [4, 3] * 6  # lengths 3, 4, 3, 4...: each shape compiles once, then is cached
+    expected = _growing_loop(12, "cpu", sizes, start=3)
+    torch.tpu.reset_compilation_cache_stats()
+    with torch_tpu.eager_mode("fused"):
+        actual = _growing_loop(12, "tpu", sizes, start=3)
+    torch.testing.assert_close(actual[0], expected[0])
+    assert torch.tpu.compilation_cache_stats()["ops_run_alone"] == 0
+
+
+def test_an_op_run_alone_keeps_the_checks_of_its_inputs(fresh_churn):
+    weight = torch.randn(5, 4, device="tpu")
+    with torch_tpu.eager_mode("fused"):
+        sequence = torch.zeros(1, 4, device="tpu")
+        for _ in range(6):  # the cat learns to run alone
+            sequence = torch.cat([sequence, sequence[-1:] + 1])
+            sequence.sum().item()
+        assert torch.tpu.compilation_cache_stats()["ops_run_alone"] > 0
+        bad = F.embedding(torch.tensor([9], device="tpu"), weight)  # a failing value check
+        grown = torch.cat([sequence, bad])
+        with pytest.raises(IndexError, match="index out of range"):
+            grown.cpu()

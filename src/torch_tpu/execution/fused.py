@@ -66,7 +66,7 @@ class CacheStats:
     def _zero(self) -> None:
         self.requests = self.hits = self.misses = 0
         self.compile_seconds = self.flush_seconds = 0.0
-        self.graphs_run = self.ops_run = 0
+        self.graphs_run = self.ops_run = self.ops_run_alone = 0
         self.donated_buffers = 0
         self.compiled_graphs = self.compiled_runs = 0
         self.sync_reasons: collections.Counter = collections.Counter()
@@ -81,6 +81,7 @@ class CacheStats:
             "flush_seconds": self.flush_seconds,
             "graphs_run": self.graphs_run,
             "ops_run": self.ops_run,
+            "ops_run_alone": self.ops_run_alone,
             "cached_graphs": len(_executables),
             "disk_hits": disk_hits,
             "donated_buffers": self.donated_buffers,
@@ -224,6 +225,59 @@ last_flush_reason: str | None = None
 _previous_by_start = LRU()
 
 
+#: (first op of a graph and its line, position of an op in it) -> the op, for ops whose shapes change from
+#: one graph to the next (a sequence growing by a token per step): they run alone, so the rest
+#: of the graph keeps one shape and stays compiled
+_churning = LRU()
+#: first op of a graph and its line -> {position: (signatures seen there, graphs in a row that
+#: brought a new one)} over the graphs that started there
+_history = LRU()
+#: graphs in a row with a new signature at a position before its op is taken out of graphs
+CHURN_AFTER = 3
+
+
+_RUN_GRAPH_FIRST = object()  # Graph.record: an op to run alone needs this graph's results
+
+
+def _run_alone(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """A churning op run at once on its inputs' values (strict eager's way); its results depend
+    on the checks its inputs depend on, as a recorded node's would."""
+    args = tuple(buffer.resolved(a) for a in args)
+    kwargs = {k: buffer.resolved(v) for k, v in kwargs.items()}
+    stats.ops_run_alone += 1
+    with precision.scope(precision.current()):
+        out = fn(*args, **kwargs)
+    inherited = checks.inherited(jax.tree_util.tree_leaves((args, kwargs)))
+    if inherited:
+        checks.taint(jax.tree_util.tree_leaves(out), inherited)
+    return out
+
+
+def _learn_churn(graph: Graph) -> None:
+    """On a cache miss, find the ops that made it: those at a position where the graphs that
+    start the same way keep meeting shapes never seen there before (not a few recurring
+    shapes, which each compile once and are then cached). From then on they run alone when
+    their inputs are ready, at the price of one small program per shape."""
+    history = _history.get(graph.start)
+    if history is None:
+        history = _history[graph.start] = {}
+    for position, signature in zip(graph.positions, graph.signatures):
+        seen, novel = history.get(position, (frozenset(), 0))
+        if signature in seen:
+            history[position] = (seen, 0)
+            continue
+        if seen and next(iter(seen))[0] is signature[0]:
+            novel += 1
+        else:  # another op at this position: start over
+            seen, novel = frozenset(), 0
+        history[position] = ((seen | {signature}) if len(seen) < 16 else frozenset({signature}), novel)
+        if novel >= CHURN_AFTER and (graph.start, position) not in _churning:
+            _churning[(graph.start, position)] = signature[0]
+            if log_recompiles:
+                name = getattr(signature[0], "__name__", signature[0])
+                explain(f"op {position} ({name}) has new shapes in every graph: it now runs on its own")
+
+
 def _execute(executable: Callable, leaves: list) -> list:
     """Run a compiled graph (the one place XLA runs it: tests make it fail here)."""
     return executable(*leaves)
@@ -232,7 +286,7 @@ def _execute(executable: Callable, leaves: list) -> list:
 class Graph:
     """The ops one thread recorded since its last sync point."""
 
-    def __init__(self) -> None:
+    def __init__(self, continuing: Graph | None = None) -> None:
         # (fn, arg specs, kwarg specs, matmul precision): the program, with no arrays in it
         # (inputs are leaf indices), so it doubles as the node's part of the fingerprint
         self.nodes: list[tuple] = []
@@ -248,6 +302,13 @@ class Graph:
         self.undo: list[tuple[weakref.ref, Any]] = []
         self.state = _OPEN
         self.lock = threading.RLock()
+        #: ops met so far (recorded, or run alone as churning), the first one's function and line, and
+        #: per node its position among them and its signature (see :func:`_learn_churn`); a
+        #: graph cut to run a churning op alone is continued by the next one
+        self.seen = 0 if continuing is None else continuing.seen
+        self.start: tuple | None = None if continuing is None else continuing.start
+        self.positions: list[int] = []
+        self.signatures: list[tuple] = []
         self._unreported = context.checks  # the recording thread's list
 
     # ------------------------------------------------------------------ recording
@@ -283,6 +344,15 @@ class Graph:
         with self.lock:
             if self.state is not _OPEN:
                 return None
+            position = self.seen
+            if position == 0:  # graphs that start with this op at this line: the same loop, mostly
+                self.start = (fn, checks.user_line())
+            if _churning.get((self.start, position)) is fn and not self._unclaimed:
+                if any(map(self._computes, (*args, *kwargs.values()))):
+                    return _RUN_GRAPH_FIRST
+                self.seen += 1
+                return _run_alone(fn, args, kwargs)
+            self.seen += 1
             signature: list = []
             depends: set = set(self._unclaimed)
             arg_specs = tuple(self._spec(a, signature, depends) for a in args)
@@ -300,6 +370,8 @@ class Graph:
             treedef, avals = shapes
             node = len(self.nodes)
             self.nodes.append((fn, arg_specs, kw_specs, precision.current()))
+            self.positions.append(position)
+            self.signatures.append(signature_key)
             self.taints.append(frozenset(depends) if depends else _NO_CHECKS)
             self._unclaimed.clear()
             if log_recompiles:
@@ -311,6 +383,13 @@ class Graph:
             outs = [Deferred(aval, self, node, i) for i, aval in enumerate(avals)]
             self.outputs.extend(weakref.ref(d) for d in outs)
             return jax.tree_util.tree_unflatten(treedef, outs)
+
+    def _computes(self, value: Any) -> bool:
+        """Whether ``value`` (or an element of a list of them) is one this graph computes."""
+        for v in value if type(value) in (list, tuple) else (value,):
+            if type(v) is Deferred and v.value is None and v.graph is self:
+                return True
+        return False
 
     def overwrote(self, storage, old: Any) -> None:
         """``storage`` now holds a value of this graph; ``old`` is put back if the graph fails."""
@@ -375,6 +454,7 @@ class Graph:
             stats.misses += 1
             if log_recompiles:
                 self._explain_miss(fingerprint)
+            _learn_churn(self)
             started = time.perf_counter()
             try:  # (an interrupt here leaves the graph pending: it runs at the next sync)
                 executable = (
@@ -524,6 +604,10 @@ class Recorder:
                     *(buffer.resolved(a) for a in args),
                     **{k: buffer.resolved(v) for k, v in (kwargs or {}).items()},
                 )
+            if outs is _RUN_GRAPH_FIRST:  # (its results are dispatched, not waited for)
+                graph.run("an op whose shapes change in every graph runs alone")
+                self.graph = Graph(continuing=graph)
+                continue
             if outs is not None:
                 return outs
 

@@ -90,11 +90,11 @@ _COMPLEX = (torch.complex64, torch.complex128)
 
 
 def _to_jax_arg(x: Any) -> Any:
-    if not isinstance(x, torch.Tensor):
-        return x  # None, or a Python number PyTorch unwrapped from a "wrapped number" tensor
+    if not isinstance(x, torch.Tensor):  # None, or a number PyTorch unwrapped from a wrapped number
+        return None if x is None else _scalar(x)  # a runtime value: ``x + step`` compiles once
     if x.is_cpu:
-        if x.dim() == 0:  # a CPU scalar tensor may join a device op, as on CUDA
-            return x.item()
+        if x.dim() == 0:  # a CPU scalar tensor (or a wrapped Python number) may join, as on CUDA
+            return _scalar(x.item())  # a runtime value: ``x + step`` compiles once for every step
         raise _device_mismatch(x)
     if x.is_meta:  # (is_cpu/is_meta are cheap flags; reading .device builds an object)
         raise _device_mismatch(x)
@@ -118,11 +118,15 @@ def _index_to_jax(x: Any) -> Any:
     return _to_jax_arg(x)
 
 
+_INT64_RANGE = range(-(2**63), 2**63)
+
+
 def _scalar(x: Any) -> Any:
-    """A Python number as a cached device scalar (``transfer.device_scalar``)."""
+    """A Python number as a cached device scalar (``transfer.device_scalar``); an integer past
+    int64 (a uint64 value) stays a Python number, which JAX cannot take as a runtime value."""
     if isinstance(x, torch.Tensor):
         return _to_jax_arg(x)
-    if x is None or isinstance(x, jax.Array):
+    if x is None or isinstance(x, jax.Array) or (type(x) is int and x not in _INT64_RANGE):
         return x
     return transfer.device_scalar(x)
 

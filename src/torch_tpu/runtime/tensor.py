@@ -20,6 +20,7 @@ from . import buffer, memory
 from .buffer import Deferred, apply
 from .dtypes import JAX_TO_TORCH, cast, to_jax, unsupported
 from .lru import cached
+from .transfer import device_scalar
 
 _create = torch._C._acc.create_empty_tensor
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -303,9 +304,10 @@ def read(t: torch.Tensor) -> jax.Array:
     dtype = to_jax(t.dtype)
     buf = storage_array(storage, dtype)
     shape = t.shape
-    if buf.shape == shape and t.storage_offset() == 0 and t.is_contiguous():
+    offset = t.storage_offset()
+    if buf.shape == shape and offset == 0 and t.is_contiguous():
         return buf
-    return apply(_strided_read, buf, tuple(shape), t.stride(), t.storage_offset())
+    return apply(_strided_read, buf, tuple(shape), t.stride(), device_scalar(offset))
 
 
 def read_resolved(t: torch.Tensor) -> jax.Array:
@@ -355,4 +357,5 @@ def write(t: torch.Tensor, value) -> None:
         buffer.put(storage, value)
         return
     buf = storage_array(storage, dtype)
-    buffer.put(storage, apply(_strided_write, buf, value, shape, t.stride(), t.storage_offset()))
+    offset = device_scalar(t.storage_offset())
+    buffer.put(storage, apply(_strided_write, buf, value, shape, t.stride(), offset))

@@ -155,7 +155,7 @@ def compilation_cache_stats() -> dict:
     """Compilation cache counters. For fused-eager graphs: ``requests``, ``hits``, ``misses``,
     ``compile_seconds`` (spent on misses), ``flush_seconds`` (spent running graphs: their
     fingerprint, cache lookup and dispatch; compiling excluded), ``graphs_run``, ``ops_run``,
-    ``cached_graphs``,
+    ``ops_run_alone`` (ops whose shapes change in every graph, run on their own), ``cached_graphs``,
     ``sync_reasons`` (why graphs ran), ``donated_buffers`` (inputs XLA could update in place).
     ``disk_hits``: executables of any mode that XLA did not have to compile because the
     persistent cache (``TORCH_TPU_CACHE_DIR``) had them."""

@@ -309,6 +309,9 @@ class Graph:
         self.start: tuple | None = None if continuing is None else continuing.start
         self.positions: list[int] = []
         self.signatures: list[tuple] = []
+        #: whether a churning op had to be recorded (this graph changes shape anyway: it is
+        #: not cut for the next one)
+        self.churned = False
         self._unreported = context.checks  # the recording thread's list
 
     # ------------------------------------------------------------------ recording
@@ -347,11 +350,14 @@ class Graph:
             position = self.seen
             if position == 0:  # graphs that start with this op at this line: the same loop, mostly
                 self.start = (fn, checks.user_line())
-            if _churning.get((self.start, position)) is fn and not self._unclaimed:
-                if any(map(self._computes, (*args, *kwargs.values()))):
+            churning = _churning.get((self.start, position)) is fn
+            if churning and not self._unclaimed:
+                if not any(map(self._computes, (*args, *kwargs.values()))):
+                    self.seen += 1
+                    return _run_alone(fn, args, kwargs)
+                if not self.churned:  # the graph so far keeps its shapes: cut it here
                     return _RUN_GRAPH_FIRST
-                self.seen += 1
-                return _run_alone(fn, args, kwargs)
+            self.churned |= churning
             self.seen += 1
             signature: list = []
             depends: set = set(self._unclaimed)

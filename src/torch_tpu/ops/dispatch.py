@@ -655,7 +655,10 @@ def _recording(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
             platform.check_not_forked()
         if recorded_ops is not None:
             recorded_ops.add(op)
-        with precision.scope(precision.current()):  # for the programs it runs (``apply``)
+        matmul_precision = precision.current()  # for the programs it runs (``apply``)
+        if matmul_precision is None:
+            return kernel(*args, **kwargs)
+        with precision.scope(matmul_precision):
             return kernel(*args, **kwargs)
 
     return recorded

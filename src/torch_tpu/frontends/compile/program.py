@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import jax
 import torch
+from jax.extend.core import jaxpr_as_fun
 
 from ...execution import fused, tracing
 from ...runtime import buffer, checks, memory, precision, random, tensor, transfer
@@ -60,6 +61,12 @@ class _Traced:
         self.written: tuple[int, ...] = ()
         self.checks: list[tuple[Callable, str]] = []
         self.random = False
+
+
+class _Trace(NamedTuple):
+    jaxpr: Any  # the graph traced for one layout (a ClosedJaxpr of flat storage values)
+    out_tree: Any  # how its flat outputs nest: (fresh, written, check results)
+    traced: _Traced
 
 
 class _Executable(NamedTuple):
@@ -152,7 +159,8 @@ class Program:
     def __init__(self, graph_module: torch.fx.GraphModule, name: str = "graph"):
         self.graph_module = graph_module
         self.name = name
-        self._executables = LRU()
+        self._traces = LRU()  # (layout, matmul precision) -> _Trace
+        self._executables = LRU()  # (layout, matmul precision), donated inputs -> _Executable
         self._last_layout: tuple | None = None
         outputs = next(n for n in graph_module.graph.nodes if n.op == "output").args[0]
         self._host_outputs = [
@@ -225,18 +233,32 @@ class Program:
 
         return program
 
-    def _compile(self, key: tuple, values: list, donated: tuple[int, ...]) -> _Executable:
-        layout = key[0]
-        if not donated and self._last_layout is not None:
+    def _trace(self, key: tuple, values: list) -> _Trace:
+        """Trace the graph for this layout once (Python through the lowerings); each donation
+        variant is then compiled from the resulting jaxpr without tracing again."""
+        if self._last_layout is not None:
             why = (
                 "torch.set_float32_matmul_precision changed"
                 if self._last_layout == key
                 else _layout_change(self._last_layout, key)
             )
             fused.explain(f"recompiling compiled graph {self.name}: {why}")
+        self._last_layout = key
         started = time.perf_counter()
         traced = _Traced()
-        program = self._traceable(layout, traced)
+        with precision.scope(precision.current()):
+            staged = jax.jit(self._traceable(key[0], traced)).trace(_unused_key(), *values)
+        fused.stats.compile_seconds += time.perf_counter() - started
+        return _Trace(staged.jaxpr, staged.out_tree, traced)
+
+    def _compile(self, trace: _Trace, values: list, donated: tuple[int, ...]) -> _Executable:
+        started = time.perf_counter()
+        flat = jaxpr_as_fun(trace.jaxpr)
+        out_tree = trace.out_tree
+
+        def program(*args):
+            return jax.tree.unflatten(out_tree, flat(*args))
+
         # positions shift by one: the key is the program's first argument
         with precision.scope(precision.current()):
             run = (
@@ -246,26 +268,21 @@ class Program:
             )
         fused.stats.compile_seconds += time.perf_counter() - started
         fused.stats.compiled_graphs += 1
-        return _Executable(run, traced)
+        return _Executable(run, trace.traced)
 
     # ------------------------------------------------------------------ calls
     def __call__(self, *args: Any) -> Any:
         key, values, sources = self._gather(args)
-        matmul_precision = precision.current()  # a program is built for one setting
-        executable = self._executables.get((key, (), matmul_precision))
-        if executable is None:
-            executable = self._executables[(key, (), matmul_precision)] = self._compile(key, values, ())
-            self._last_layout = key
-        traced = executable.traced
+        traced_key = (key, precision.current())  # a program is built for one matmul setting
+        trace = self._traces.get(traced_key)
+        if trace is None:
+            trace = self._traces[traced_key] = self._trace(key, values)
+        traced = trace.traced
         donated = _donatable(values, traced.written)
-        if donated:
-            donating = self._executables.get((key, donated, matmul_precision))
-            if donating is None:
-                donating = self._executables[(key, donated, matmul_precision)] = self._compile(
-                    key, values, donated
-                )
-            executable = donating
-            fused.stats.donated_buffers += len(donated)
+        executable = self._executables.get((traced_key, donated))
+        if executable is None:
+            executable = self._executables[(traced_key, donated)] = self._compile(trace, values, donated)
+        fused.stats.donated_buffers += len(donated)
         random_key = random.next_key() if traced.random else _unused_key()
         fused.stats.compiled_runs += 1
         inherited = checks.inherited(values)

@@ -25,11 +25,13 @@ from typing import Any, NamedTuple
 
 import jax
 import torch
+from jax.extend.core import jaxpr_as_fun
 
 from ...execution import fused, tracing
 from ...runtime import buffer, checks, memory, precision, random, tensor, transfer
 from ...runtime.context import context
 from ...runtime.lru import LRU
+from . import stored
 
 _TPU, _HOST, _CONST = range(3)
 _FRESH, _INPUT = range(2)
@@ -60,6 +62,12 @@ class _Traced:
         self.written: tuple[int, ...] = ()
         self.checks: list[tuple[Callable, str]] = []
         self.random = False
+
+
+class _Trace(NamedTuple):
+    staged: jax.stages.Traced | None  # the graph traced for one layout (None: read from disk)
+    traced: _Traced
+    stored: str | None  # its key in the on-disk cache (:mod:`.stored`), None if not storable
 
 
 class _Executable(NamedTuple):
@@ -152,7 +160,8 @@ class Program:
     def __init__(self, graph_module: torch.fx.GraphModule, name: str = "graph"):
         self.graph_module = graph_module
         self.name = name
-        self._executables = LRU()
+        self._traces = LRU()  # (layout, matmul precision) -> _Trace
+        self._executables = LRU()  # (layout, matmul precision), donated inputs -> _Executable
         self._last_layout: tuple | None = None
         outputs = next(n for n in graph_module.graph.nodes if n.op == "output").args[0]
         self._host_outputs = [
@@ -225,47 +234,82 @@ class Program:
 
         return program
 
-    def _compile(self, key: tuple, values: list, donated: tuple[int, ...]) -> _Executable:
-        layout = key[0]
-        if not donated and self._last_layout is not None:
+    def _trace(self, key: tuple, values: list, args: tuple) -> _Trace:
+        """What the graph does for this layout: read from the disk cache if a process stored
+        it, else traced once (Python through the lowerings); each donation variant is then
+        compiled from that one trace."""
+        if self._last_layout is not None:
             why = (
                 "torch.set_float32_matmul_precision changed"
                 if self._last_layout == key
                 else _layout_change(self._last_layout, key)
             )
             fused.explain(f"recompiling compiled graph {self.name}: {why}")
+        self._last_layout = key
+        graph = stored.key(self.graph_module, self._host_outputs, key, args, precision.current())
+        findings = stored.load_findings(graph)
+        if findings is not None:
+            return _Trace(None, self._stored_traced(key, findings), graph)
+        trace = self._staged(key, values, graph)
+        stored.save_findings(graph, _findings(trace.traced))
+        return trace
+
+    def _staged(self, key: tuple, values: list, graph: str | None) -> _Trace:
         started = time.perf_counter()
         traced = _Traced()
-        program = self._traceable(layout, traced)
-        # positions shift by one: the key is the program's first argument
         with precision.scope(precision.current()):
-            run = (
-                jax.jit(program, donate_argnums=tuple(i + 1 for i in donated))
-                .lower(_unused_key(), *values)
-                .compile()
-            )
+            staged = jax.jit(self._traceable(key[0], traced)).trace(_unused_key(), *values)
         fused.stats.compile_seconds += time.perf_counter() - started
+        return _Trace(staged, traced, graph)
+
+    def _stored_traced(self, key: tuple, findings: tuple) -> _Traced:
+        """A stored trace's findings; its value checks' callbacks (Python closures, not stored)
+        come from tracing the graph abstractly the first time one is reported."""
+        traced = _Traced()
+        traced.outputs, traced.written, origins, traced.random = findings
+
+        @functools.cache
+        def callbacks() -> list:
+            avals = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in key[1]]
+            return self._staged(key, avals, None).traced.checks
+
+        def lazy(index: int) -> Callable:
+            return lambda values: callbacks()[index][0](values)
+
+        traced.checks = [(lazy(i), origin) for i, origin in enumerate(origins)]
+        return traced
+
+    def _compile(
+        self, traced_key: tuple, trace: _Trace, values: list, donated: tuple[int, ...]
+    ) -> _Executable:
+        run = stored.load_executable(trace.stored, donated)
+        if run is None:
+            if trace.staged is None:  # the findings were stored, this variant was not
+                trace = self._traces[traced_key] = self._staged(traced_key[0], values, trace.stored)
+            started = time.perf_counter()
+            with precision.scope(precision.current()), stored.compiling(trace.stored) as compiled:
+                run = _lower(trace.staged, values, donated).compile()
+            fused.stats.compile_seconds += time.perf_counter() - started
+            if compiled():
+                stored.save_executable(trace.stored, donated, run)
         fused.stats.compiled_graphs += 1
-        return _Executable(run, traced)
+        return _Executable(run, trace.traced)
 
     # ------------------------------------------------------------------ calls
     def __call__(self, *args: Any) -> Any:
         key, values, sources = self._gather(args)
-        matmul_precision = precision.current()  # a program is built for one setting
-        executable = self._executables.get((key, (), matmul_precision))
-        if executable is None:
-            executable = self._executables[(key, (), matmul_precision)] = self._compile(key, values, ())
-            self._last_layout = key
-        traced = executable.traced
+        traced_key = (key, precision.current())  # a program is built for one matmul setting
+        trace = self._traces.get(traced_key)
+        if trace is None:
+            trace = self._traces[traced_key] = self._trace(key, values, args)
+        traced = trace.traced
         donated = _donatable(values, traced.written)
-        if donated:
-            donating = self._executables.get((key, donated, matmul_precision))
-            if donating is None:
-                donating = self._executables[(key, donated, matmul_precision)] = self._compile(
-                    key, values, donated
-                )
-            executable = donating
-            fused.stats.donated_buffers += len(donated)
+        executable = self._executables.get((traced_key, donated))
+        if executable is None:
+            executable = self._executables[(traced_key, donated)] = self._compile(
+                traced_key, trace, values, donated
+            )
+        fused.stats.donated_buffers += len(donated)
         random_key = random.next_key() if traced.random else _unused_key()
         fused.stats.compiled_runs += 1
         inherited = checks.inherited(values)
@@ -299,6 +343,25 @@ class Program:
         program = self._traceable(key[0], _Traced())
         with precision.scope(precision.current()):
             return jax.jit(program).lower(_unused_key(), *values).as_text()
+
+
+def _lower(staged: jax.stages.Traced, values: list, donated: tuple[int, ...]) -> jax.stages.Lowered:
+    """The traced graph lowered with ``donated`` inputs' buffers given to XLA; a donating variant
+    is rebuilt from the trace's jaxpr, not by tracing the graph again."""
+    if not donated:
+        return staged.lower()
+    flat, out_tree = jaxpr_as_fun(staged.jaxpr), staged.out_tree
+
+    def program(*args):
+        return jax.tree.unflatten(out_tree, flat(*args))
+
+    # positions shift by one: the key is the program's first argument
+    return jax.jit(program, donate_argnums=tuple(i + 1 for i in donated)).lower(_unused_key(), *values)
+
+
+def _findings(traced: _Traced) -> tuple:
+    """What a trace found out, without its value checks' callbacks (see ``_stored_traced``)."""
+    return traced.outputs, traced.written, [origin for _, origin in traced.checks], traced.random
 
 
 def _arguments(layout: tuple, storages: list) -> list:

@@ -115,7 +115,8 @@ print(json.dumps(dict(losses=losses, weights=weights, error=error, traced=traced
 def test_a_second_process_reads_the_stored_graphs_and_computes_the_same(tmp_path):
     """A training step (forward, backward, donating AdamW update) and a lookup whose index check
     fails: the second process traces nothing to run them (graphs with index checks are traced for
-    the checks' callbacks when those are reported), compiles nothing, and gets identical values and the same error."""
+    the checks' callbacks when those are reported), compiles nothing, and gets identical values
+    and the same error."""
     env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path))
 
     def run() -> dict:

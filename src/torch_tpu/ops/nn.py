@@ -45,6 +45,8 @@ def _transposed_weight(weight, groups: int):
 
 @lower(aten.convolution.default, layout=Layout.CONVOLUTION)
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if any(p < 0 for p in padding):  # CPU's first check, which the meta kernel lacks
+        raise RuntimeError("negative padding is not supported")
     n = x.ndim - 2
     stride, padding, dilation = ntuple(stride, n), ntuple(padding, n), ntuple(dilation, n)
     compute = compute_dtype(x.dtype)

@@ -53,6 +53,7 @@ def _pad_spatial(x, n, low, high, value):
 def _max_pool_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode, n):
     """Max over each window, and the argmax as a flat index into the input's spatial plane
     (PyTorch's convention). Windows are gathered as one strided slice per kernel offset."""
+    require(all(size > 0 for size in x.shape[-(n + 1) :]))  # channels and spatial sizes, as CPU
     kernel, stride, padding, dilation, out = _pool_geometry(
         x, kernel_size, stride, padding, dilation, ceil_mode, n
     )
@@ -226,6 +227,7 @@ _adaptive_avg_pool_entries(aten._adaptive_avg_pool3d.default, aten._adaptive_avg
 def _adaptive_max_pool(x, output_size, n):
     """Each axis gathers its (uneven) windows padded to the widest by repeating their last
     element, which never changes the max nor PyTorch's first-max argmax."""
+    require(len(output_size) == n)  # (``output_size=()`` reaches the kernel: CPU's internal error)
     output_size = ntuple(output_size, n)
     windows, gathers = x, []
     for axis, out in zip(range(x.ndim - n, x.ndim), output_size):

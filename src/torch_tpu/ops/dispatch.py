@@ -319,10 +319,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         if promote_pos is not None:
             types = promoted_types(entry.promote, [values[i] for i in promote_pos])
         if dtype_guard is not None:
-            try:
-                dtype_guard(values, types)
-            except NotImplementedError as refusal:  # after PyTorch's own argument checks, as on CPU
-                raise _refusal_meta_error(op, binder.names, args, kwargs, refusal) or refusal from None
+            _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
         lowered = fn if types is None else fn_for(types)
         for i in generator_pos:
             _check_generator(values[i])
@@ -381,6 +378,13 @@ def _for_host(value: Any) -> Any:
     if isinstance(value, (jax.Array, Deferred)):
         return checks.before_host_read(value)
     return value
+
+
+def _check_dtypes(dtype_guard, op, names, values, types, args: tuple, kwargs: dict) -> None:
+    try:
+        dtype_guard(values, types)
+    except NotImplementedError as refusal:  # after PyTorch's own argument checks, as on CPU
+        raise _refusal_meta_error(op, names, args, kwargs, refusal) or refusal from None
 
 
 def _refusal_meta_error(op, names, args: tuple, kwargs: dict, refusal) -> Exception | None:
@@ -610,11 +614,18 @@ def _derived_variants(op: torch._ops.OpOverload):
 
 
 def _recording(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
+    """A runtime kernel, refusing the dtypes CPU's kernel refuses (its table entries; unsigned
+    dtypes reach the views and copies among these kernels as they reach CPU's)."""
+    binder = _Binder(op._schema)
+    dtype_guard = cpu_dtypes.table_guard(op, binder.names)
+
     def recorded(*args, **kwargs):
         if platform.forked_child:
             platform.check_not_forked()
         if recorded_ops is not None:
             recorded_ops.add(op)
+        if dtype_guard is not None:
+            _check_dtypes(dtype_guard, op, binder.names, binder.bind(args, kwargs), None, args, kwargs)
         return kernel(*args, **kwargs)
 
     return recorded

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +25,8 @@ from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
 from ..runtime.lru import LRU
 from . import cpu_dtypes, layout
-from .meta import NEEDS_VALUES_MESSAGES
+from ._helpers import warn
+from .meta import NEEDS_VALUES_MESSAGES, to_meta
 from .registry import LOWERINGS, Lowering, Promote, Runs, Types, qualified_name
 
 aten = torch.ops.aten
@@ -419,19 +419,11 @@ def _stand_ins(names, args: tuple, kwargs: dict, positions, dtype, stand_in) -> 
     return args, kwargs
 
 
-def _to_meta(x: Any) -> Any:
-    if isinstance(x, torch.Tensor) and x.device.type == "tpu":
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    if isinstance(x, torch.device) and x.type == "tpu":  # factories: replay on meta, not here
-        return torch.device("meta")
-    return x
-
-
 def _meta_error(op, args: tuple, kwargs: dict) -> Exception | None:
     """The exception PyTorch itself raises for these arguments, found by replaying the call on
     meta tensors, whose kernels carry PyTorch's shape and dtype checks (None: meta accepts them,
     or has no kernel for the op)."""
-    meta_args, meta_kwargs = torch.utils._pytree.tree_map(_to_meta, (args, kwargs))
+    meta_args, meta_kwargs = to_meta((args, kwargs), tpu_only=True)
     try:
         op(*meta_args, **meta_kwargs)
     except NotImplementedError:  # no meta kernel (data-dependent ops)
@@ -525,11 +517,10 @@ def _store(dst: torch.Tensor | list, value, resize: bool) -> None:
                 f"output with shape {list(dst.shape)} doesn't match the broadcast shape {list(value.shape)}"
             )
         if dst.numel():
-            warnings.warn(
+            warn(
                 f"An output with one or more elements was resized since it had shape "
                 f"{list(dst.shape)}, which does not match the required output shape "
-                f"{list(value.shape)}.",
-                stacklevel=4,
+                f"{list(value.shape)}."
             )
         dst.resize_(value.shape)
     tensor.write(dst, value)

@@ -174,9 +174,19 @@ FACTORIES = frozenset(
 )
 
 
-def _refusal(op: torch._ops.OpOverload, dtype) -> NotImplementedError:
+def _refusal(op: torch._ops.OpOverload, dtype, positions) -> NotImplementedError:
+    """CPU's error, carrying what the dispatcher needs to replay the call on meta tensors, those
+    at ``positions`` as a dtype the kernel takes, for the argument checks CPU makes before its
+    kernel (a meta decomposition's own errors for the refused dtype are not CPU's)."""
     name = op._schema.name.removeprefix("aten::")
-    return NotImplementedError(f"\"{name}\" not implemented for '{type_name(dtype)}'")
+    error = NotImplementedError(f"\"{name}\" not implemented for '{type_name(dtype)}'")
+    refused = [
+        d for spelled in REFUSED.get(str(op).removeprefix("aten."), {}).values() for d in spelled.split()
+    ]
+    stand_in = next(d for d in (torch.float32, torch.int64, torch.complex64) if str(d)[6:] not in refused)
+    torch_dtype = dtype if isinstance(dtype, torch.dtype) else to_torch(dtype)
+    error.stand_in = (frozenset(positions), torch_dtype, stand_in)
+    return error
 
 
 def _dtypes(spelled: str) -> frozenset:
@@ -199,7 +209,7 @@ def guard(
     step)."""
     checks = [
         table_guard(op, names, operand_pos, common_dtype),
-        _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, common_dtype is not None),
+        _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, operand_pos if common_dtype else None),
     ]
     checks = [c for c in checks if c is not None]
     if len(checks) < 2:
@@ -241,17 +251,6 @@ def table_guard(op, names, operand_pos=None, common_dtype=None) -> Callable | No
         for arg, spelled_dtypes, applies in entries
         if (ds := _dtypes(spelled_dtypes) - runs)
     ]
-    every = frozenset().union(*(ds for _, ds, _, _ in entries))
-    stand_in = next(d for d in (torch.float32, torch.int64, torch.complex64) if d not in every)
-
-    def refusal(dtype, positions):
-        error = _refusal(op, dtype)
-        # the dispatcher replays the call on meta tensors, those at ``positions`` of a dtype the
-        # kernel takes, for the argument checks CPU makes before its kernel (a meta
-        # decomposition's own errors for the refused dtype are not CPU's)
-        torch_dtype = dtype if isinstance(dtype, torch.dtype) else to_torch(dtype)
-        error.stand_in = (frozenset(positions), torch_dtype, stand_in)
-        return error
 
     def check(values, types):
         for i, dtypes, jax_dtypes, applies in entries:
@@ -260,28 +259,28 @@ def table_guard(op, names, operand_pos=None, common_dtype=None) -> Callable | No
             if i is None:
                 common = common_dtype(values, types)
                 if common in jax_dtypes:
-                    raise refusal(common, operand_pos)
+                    raise _refusal(op, common, operand_pos)
                 continue
             value = values[i]
             for t in value if isinstance(value, (list, tuple)) else (value,):
                 # a tensor's dtype, or the ``dtype=`` the kernel runs in (cumsum's)
                 dtype = t.dtype if isinstance(t, torch.Tensor) else t
                 if dtype in dtypes:
-                    raise refusal(dtype, (i,))
+                    raise _refusal(op, dtype, (i,))
 
     return check
 
 
-def _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, promotes: bool) -> Callable | None:
+def _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, operand_pos) -> Callable | None:
     name = str(op).removeprefix("aten.")
     dtype_pos = () if name in FACTORIES else tuple(dtype_pos)
-    if promotes:
+    if operand_pos is not None:
         if name in OPS:
             return None
 
         def check_promoted(values, types):
             if types.compute in _UNSIGNED_JAX:
-                raise _refusal(op, types.compute)
+                raise _refusal(op, types.compute, operand_pos)
 
         return check_promoted
     tensor_pos = () if name in OPS else tuple(tensor_pos)
@@ -292,14 +291,14 @@ def _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, promotes: bool) -> Call
     def check(values, types):
         for i in dtype_pos:
             if values[i] in UNSIGNED:
-                raise _refusal(op, values[i])
+                raise _refusal(op, values[i], (i,))
         for i in tensor_pos:
             if isinstance(values[i], torch.Tensor) and values[i].dtype in UNSIGNED:
-                raise _refusal(op, values[i].dtype)
+                raise _refusal(op, values[i].dtype, (i,))
         for i in list_pos:
             for t in values[i] or ():
                 if isinstance(t, torch.Tensor) and t.dtype in UNSIGNED:
-                    raise _refusal(op, t.dtype)
+                    raise _refusal(op, t.dtype, (i,))
 
     return check
 
@@ -308,6 +307,7 @@ def _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, promotes: bool) -> Call
 #: The dtypes the probe tries: every tpu dtype but the unsigned ones (their own lists above).
 PROBED = tuple(d for d in TORCH_TO_JAX if d not in UNSIGNED)
 _REFUSAL = re.compile(r"not implemented for '(\w+)'")
+_COMPLEX_REFUSAL = re.compile(r"not (implemented|supported) for complex")
 _BY_TYPE_NAME = {n: d for d, n in _SCALAR_TYPE_NAMES.items()}
 
 
@@ -315,11 +315,10 @@ def probe(samples_per_dtype: int = 10) -> dict[str, dict[str, str]]:
     """``REFUSED`` as torch CPU has it now: every OpInfo's samples for each dtype its OpInfo
     does not list as supported (and one for each it does), run on CPU under a dispatch mode
     that records, per tpu-lowered overload and argument, the dtypes its kernel refused and
-    those it ran. A dtype that both ran and was refused is refused where a bool or string
-    argument has the value every refused call had and no call that ran had (``transposed``
-    convolutions, scatter_reduce's ``mean``), else left out. A call with an empty tensor
-    shows nothing run (kernels return before looking at the dtype); one with a ``dtype=``
-    runs in that dtype, so a refusal of it is keyed by ``dtype``."""
+    those it ran. A dtype that both ran and was refused is refused where other arguments have
+    the features (``_features``: a value, given or not, empty or not) every refused call had
+    and no call that ran had (scatter_reduce's ``mean``, clamp with both bounds), else left out.
+    A call with a ``dtype=`` runs in that dtype, so a refusal of it is keyed by ``dtype``."""
     from torch._prims_common import elementwise_dtypes
     from torch.testing._internal.common_methods_invocations import op_db
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -341,8 +340,6 @@ def probe(samples_per_dtype: int = 10) -> dict[str, dict[str, str]]:
             n: [t for t in (v if isinstance(v, (list, tuple)) else (v,)) if isinstance(t, torch.Tensor)]
             for n, v in values.items()
         }
-        if error is None and any(t.numel() == 0 for ts in tensors.values() for t in ts):
-            return
         # first a ``dtype=``, which the kernel runs in (cumsum's refuses bool, cumsum of bool runs)
         found = {n: {values[n]} for n, k in zip(binder.names, binder.kinds) if k == dispatch._DTYPE}
         if entry.promote is not None:
@@ -381,6 +378,10 @@ def probe(samples_per_dtype: int = 10) -> dict[str, dict[str, str]]:
                 match = _REFUSAL.search(str(e))
                 if match and match.group(1) in _BY_TYPE_NAME:
                     record(func, args, kwargs, match.group(1))
+                elif _COMPLEX_REFUSAL.search(str(e)):  # "ceil is not supported for complex inputs"
+                    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+                    dtype = next(t.dtype for t in leaves if isinstance(t, torch.Tensor) and t.is_complex())
+                    record(func, args, kwargs, type_name(dtype))
                 raise
             record(func, args, kwargs, None)
             return out
@@ -436,12 +437,14 @@ def probe(samples_per_dtype: int = 10) -> dict[str, dict[str, str]]:
 def _features(value) -> set[str]:
     """What a refusal may hang on besides a dtype: a bool's or string's value, whether an
     optional argument is given (clamp refuses bool with both bounds, runs it with one), whether
-    a tensor has more than one element (kthvalue copies a single one before any dtype check)."""
+    a tensor has elements (kernels return on empty ones before any dtype check) and more than
+    one (kthvalue copies a single one)."""
     if isinstance(value, (bool, str)):
         return {str(value)}
     if value is None:
         return {"None"}
-    return {"given", "many" if isinstance(value, torch.Tensor) and value.numel() > 1 else "one"}
+    numel = value.numel() if isinstance(value, torch.Tensor) else 1
+    return {"given"} | ({"filled"} if numel else set()) | ({"many"} if numel > 1 else set())
 
 
 def _condition(refused_calls, ran_calls) -> tuple | None:

@@ -178,6 +178,7 @@ FAMILIES = {  # CPU's kernel has no implementation for the dtype: NotImplemented
     ),
     "kthvalue_bool_one_element_runs": lambda d: torch.kthvalue(torch.ones((), dtype=torch.bool, device=d), 1),
     "ceil_complex": lambda d: torch.ceil(torch.ones(2, dtype=torch.cfloat, device=d)),
+    "sign_complex": lambda d: torch.sign(torch.ones(2, dtype=torch.cfloat, device=d)),
     "clamp_complex": lambda d: torch.clamp(torch.ones(2, dtype=torch.cfloat, device=d), 0, 1),
     "layer_norm_uint16": lambda d: F.layer_norm(torch.ones(2, 3, dtype=torch.uint16, device=d), (3,)),
     "avg_pool1d_uint32": lambda d: F.avg_pool1d(torch.ones(1, 2, 4, dtype=torch.uint32, device=d), 2),

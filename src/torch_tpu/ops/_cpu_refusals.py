@@ -270,6 +270,7 @@ REFUSED = {
     "searchsorted.Tensor": {"sorted_sequence[sorted_sequence=filled]": "bool complex64 complex128"},
     "segment_reduce.default": {"data": "bool uint8 int8 int16 int32 int64 complex64 complex128"},
     "sigmoid_backward.default": {"*": "bool uint8 int8 int16 int32 int64"},
+    "sign.default": {"*": "complex64 complex128"},
     "signbit.default": {"*": "complex64 complex128"},
     "silu.default": {"*": "bool uint8 int8 int16 int32 int64"},
     "silu_backward.default": {"*": "bool uint8 int8 int16 int32 int64"},

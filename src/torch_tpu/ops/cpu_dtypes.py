@@ -307,7 +307,7 @@ def _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, operand_pos) -> Callabl
 #: The dtypes the probe tries: every tpu dtype but the unsigned ones (their own lists above).
 PROBED = tuple(d for d in TORCH_TO_JAX if d not in UNSIGNED)
 _REFUSAL = re.compile(r"not implemented for '(\w+)'")
-_COMPLEX_REFUSAL = re.compile(r"not (implemented|supported) for complex")
+_COMPLEX_REFUSAL = re.compile(r"not (implemented for|supported for|intended to support) complex")
 _BY_TYPE_NAME = {n: d for d, n in _SCALAR_TYPE_NAMES.items()}
 
 

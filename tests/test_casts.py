@@ -108,9 +108,13 @@ def test_complex_to_integer_keeps_the_real_part_like_cpu():
     with warnings.catch_warnings():  # (CPU warns once per process)
         warnings.simplefilter("ignore")
         expected = cpu.to(torch.int64)
-    with pytest.warns(UserWarning, match="discards the imaginary part"):
+    with pytest.warns(UserWarning, match="discards the imaginary part") as record:
         got = cpu.to(TPU).to(torch.int64)
     assert_same(got, expected)
+    assert {w.filename for w in record} == {__file__}  # the user's line, as CPU's warning
+    with pytest.warns(UserWarning, match="discards the imaginary part") as record:
+        torch.zeros(len(VALUES), device=TPU).copy_(cpu)
+    assert {w.filename for w in record} == {__file__}
 
 
 SCALAR_FILLS = {

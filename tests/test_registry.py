@@ -50,6 +50,13 @@ def test_out_variant_resizes_like_pytorch():
     assert out.shape == (2, 3) and out.sum().item() == 18
 
 
+def test_out_variant_resize_warns_at_the_callers_line_like_pytorch():
+    for device in ("cpu", "tpu"):
+        with pytest.warns(UserWarning, match="An output with one or more elements was resized") as record:
+            torch.mul(torch.ones(2, 3, device=device), 3, out=torch.empty(4, device=device))
+        assert {w.filename for w in record} == {__file__}, device
+
+
 def test_out_variant_refuses_lossy_dtype():
     out = torch.empty(3, dtype=torch.int64, device="tpu")
     with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):

@@ -42,14 +42,18 @@ def _same_outcome(fn) -> None:
 
 # ----------------------------------------------------------------------------- the table
 def test_table_names_lowerings_and_their_arguments():
-    """Every overload the table lists is a tpu lowering, keyed by one of its arguments (``*``:
-    an elementwise lowering's common dtype), with dtypes torch has: a stale entry fails here."""
-    for key, by_arg in cpu_dtypes.REFUSED.items():
+    """Every overload the tables list is a tpu lowering, keyed by one of its arguments (``*``:
+    an elementwise lowering's common dtype) and conditioned on others, with dtypes torch has: a
+    stale entry fails here."""
+    beyond = {key: {arg: dtypes} for key, (arg, dtypes, _) in cpu_dtypes.BEYOND_PROBE.items()}
+    for key, by_arg in [*cpu_dtypes.REFUSED.items(), *beyond.items()]:
         assert key in _OVERLOADS, f"{key} is no tpu lowering"
         entry = LOWERINGS[_OVERLOADS[key]]
         names = [a.name for a in entry.op._schema.arguments]
-        for arg, dtypes in by_arg.items():
+        for spelled, dtypes in by_arg.items():
+            arg, _, condition = spelled.removesuffix("]").partition("[")
             assert arg in names or (arg == "*" and entry.promote is not None), (key, arg)
+            assert all(f.partition("=")[0] in names for f in condition.split(",") if f), (key, spelled)
             assert all(isinstance(getattr(torch, d), torch.dtype) for d in dtypes.split())
 
 
@@ -130,6 +134,54 @@ FAMILIES = {  # CPU's kernel has no implementation for the dtype: NotImplemented
         torch.ones(2, dtype=torch.cfloat, device=d), torch.ones(2, dtype=torch.cfloat, device=d)
     ),
     "bincount_float": lambda d: torch.bincount(torch.ones(3, device=d)),
+    # refusals of runtime kernels (batch norm's in-place statistics, rrelu's noise)
+    "batch_norm_train_int": lambda d: F.batch_norm(
+        torch.ones(2, 3, 4, dtype=torch.int32, device=d), None, None, training=True
+    ),
+    "batch_norm_eval_bool": lambda d: F.batch_norm(
+        torch.ones(2, 3, 4, dtype=torch.bool, device=d),
+        torch.zeros(3, device=d),
+        torch.ones(3, device=d),
+    ),
+    "native_batch_norm_uint8": lambda d: torch.native_batch_norm(
+        torch.ones(2, 3, dtype=torch.uint8, device=d), None, None, None, None, True, 0.1, 1e-5
+    ),
+    "native_batch_norm_legit_int": lambda d: torch.ops.aten._native_batch_norm_legit(
+        torch.ones(2, 3, dtype=torch.int64, device=d), None, None, True, 0.1, 1e-5
+    ),
+    "rrelu_train_half": lambda d: F.rrelu(torch.ones(3, dtype=torch.half, device=d), training=True),
+    "rrelu_train_bfloat16_runs": lambda d: (
+        F.rrelu(torch.ones(3, dtype=torch.bfloat16, device=d), training=True) * 0
+    ),
+    "adaptive_avg_pool2d_int": lambda d: F.adaptive_avg_pool2d(
+        torch.ones(1, 4, 4, dtype=torch.int32, device=d), 2
+    ),
+    "interpolate_area_uint8": lambda d: F.interpolate(
+        torch.ones(1, 1, 4, 4, dtype=torch.uint8, device=d), size=2, mode="area"
+    ),
+    "ldl_factor_half": lambda d: torch.linalg.ldl_factor(torch.eye(3, dtype=torch.half, device=d)),
+    "ldl_factor_bfloat16": lambda d: torch.linalg.ldl_factor_ex(torch.eye(3, dtype=torch.bfloat16, device=d)),
+    # refusals hanging on another argument: the reduction, the bounds given, the ``dtype=``
+    "scatter_reduce_mean_bool": lambda d: torch.zeros(3, dtype=torch.bool, device=d).scatter_reduce(
+        0, torch.tensor([0, 1], device=d), torch.ones(2, dtype=torch.bool, device=d), "mean"
+    ),
+    "clamp_bool": lambda d: torch.clamp(torch.ones(3, dtype=torch.bool, device=d), False, True),
+    "clamp_min_bool": lambda d: torch.ones(3, dtype=torch.bool, device=d).clamp_min(False),
+    "clamp_bool_tensors": lambda d: torch.clamp(*[torch.ones(3, dtype=torch.bool, device=d)] * 3),
+    "clamp_bool_one_tensor_runs": lambda d: torch.clamp(
+        torch.ones(3, dtype=torch.bool, device=d), max=torch.zeros(3, dtype=torch.bool, device=d)
+    ),
+    "cumsum_bool_dtype_bool": lambda d: torch.ones(3, dtype=torch.bool, device=d).cumsum(0, dtype=torch.bool),
+    "cumsum_bool_runs": lambda d: torch.ones(3, dtype=torch.bool, device=d).cumsum(0),
+    "masked_cumprod_bool": lambda d: torch.masked._ops.cumprod(
+        torch.ones(3, dtype=torch.bool, device=d), 0, mask=torch.ones(3, dtype=torch.bool, device=d)
+    ),
+    "kthvalue_bool_one_element_runs": lambda d: torch.kthvalue(torch.ones((), dtype=torch.bool, device=d), 1),
+    "ceil_complex": lambda d: torch.ceil(torch.ones(2, dtype=torch.cfloat, device=d)),
+    "sign_complex": lambda d: torch.sign(torch.ones(2, dtype=torch.cfloat, device=d)),
+    "clamp_complex": lambda d: torch.clamp(torch.ones(2, dtype=torch.cfloat, device=d), 0, 1),
+    "layer_norm_uint16": lambda d: F.layer_norm(torch.ones(2, 3, dtype=torch.uint16, device=d), (3,)),
+    "avg_pool1d_uint32": lambda d: F.avg_pool1d(torch.ones(1, 2, 4, dtype=torch.uint32, device=d), 2),
     # CPU's own argument checks: RuntimeError
     "addcdiv_int": lambda d: torch.addcdiv(*[torch.arange(1, 4, device=d)] * 3),
     "addcdiv_int_float": lambda d: torch.addcdiv(
@@ -172,10 +224,33 @@ FAMILIES = {  # CPU's kernel has no implementation for the dtype: NotImplemented
 }
 
 
+def _conv(n, dtype, transposed=False, dilation=1, batch=1):
+    def call(d):
+        conv = getattr(F, f"conv_transpose{n}d" if transposed else f"conv{n}d")
+        x, w = (
+            torch.ones((batch, 2) + (6,) * n, dtype=dtype, device=d),
+            torch.ones((2, 2) + (2,) * n, dtype=dtype, device=d),
+        )
+        return conv(x, w, dilation=dilation)
+
+    return call
+
+
+for _n in (1, 2, 3):  # CPU's slow transposed and dilated kernels lack the small integer dtypes
+    FAMILIES |= {
+        f"conv{_n}d_int8_runs": _conv(_n, torch.int8),
+        f"conv{_n}d_dilated_int16": _conv(_n, torch.int16, dilation=2),
+        f"conv_transpose{_n}d_uint8": _conv(_n, torch.uint8, transposed=True),
+        f"conv_transpose{_n}d_int32": _conv(_n, torch.int32, transposed=True),
+        f"conv_transpose{_n}d_int64_runs": _conv(_n, torch.int64, transposed=True),
+        f"conv_transpose{_n}d_int8_empty_runs": _conv(_n, torch.int8, transposed=True, batch=0),
+    }
+
+
 @pytest.mark.parametrize("case", FAMILIES)
 def test_dtype_refusals_match_cpu(case):
     expected = _outcome(FAMILIES[case], "cpu")
-    if case not in ("relu_int", "addcdiv_int_float", "scatter_reduce_sum_bool_runs"):
+    if not case.endswith("_runs") and case not in ("relu_int", "addcdiv_int_float"):
         assert isinstance(expected, (NotImplementedError, RuntimeError)), expected  # the case tests a refusal
     _same_outcome(FAMILIES[case])
 

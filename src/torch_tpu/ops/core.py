@@ -9,7 +9,6 @@ PyTorch's own.
 from __future__ import annotations
 
 import math
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +17,7 @@ import torch
 from ..runtime import buffer, checks, overlap, tensor, transfer
 from ..runtime.buffer import apply
 from ..runtime.dtypes import TORCH_TO_JAX, cast, check_scalar, to_jax
+from ._helpers import warn
 from .registry import lower, runtime
 
 aten = torch.ops.aten
@@ -146,7 +146,7 @@ def _host_to_device(host: torch.Tensor, dtype: torch.dtype) -> jax.Array:
 def _discards_imaginary(source: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether converting ``source`` to ``dtype`` drops an imaginary part (warned, as on CPU)."""
     if source.is_complex() and not dtype.is_complex:
-        warnings.warn("Casting complex values to real discards the imaginary part", UserWarning, stacklevel=3)
+        warn("Casting complex values to real discards the imaginary part")
         return True
     return False
 

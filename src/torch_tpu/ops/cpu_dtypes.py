@@ -7,7 +7,10 @@ overload, which dtypes ran and which its kernel refused (``"abs_cpu" not impleme
 * ``REFUSED`` (generated: ``python -m torch_tpu.ops --regenerate-cpu-dtypes`` rewrites
   ``_cpu_refusals.py``): for the ordinary dtypes, the few each overload's kernel lacks (``abs``
   on bool, ``logaddexp`` on integers, ``kthvalue`` on bool, ...), keyed by the argument whose
-  dtype CPU dispatches on (``*``: the promoted compute dtype of an elementwise op).
+  dtype CPU dispatches on (``*``: the promoted compute dtype of an elementwise op; ``dtype``:
+  the ``dtype=`` a kernel runs in), with the argument values the refusal hangs on
+  (``self[reduce=mean]``: scatter_reduce's mean of bool). ``BEYOND_PROBE`` adds the few whose
+  conditions the probe cannot spell (transposed or dilated integer convolutions).
 * ``OPS``/``FACTORIES``: uint16/uint32/uint64, PyTorch's "barebones" unsigned dtypes, which CPU's
   kernels support only in a few ops (creation, copies, views, ``==``/``!=``, bitwise and/or/xor,
   ``*``, sorting, ...): the lists name the overloads that run them; the rest refuse them.
@@ -37,6 +40,17 @@ CUDA_RUNS: dict[str, tuple[str, str]] = {
         "uint8 int8 int16 int32 int64",
         "Transformers' MoE layers (Mixtral, Qwen3-MoE, DeepSeek-V3) count tokens per expert with "
         "an int32 histc on every device but CPU and MPS",
+    ),
+}
+
+#: Refusals hanging on arguments the probe's features do not tell apart (overload: argument,
+#: dtypes, where): CPU's slow kernels for transposed and for dilated convolutions lack the small
+#: integer dtypes its plain one runs (an empty input skips them).
+BEYOND_PROBE: dict[str, tuple[str, str, Callable[[dict], bool]]] = {
+    "convolution.default": (
+        "input",
+        "uint8 int8 int16 int32",
+        lambda a: (a["transposed"] or any(d != 1 for d in a["dilation"])) and a["input"].numel() > 0,
     ),
 }
 
@@ -160,9 +174,19 @@ FACTORIES = frozenset(
 )
 
 
-def _refusal(op: torch._ops.OpOverload, dtype) -> NotImplementedError:
+def _refusal(op: torch._ops.OpOverload, dtype, positions) -> NotImplementedError:
+    """CPU's error, carrying what the dispatcher needs to replay the call on meta tensors, those
+    at ``positions`` as a dtype the kernel takes, for the argument checks CPU makes before its
+    kernel (a meta decomposition's own errors for the refused dtype are not CPU's)."""
     name = op._schema.name.removeprefix("aten::")
-    return NotImplementedError(f"\"{name}\" not implemented for '{type_name(dtype)}'")
+    error = NotImplementedError(f"\"{name}\" not implemented for '{type_name(dtype)}'")
+    refused = [
+        d for spelled in REFUSED.get(str(op).removeprefix("aten."), {}).values() for d in spelled.split()
+    ]
+    stand_in = next(d for d in (torch.float32, torch.int64, torch.complex64) if str(d)[6:] not in refused)
+    torch_dtype = dtype if isinstance(dtype, torch.dtype) else to_torch(dtype)
+    error.stand_in = (frozenset(positions), torch_dtype, stand_in)
+    return error
 
 
 def _dtypes(spelled: str) -> frozenset:
@@ -184,8 +208,8 @@ def guard(
     dispatches on (the promotion of the operands at ``operand_pos``, before any integer-to-float
     step)."""
     checks = [
-        _table_guard(op, names, operand_pos, common_dtype),
-        _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, common_dtype is not None),
+        table_guard(op, names, operand_pos, common_dtype),
+        _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, operand_pos if common_dtype else None),
     ]
     checks = [c for c in checks if c is not None]
     if len(checks) < 2:
@@ -199,52 +223,64 @@ def guard(
     return both
 
 
-def _table_guard(op, names, operand_pos, common_dtype) -> Callable | None:
-    refused = REFUSED.get(str(op).removeprefix("aten."))
-    if refused is None:
+def table_guard(op, names, operand_pos=None, common_dtype=None) -> Callable | None:
+    """The check of ``REFUSED`` and ``BEYOND_PROBE`` alone (runtime kernels': ``guard``)."""
+    name = str(op).removeprefix("aten.")
+    if name not in REFUSED and name not in BEYOND_PROBE:
         return None
-    runs = (
-        _dtypes(CUDA_RUNS[name][0]) if (name := str(op).removeprefix("aten.")) in CUDA_RUNS else frozenset()
-    )
-    by_pos = [(None if arg == "*" else names.index(arg), _dtypes(d) - runs) for arg, d in refused.items()]
-    jax_by_pos = [(i, frozenset(to_jax(d) for d in ds)) for i, ds in by_pos]
-    every = frozenset().union(*(ds for _, ds in by_pos))
-    stand_in = next(d for d in (torch.float32, torch.int64, torch.complex64) if d not in every)
+    runs = _dtypes(CUDA_RUNS[name][0]) if name in CUDA_RUNS else frozenset()
 
-    def refusal(dtype, positions):
-        error = _refusal(op, dtype)
-        # the dispatcher replays the call on meta tensors, those at ``positions`` of a dtype the
-        # kernel takes, for the argument checks CPU makes before its kernel (a meta
-        # decomposition's own errors for the refused dtype are not CPU's)
-        torch_dtype = dtype if isinstance(dtype, torch.dtype) else to_torch(dtype)
-        error.stand_in = (frozenset(positions), torch_dtype, stand_in)
-        return error
+    def applies_where(condition: str) -> Callable:
+        # "reduce=mean,...": refused where those arguments have those features (``_features``)
+        features = [(names.index(n), v) for n, _, v in (f.partition("=") for f in condition.split(",") if f)]
+        return lambda values: all(v in _features(values[j]) for j, v in features)
+
+    def by_name(when: Callable) -> Callable:
+        return lambda values: when(dict(zip(names, values)))
+
+    spelled = [
+        (*key.removesuffix("]").partition("[")[::2], dtypes) for key, dtypes in REFUSED.get(name, {}).items()
+    ]
+    entries = [(arg, dtypes, applies_where(condition)) for arg, condition, dtypes in spelled]
+    if name in BEYOND_PROBE:
+        arg, dtypes, when = BEYOND_PROBE[name]
+        entries.append((arg, dtypes, by_name(when)))
+    # (argument position or None for "*", dtypes, as JAX dtypes, where they are refused)
+    entries = [
+        (None if arg == "*" else names.index(arg), ds, frozenset(to_jax(d) for d in ds), applies)
+        for arg, spelled_dtypes, applies in entries
+        if (ds := _dtypes(spelled_dtypes) - runs)
+    ]
 
     def check(values, types):
-        for (i, dtypes), (_, jax_dtypes) in zip(by_pos, jax_by_pos):
+        for i, dtypes, jax_dtypes, applies in entries:
+            if not applies(values):
+                continue
             if i is None:
                 common = common_dtype(values, types)
                 if common in jax_dtypes:
-                    raise refusal(common, operand_pos)
+                    raise _refusal(op, common, operand_pos)
                 continue
             value = values[i]
             for t in value if isinstance(value, (list, tuple)) else (value,):
-                if isinstance(t, torch.Tensor) and t.dtype in dtypes:
-                    raise refusal(t.dtype, (i,))
+                # a tensor's dtype, or the ``dtype=`` the kernel runs in (cumsum's)
+                dtype = t.dtype if isinstance(t, torch.Tensor) else t
+                if dtype in dtypes:
+                    raise _refusal(op, dtype, (i,))
 
     return check
 
 
-def _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, promotes: bool) -> Callable | None:
+def _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, operand_pos) -> Callable | None:
     name = str(op).removeprefix("aten.")
     dtype_pos = () if name in FACTORIES else tuple(dtype_pos)
-    if promotes:
+    if operand_pos is not None:
         if name in OPS:
             return None
 
         def check_promoted(values, types):
             if types.compute in _UNSIGNED_JAX:
-                raise _refusal(op, types.compute)
+                raise _refusal(op, types.compute, operand_pos)
 
         return check_promoted
     tensor_pos = () if name in OPS else tuple(tensor_pos)
@@ -255,14 +291,14 @@ def _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, promotes: bool) -> Call
     def check(values, types):
         for i in dtype_pos:
             if values[i] in UNSIGNED:
-                raise _refusal(op, values[i])
+                raise _refusal(op, values[i], (i,))
         for i in tensor_pos:
             if isinstance(values[i], torch.Tensor) and values[i].dtype in UNSIGNED:
-                raise _refusal(op, values[i].dtype)
+                raise _refusal(op, values[i].dtype, (i,))
         for i in list_pos:
             for t in values[i] or ():
                 if isinstance(t, torch.Tensor) and t.dtype in UNSIGNED:
-                    raise _refusal(op, t.dtype)
+                    raise _refusal(op, t.dtype, (i,))
 
     return check
 
@@ -271,15 +307,18 @@ def _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, promotes: bool) -> Call
 #: The dtypes the probe tries: every tpu dtype but the unsigned ones (their own lists above).
 PROBED = tuple(d for d in TORCH_TO_JAX if d not in UNSIGNED)
 _REFUSAL = re.compile(r"not implemented for '(\w+)'")
+_COMPLEX_REFUSAL = re.compile(r"not (implemented for|supported for|intended to support) complex")
 _BY_TYPE_NAME = {n: d for d, n in _SCALAR_TYPE_NAMES.items()}
 
 
-def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
+def probe(samples_per_dtype: int = 10) -> dict[str, dict[str, str]]:
     """``REFUSED`` as torch CPU has it now: every OpInfo's samples for each dtype its OpInfo
     does not list as supported (and one for each it does), run on CPU under a dispatch mode
     that records, per tpu-lowered overload and argument, the dtypes its kernel refused and
-    those it ran (a dtype that both ran and was refused depends on more than the dtype, and is
-    left out; so are overloads with a ``dtype=`` argument, which their kernels run in)."""
+    those it ran. A dtype that both ran and was refused is refused where other arguments have
+    the features (``_features``: a value, given or not, empty or not) every refused call had
+    and no call that ran had (scatter_reduce's ``mean``, clamp with both bounds), else left out.
+    A call with a ``dtype=`` runs in that dtype, so a refusal of it is keyed by ``dtype``."""
     from torch._prims_common import elementwise_dtypes
     from torch.testing._internal.common_methods_invocations import op_db
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -287,17 +326,22 @@ def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
     from . import dispatch
     from .registry import LOWERINGS
 
-    refused, ran = collections.defaultdict(set), collections.defaultdict(set)
+    # (overload, argument) -> dtype -> per call, its bool/string arguments {(position, name, value)}
+    refused = collections.defaultdict(lambda: collections.defaultdict(list))
+    ran = collections.defaultdict(lambda: collections.defaultdict(list))
 
     def record(func, args, kwargs, error):
         entry = LOWERINGS.get(func)
-        if entry is None or entry.runtime:
+        if entry is None:
             return
         binder = dispatch._Binder(func._schema)
-        if dispatch._DTYPE in binder.kinds:  # a ``dtype=`` decides what the kernel runs in
-            return
         values = dict(zip(binder.names, binder.bind(args, kwargs)))
-        found = {}
+        tensors = {
+            n: [t for t in (v if isinstance(v, (list, tuple)) else (v,)) if isinstance(t, torch.Tensor)]
+            for n, v in values.items()
+        }
+        # first a ``dtype=``, which the kernel runs in (cumsum's refuses bool, cumsum of bool runs)
+        found = {n: {values[n]} for n, k in zip(binder.names, binder.kinds) if k == dispatch._DTYPE}
         if entry.promote is not None:
             kinds = (dispatch._TENSOR, dispatch._SCALAR)
             names = entry.promote_args or [n for n, k in zip(binder.names, binder.kinds) if k in kinds]
@@ -306,18 +350,24 @@ def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
             ]
             found["*"] = {elementwise_dtypes(*promoted, type_promotion_kind=Promote.DEFAULT)[1]}
         # else (or where CPU's kernel ignores a number operand, lerp's weight): by argument
-        for n, v in values.items():
-            tensors = v if isinstance(v, (list, tuple)) else (v,)
-            found[n] = {t.dtype for t in tensors if isinstance(t, torch.Tensor)}
+        for n, ts in tensors.items():
+            found.setdefault(n, set()).update(t.dtype for t in ts)
+        conditions = frozenset(
+            (i, n, feature)
+            for i, (n, v, a) in enumerate(zip(binder.names, values.values(), func._schema.arguments))
+            if str(a.real_type) in ("bool", "str", "Tensor") or str(a.real_type).startswith("Optional[")
+            for feature in _features(v)
+        )
         key = str(func).removeprefix("aten.")
         if error is None:
             for n, dtypes in found.items():
-                ran[key, n] |= dtypes
+                for dtype in dtypes:
+                    ran[key, n][dtype].append(conditions)
             return
         dtype = _BY_TYPE_NAME[error]
         arg = next((n for n, dtypes in found.items() if dtype in dtypes), None)
         if arg is not None:
-            refused[key, arg].add(dtype)
+            refused[key, arg][dtype].append(conditions)
 
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -328,6 +378,10 @@ def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
                 match = _REFUSAL.search(str(e))
                 if match and match.group(1) in _BY_TYPE_NAME:
                     record(func, args, kwargs, match.group(1))
+                elif _COMPLEX_REFUSAL.search(str(e)):  # "ceil is not supported for complex inputs"
+                    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+                    dtype = next(t.dtype for t in leaves if isinstance(t, torch.Tensor) and t.is_complex())
+                    record(func, args, kwargs, type_name(dtype))
                 raise
             record(func, args, kwargs, None)
             return out
@@ -352,21 +406,56 @@ def probe(samples_per_dtype: int = 3) -> dict[str, dict[str, str]]:
                 continue
             for s in samples:
                 run(info.op, s.input, *s.args, **s.kwargs)
-    # every overload taking only tensors and numbers, called with (2, 2) tensors of each dtype:
-    # the overloads OpInfo reaches through another name (``<<``, ``Scalar`` variants)
-    for op, entry in LOWERINGS.items():
-        kinds = [dispatch._kind(a) for a in op._schema.arguments if not a.has_default_value()]
-        if entry.runtime or not kinds or not set(kinds) <= {dispatch._TENSOR, dispatch._SCALAR}:
+    # every overload taking only tensors and numbers (those it needs, then every leading one it
+    # takes), called with (2, 2) tensors of each dtype and numbers of the tensors' kind and 1:
+    # the overloads OpInfo reaches through another name (``<<``, ``Scalar`` variants, clamp)
+    simple = {dispatch._TENSOR, dispatch._SCALAR}
+    for op in LOWERINGS:
+        needed = [dispatch._kind(a) for a in op._schema.arguments if not a.has_default_value()]
+        if not needed or not set(needed) <= simple:
             continue
-        for dtype in PROBED:
-            base = torch.tensor([[1, 0], [3, 1]]).to(dtype)
-            run(op, *[base.clone() if k == dispatch._TENSOR else 1 for k in kinds])
+        leading = itertools.takewhile(lambda a: not a.kwarg_only, op._schema.arguments)
+        every = list(itertools.takewhile(lambda k: k in simple, map(dispatch._kind, leading)))
+        for kinds in {tuple(needed), tuple(every)}:
+            for dtype in PROBED:
+                base = torch.tensor([[1, 0], [3, 1]]).to(dtype)
+                for number in (base[0, 0].item(), 1):
+                    run(op, *[base.clone() if k == dispatch._TENSOR else number for k in kinds])
     table = collections.defaultdict(dict)
-    for (key, arg), dtypes in sorted(refused.items()):
-        dtypes -= ran[key, arg]
-        if dtypes:
-            table[key][arg] = " ".join(str(d).removeprefix("torch.") for d in PROBED if d in dtypes)
+    for (key, arg), by_dtype in sorted(refused.items()):
+        by_condition = collections.defaultdict(set)
+        for dtype, calls in by_dtype.items():
+            condition = _condition(calls, ran[key, arg].get(dtype, ()))
+            if condition is not None:
+                spelled = ",".join(f"{name}={value}" for _, name, value in condition)
+                by_condition[f"{arg}[{spelled}]" if spelled else arg].add(dtype)
+        for spelled, dtypes in by_condition.items():
+            table[key][spelled] = " ".join(str(d).removeprefix("torch.") for d in PROBED if d in dtypes)
     return dict(table)
+
+
+def _features(value) -> set[str]:
+    """What a refusal may hang on besides a dtype: a bool's or string's value, whether an
+    optional argument is given (clamp refuses bool with both bounds, runs it with one), whether
+    a tensor has elements (kernels return on empty ones before any dtype check) and more than
+    one (kthvalue copies a single one)."""
+    if isinstance(value, (bool, str)):
+        return {str(value)}
+    if value is None:
+        return {"None"}
+    numel = value.numel() if isinstance(value, torch.Tensor) else 1
+    return {"given"} | ({"filled"} if numel else set()) | ({"many"} if numel > 1 else set())
+
+
+def _condition(refused_calls, ran_calls) -> tuple | None:
+    """The fewest (none, one, two) features every refused call has and no call that ran has
+    all of: ``((position, name, value), ...)`` in schema order; None when there are none."""
+    shared = sorted(frozenset.intersection(*refused_calls))
+    for size in range(3):
+        for features in itertools.combinations(shared, size):
+            if not any(set(features) <= ran for ran in ran_calls):
+                return features
+    return None
 
 
 def regenerate() -> None:
@@ -382,7 +471,8 @@ def regenerate() -> None:
     lines = [
         f'"""Generated by ``python -m torch_tpu.ops --regenerate-cpu-dtypes`` (torch {torch.__version__}):',
         "per tpu-lowered ATen overload, the dtypes CPU's kernel refuses, by argument (``*``: the",
-        'common dtype of an elementwise op\'s operands). Do not edit: rerun the probe."""',
+        "common dtype of an elementwise op's operands; ``[name=feature,...]``: only where those",
+        'arguments have those ``cpu_dtypes._features``). Do not edit: rerun the probe."""',
         "",
         "REFUSED = {",
     ]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,8 @@ from ..runtime.buffer import Deferred
 from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
 from . import cpu_dtypes, layout
-from .meta import NEEDS_VALUES_MESSAGES
+from ._helpers import warn
+from .meta import NEEDS_VALUES_MESSAGES, to_meta
 from .registry import LOWERINGS, Lowering, OutDtype, Promote, Runs, Types, qualified_name
 
 aten = torch.ops.aten
@@ -318,10 +318,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         if promote_pos is not None:
             types = promoted_types(entry.promote, [values[i] for i in promote_pos])
         if dtype_guard is not None:
-            try:
-                dtype_guard(values, types)
-            except NotImplementedError as refusal:  # after PyTorch's own argument checks, as on CPU
-                raise _refusal_meta_error(op, binder.names, args, kwargs, refusal) or refusal from None
+            _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
         lowered = fn if types is None else fn_for(types)
         for i in generator_pos:
             _check_generator(values[i])
@@ -386,6 +383,13 @@ def _for_host(value: Any) -> Any:
     return value
 
 
+def _check_dtypes(dtype_guard, op, names, values, types, args: tuple, kwargs: dict) -> None:
+    try:
+        dtype_guard(values, types)
+    except NotImplementedError as refusal:  # after PyTorch's own argument checks, as on CPU
+        raise _refusal_meta_error(op, names, args, kwargs, refusal) or refusal from None
+
+
 def _refusal_meta_error(op, names, args: tuple, kwargs: dict, refusal) -> Exception | None:
     """PyTorch's argument checks for a call CPU's kernel refuses: the meta replay with the
     refused tensors as a dtype the kernel takes. Which ones is a guess (only the refused
@@ -418,19 +422,11 @@ def _stand_ins(names, args: tuple, kwargs: dict, positions, dtype, stand_in) -> 
     return args, kwargs
 
 
-def _to_meta(x: Any) -> Any:
-    if isinstance(x, torch.Tensor) and x.device.type == "tpu":
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-    if isinstance(x, torch.device) and x.type == "tpu":  # factories: replay on meta, not here
-        return torch.device("meta")
-    return x
-
-
 def _meta_error(op, args: tuple, kwargs: dict) -> Exception | None:
     """The exception PyTorch itself raises for these arguments, found by replaying the call on
     meta tensors, whose kernels carry PyTorch's shape and dtype checks (None: meta accepts them,
     or has no kernel for the op)."""
-    meta_args, meta_kwargs = torch.utils._pytree.tree_map(_to_meta, (args, kwargs))
+    meta_args, meta_kwargs = to_meta((args, kwargs), tpu_only=True)
     try:
         op(*meta_args, **meta_kwargs)
     except NotImplementedError:  # no meta kernel (data-dependent ops)
@@ -525,11 +521,10 @@ def _fit(dst: torch.Tensor | list, value, resize: bool) -> None:
                 f"output with shape {list(dst.shape)} doesn't match the broadcast shape {list(value.shape)}"
             )
         if dst.numel():
-            warnings.warn(
+            warn(
                 f"An output with one or more elements was resized since it had shape "
                 f"{list(dst.shape)}, which does not match the required output shape "
-                f"{list(value.shape)}.",
-                stacklevel=4,
+                f"{list(value.shape)}."
             )
         dst.resize_(value.shape)
 
@@ -650,11 +645,18 @@ def _derived_variants(op: torch._ops.OpOverload):
 
 
 def _recording(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
+    """A runtime kernel, refusing the dtypes CPU's kernel refuses (its table entries; unsigned
+    dtypes reach the views and copies among these kernels as they reach CPU's)."""
+    binder = _Binder(op._schema)
+    dtype_guard = cpu_dtypes.table_guard(op, binder.names)
+
     def recorded(*args, **kwargs):
         if platform.forked_child:
             platform.check_not_forked()
         if recorded_ops is not None:
             recorded_ops.add(op)
+        if dtype_guard is not None:
+            _check_dtypes(dtype_guard, op, binder.names, binder.bind(args, kwargs), None, args, kwargs)
         matmul_precision = precision.current()  # for the programs it runs (``apply``)
         if matmul_precision is None:
             return kernel(*args, **kwargs)

@@ -20,23 +20,25 @@ META = torch.device("meta")
 NEEDS_VALUES_MESSAGES = ("register_meta function for torch.nonzero", "a meta tensor without output_size")
 
 
-def to_meta(x: Any) -> Any:
+def to_meta(x: Any, *, tpu_only: bool = False) -> Any:
     """A meta stand-in for a kernel argument: tensors keep shape, strides and dtype (CPU scalars
     stay: they join any device's op, and some arguments must be one, like ``randint_like``'s
     ``high``); devices become meta, so factories build meta tensors; generators are dropped;
-    lists, tuples and dicts are converted item by item."""
+    lists, tuples and dicts are converted item by item. ``tpu_only``: only tpu tensors and
+    devices become meta, the rest stays as the caller passed it (replaying a call for PyTorch's
+    error: a CPU tensor among tpu ones is the mismatch it names)."""
     if isinstance(x, torch.Tensor):
-        if x.is_cpu and x.dim() == 0:
+        if x.device.type != "tpu" and (tpu_only or (x.is_cpu and x.dim() == 0)):
             return x
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=META)
     if isinstance(x, (list, tuple)):
-        return type(x)(to_meta(v) for v in x)
+        return type(x)(to_meta(v, tpu_only=tpu_only) for v in x)
     if isinstance(x, dict):
-        return {k: to_meta(v) for k, v in x.items()}
+        return {k: to_meta(v, tpu_only=tpu_only) for k, v in x.items()}
     if isinstance(x, torch.device):
-        return META
+        return x if tpu_only and x.type != "tpu" else META
     if isinstance(x, torch.Generator):
-        return None
+        return x if tpu_only else None
     return x
 
 

@@ -93,8 +93,8 @@ def _to_jax_arg(x: Any) -> Any:
     if not isinstance(x, torch.Tensor):  # None, or a number PyTorch unwrapped from a wrapped number
         return None if x is None else _scalar(x)  # a runtime value: ``x + step`` compiles once
     if x.is_cpu:
-        if x.dim() == 0:  # a CPU scalar tensor (or a wrapped Python number) may join, as on CUDA
-            return _scalar(x.item())  # a runtime value: ``x + step`` compiles once for every step
+        if x.dim() == 0:  # a CPU scalar tensor may join a device op, as on CUDA (read on the host:
+            return x.item()  # some ops take only such a number, ``randint_like``'s ``high``)
         raise _device_mismatch(x)
     if x.is_meta:  # (is_cpu/is_meta are cheap flags; reading .device builds an object)
         raise _device_mismatch(x)
@@ -503,8 +503,7 @@ def _fit(dst: torch.Tensor | list, value, resize: bool) -> None:
     PyTorch-style, resizing an ``out=`` to it (a ``Tensor[]`` target takes a list of outputs,
     one each)."""
     if isinstance(dst, (list, tuple)):
-        if len(dst) != len(value):
-            raise RuntimeError(f"expected {len(value)} output tensors, got {len(dst)}")
+        _check_count(dst, value)
         for d, v in zip(dst, value):
             _fit(d, v, resize)
         return
@@ -527,6 +526,23 @@ def _fit(dst: torch.Tensor | list, value, resize: bool) -> None:
                 f"{list(value.shape)}."
             )
         dst.resize_(value.shape)
+
+
+def _check_count(dst: list, value: list) -> None:
+    if len(dst) != len(value):
+        raise RuntimeError(f"expected {len(value)} output tensors, got {len(dst)}")
+
+
+def _store(dst: torch.Tensor | list, value, resize: bool) -> None:
+    """``_fit`` then ``_write``, element by element for a ``Tensor[]`` target (a later element's
+    error leaves the earlier ones written, as on CPU)."""
+    if isinstance(dst, (list, tuple)):
+        _check_count(dst, value)
+        for d, v in zip(dst, value):
+            _store(d, v, resize)
+        return
+    _fit(dst, value, resize)
+    tensor.write(dst, value)
 
 
 def _write(dst: torch.Tensor | list, value) -> None:
@@ -594,12 +610,15 @@ def _mutating_kernel(
                 kwargs = {**kwargs, name: default}
         values = compute(args, kwargs)
         stores = list(zip(written, (values,) if single else values))
-        for dst, value in stores:
-            _fit(dst, value, resize)
-        if check_resized is not None:
+        if check_resized is None:
+            for dst, value in stores:  # one target after another, as CPU writes a list's
+                _store(dst, value, resize)
+        else:  # out= tensors resized onto an input are refused before any is written
+            for dst, value in stores:
+                _fit(dst, value, resize)
             check_resized(written, args, kwargs)
-        for dst, value in stores:
-            _write(dst, value)
+            for dst, value in stores:
+                _write(dst, value)
         if context.launch_blocking:
             _block(values)
         if not returns:

@@ -71,7 +71,6 @@ def test_histogramdd(args, kwargs):
     [
         lambda d: torch.histogram(torch.tensor([1.0, float("inf")], device=d), 3),
         lambda d: torch.histogram(torch.tensor([1.0, float("nan")], device=d), 3),
-        lambda d: torch.histogram(torch.arange(3, device=d), 3),
         lambda d: torch.histogram(torch.randn(10, device=d), 3, weight=torch.ones(3, device=d)),
         lambda d: torch.histogram(
             torch.randn(10, device=d), torch.tensor([0.0, 1.0], dtype=torch.float64, device=d)
@@ -84,6 +83,13 @@ def test_histogramdd(args, kwargs):
 )
 def test_histogram_errors(call):
     _same_error(lambda d: _pytree.tree_map(lambda x: x.cpu(), call(d)))
+
+
+def test_histogram_refuses_integers_as_cpu():
+    """(The dtype refusal names the op, ``histogram``; CPU's names its kernel, ``histogramdd``.)"""
+    for device in ("cpu", "tpu"):
+        with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
+            torch.histogram(torch.arange(3, device=device), 3)
 
 
 _DATA = torch.randn(2, 6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))

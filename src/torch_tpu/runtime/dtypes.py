@@ -74,6 +74,16 @@ _SCALAR_TYPE_NAMES = {
 }
 
 
+#: The C++ names of the floating and complex element types (both tables below use them).
+_CPP_FLOATING = {
+    torch.float16: "c10::Half",
+    torch.bfloat16: "c10::BFloat16",
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.complex64: "c10::complex<float>",
+    torch.complex128: "c10::complex<double>",
+}
+
 #: The C++ element types' names, as PyTorch's structured kernels word a wrong out= dtype.
 _ITEM_NAMES = {
     torch.bool: "bool",
@@ -85,12 +95,7 @@ _ITEM_NAMES = {
     torch.int16: "short int",
     torch.int32: "int",
     torch.int64: "long int",
-    torch.float16: "c10::Half",
-    torch.bfloat16: "c10::BFloat16",
-    torch.float32: "float",
-    torch.float64: "double",
-    torch.complex64: "c10::complex<float>",
-    torch.complex128: "c10::complex<double>",
+    **_CPP_FLOATING,
 }
 
 
@@ -169,12 +174,7 @@ _CPP_NAMES = {
     torch.int16: "int16_t",
     torch.int32: "int",
     torch.int64: "int64_t",
-    torch.float16: "c10::Half",
-    torch.bfloat16: "c10::BFloat16",
-    torch.float32: "float",
-    torch.float64: "double",
-    torch.complex64: "c10::complex<float>",
-    torch.complex128: "c10::complex<double>",
+    **_CPP_FLOATING,
 }
 
 

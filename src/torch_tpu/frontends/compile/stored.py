@@ -78,7 +78,7 @@ def _graph_text(graph_module: torch.fx.GraphModule) -> str:
             value = getattr(value, name)
         if isinstance(value, torch.Tensor):
             value = value.detach().cpu().contiguous()
-            data = value.view(torch.uint8).numpy().tobytes() if value.numel() else b""
+            data = value.reshape(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b""
             parts.append(
                 f"{node.target}: {value.dtype}{list(value.shape)} {hashlib.sha256(data).hexdigest()}"
             )

@@ -134,3 +134,35 @@ def test_a_second_process_reads_the_stored_graphs_and_computes_the_same(tmp_path
     assert second["traced"] == 2
     for name in ("losses", "weights", "error"):
         assert second[name] == first[name]
+
+
+def test_a_graph_with_value_checks_is_traced_again_not_stored(stored_hits):
+    """An index check's callback is a closure over its trace: such a graph's findings are not
+    stored, so a later compile traces it again. (Stored, its checks were traced again lazily
+    when first reported, under whatever autocast state was current: the GPT's embedding then
+    failed to trace.)"""
+    from torch_tpu.demo.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)).eval().to("tpu")
+    tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1)).to("tpu")
+    results = []
+    for _ in range(2):  # the second pass compiles anew, as a new process would
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="tpu")
+        for enabled in (False, True):
+            with torch.autocast("tpu", enabled=enabled):
+                results.append(compiled(tokens)[0].float().cpu())
+    torch.testing.assert_close(results[2:], results[:2])
+
+
+def test_random_ops_still_run_after_a_stored_program_is_read(stored_hits):
+    """A read-back executable's argument types are unpickled copies; a typed key among them
+    once made later keys' PRNG implementation a copy, which ``jax.random.poisson`` refuses."""
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    for _ in range(2):
+        _fresh_compile(x, w)
+    assert stored_hits == [False, True]
+    torch.manual_seed(0)
+    drawn = torch.poisson(torch.full((16,), 5.0, device="tpu")).cpu()
+    assert drawn.shape == (16,) and (drawn >= 0).all()

@@ -37,10 +37,18 @@ _TPU, _HOST, _CONST = range(3)
 _FRESH, _INPUT = range(2)
 
 
+# Programs take their random key as raw key data, not a typed key: an executable read back from
+# the store carries its argument types unpickled, and a typed key's copy of the PRNG
+# implementation would then reach later keys, which ``jax.random.poisson`` refuses as "not
+# threefry" (it checks the implementation's identity).
+_key_data = jax.jit(jax.random.key_data)
+
+
 @functools.cache
 def _unused_key() -> jax.Array:
-    """The key of programs that draw no random numbers (calling them leaves the generator be)."""
-    return jax.random.key(0)
+    """The key data of programs that draw no random numbers (calling them leaves the generator
+    be)."""
+    return jax.random.key_data(jax.random.key(0))
 
 
 class _Output(NamedTuple):
@@ -214,11 +222,11 @@ class Program:
 
     # ------------------------------------------------------------------ tracing
     def _traceable(self, layout: tuple, traced: _Traced) -> Callable:
-        """The graph as a function of (random key, storage values) for ``jax.jit``; tracing it
+        """The graph as a function of (random key data, storage values) for ``jax.jit``; tracing it
         fills in ``traced``."""
 
-        def program(key, *values):
-            with traced_ops(key) as trace:
+        def program(key_data, *values):
+            with traced_ops(jax.random.wrap_key_data(key_data)) as trace:
                 storages = [tensor.wrap(v).untyped_storage() for v in values]
                 results = Interpreter(self.graph_module, trace).run(*_arguments(layout, storages))
                 traced.outputs, fresh = _outputs(
@@ -251,7 +259,8 @@ class Program:
         if findings is not None:
             return _Trace(None, self._stored_traced(key, findings), graph)
         trace = self._staged(key, values, graph)
-        stored.save_findings(graph, _findings(trace.traced))
+        if not trace.traced.checks:  # (a check's callback is a closure over this trace: traced again)
+            stored.save_findings(graph, _findings(trace.traced))
         return trace
 
     def _staged(self, key: tuple, values: list, graph: str | None) -> _Trace:
@@ -263,20 +272,11 @@ class Program:
         return _Trace(staged, traced, graph)
 
     def _stored_traced(self, key: tuple, findings: tuple) -> _Traced:
-        """A stored trace's findings; its value checks' callbacks (Python closures, not stored)
-        come from tracing the graph abstractly the first time one is reported."""
+        """A stored trace's findings (stored only for graphs without value checks, whose
+        callbacks are closures over their trace)."""
         traced = _Traced()
-        traced.outputs, traced.written, origins, traced.random = findings
-
-        @functools.cache
-        def callbacks() -> list:
-            avals = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in key[1]]
-            return self._staged(key, avals, None).traced.checks
-
-        def lazy(index: int) -> Callable:
-            return lambda values: callbacks()[index][0](values)
-
-        traced.checks = [(lazy(i), origin) for i, origin in enumerate(origins)]
+        traced.outputs, traced.written, _, traced.random = findings
+        traced.checks = []
         return traced
 
     def _compile(
@@ -310,7 +310,7 @@ class Program:
                 traced_key, trace, values, donated
             )
         fused.stats.donated_buffers += len(donated)
-        random_key = random.next_key() if traced.random else _unused_key()
+        random_key = _key_data(random.next_key()) if traced.random else _unused_key()
         fused.stats.compiled_runs += 1
         inherited = checks.inherited(values)
         with fused.interrupts_held():  # the written inputs get their new values, whatever comes
@@ -360,8 +360,8 @@ def _lower(staged: jax.stages.Traced, values: list, donated: tuple[int, ...]) ->
 
 
 def _findings(traced: _Traced) -> tuple:
-    """What a trace found out, without its value checks' callbacks (see ``_stored_traced``)."""
-    return traced.outputs, traced.written, [origin for _, origin in traced.checks], traced.random
+    """What a trace (one without value checks) found out."""
+    return traced.outputs, traced.written, (), traced.random
 
 
 def _arguments(layout: tuple, storages: list) -> list:

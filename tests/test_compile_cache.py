@@ -156,7 +156,6 @@ def test_a_graph_with_value_checks_is_traced_again_not_stored(stored_hits):
     torch.testing.assert_close(results[2:], results[:2])
 
 
-
 _COMPILE_THEN_POISSON = """
 import torch, torch_tpu
 f = torch.compile(lambda x: (x * 2).sin(), backend="tpu")

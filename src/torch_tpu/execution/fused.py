@@ -239,14 +239,13 @@ CHURN_AFTER = 3
 _RUN_GRAPH_FIRST = object()  # Graph.record: an op to run alone needs this graph's results
 
 
-def _run_alone(fn: Callable, args: tuple, kwargs: dict) -> Any:
-    """A churning op run at once on its inputs' values (strict eager's way); its results depend
-    on the checks its inputs depend on, as a recorded node's would."""
+def _run_now(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """An op run at once on its inputs' values (strict eager's way) instead of recorded: a
+    churning one, or one with an unhashable static argument. Its results depend on the checks
+    its inputs depend on, as a recorded node's would."""
     args = tuple(buffer.resolved(a) for a in args)
     kwargs = {k: buffer.resolved(v) for k, v in kwargs.items()}
-    stats.ops_run_alone += 1
-    with precision.scope(precision.current()):
-        out = fn(*args, **kwargs)
+    out = precision.call(fn, *args, **kwargs)
     inherited = checks.inherited(jax.tree_util.tree_leaves((args, kwargs)))
     if inherited:
         checks.taint(jax.tree_util.tree_leaves(out), inherited)
@@ -354,7 +353,8 @@ class Graph:
             if churning and not self._unclaimed:
                 if not any(map(self._computes, (*args, *kwargs.values()))):
                     self.seen += 1
-                    return _run_alone(fn, args, kwargs)
+                    stats.ops_run_alone += 1
+                    return _run_now(fn, args, kwargs)
                 if not self.churned:  # the graph so far keeps its shapes: cut it here
                     return _RUN_GRAPH_FIRST
             self.churned |= churning
@@ -606,10 +606,7 @@ class Recorder:
             try:
                 outs = graph.record(fn, args, kwargs or {}, name)
             except TypeError:  # an unhashable static argument: run this op eagerly
-                return fn(
-                    *(buffer.resolved(a) for a in args),
-                    **{k: buffer.resolved(v) for k, v in (kwargs or {}).items()},
-                )
+                return _run_now(fn, args, kwargs or {})
             if outs is _RUN_GRAPH_FIRST:  # (its results are dispatched, not waited for)
                 graph.run("an op whose shapes change in every graph runs alone")
                 self.graph = Graph(continuing=graph)

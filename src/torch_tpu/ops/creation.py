@@ -20,7 +20,7 @@ from jax.scipy.special import i0
 from ..runtime.buffer import apply
 from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
 from ..runtime.tensor import fill
-from ..runtime.transfer import device_scalar
+from ..runtime.transfer import INT64_RANGE, device_scalar
 from ._helpers import accumulator
 from .registry import Layout, Runs, lower, runtime
 
@@ -169,14 +169,11 @@ def _checked_full(shape, value, dtype) -> jax.Array:
     return _full(shape, value, dtype)
 
 
-_INT64_RANGE = range(-(2**63), 2**63)
-
-
 def _full(shape, value, dtype) -> jax.Array:
     """``shape`` filled with ``value`` cast to ``dtype``: one program per shape and dtype, the
     value a runtime input (a uint64 fill past int64's range, which JAX cannot take as a Python
     number, is cast on the host)."""
-    if isinstance(value, int) and value not in _INT64_RANGE:
+    if isinstance(value, int) and value not in INT64_RANGE:
         value = cast(np.uint64(value), dtype)
     else:
         value = device_scalar(value)

@@ -91,7 +91,7 @@ _COMPLEX = (torch.complex64, torch.complex128)
 
 def _to_jax_arg(x: Any) -> Any:
     if not isinstance(x, torch.Tensor):  # None, or a number PyTorch unwrapped from a wrapped number
-        return None if x is None else _scalar(x)  # a runtime value: ``x + step`` compiles once
+        return None if x is None else _number(x)  # a runtime value: ``x + step`` compiles once
     if x.is_cpu:
         if x.dim() == 0:  # a CPU scalar tensor may join a device op, as on CUDA (read on the host:
             return x.item()  # some ops take only such a number, ``randint_like``'s ``high``)
@@ -118,17 +118,21 @@ def _index_to_jax(x: Any) -> Any:
     return _to_jax_arg(x)
 
 
-_INT64_RANGE = range(-(2**63), 2**63)
+def _number(x: bool | int | float | complex) -> Any:
+    """A Python number as a cached device scalar (``transfer.device_scalar``); an integer past
+    int64 (a uint64 value) stays a Python number, which JAX cannot take as a runtime value."""
+    if type(x) is int and x not in transfer.INT64_RANGE:
+        return x
+    return transfer.device_scalar(x)
 
 
 def _scalar(x: Any) -> Any:
-    """A Python number as a cached device scalar (``transfer.device_scalar``); an integer past
-    int64 (a uint64 value) stays a Python number, which JAX cannot take as a runtime value."""
+    """A ``Scalar`` argument: a tensor's value, or a Python number as a device scalar."""
     if isinstance(x, torch.Tensor):
         return _to_jax_arg(x)
-    if x is None or isinstance(x, jax.Array) or (type(x) is int and x not in _INT64_RANGE):
+    if x is None or isinstance(x, jax.Array):
         return x
-    return transfer.device_scalar(x)
+    return _number(x)
 
 
 def _scalars(xs: Any) -> Any:
@@ -337,11 +341,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             recorder = ctx.recorder
             if traced and recorder is not None:
                 return recorder.record(lowered, values, extra, name)
-            matmul_precision = precision.current()
-            if matmul_precision is None:
-                return lowered(*values, **extra)
-            with precision.scope(matmul_precision):
-                return lowered(*values, **extra)
+            return precision.call(lowered, *values, **extra)
         except (IndexError, UnsupportedDtypeError, torch.OutOfMemoryError, *NEEDS_VALUES):
             # already the right error: PyTorch's IndexErrors (bounds, mask shapes), or a result
             # dtype tpu does not have, which must keep its clear TypeError; or a compiled
@@ -676,11 +676,7 @@ def _recording(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
             recorded_ops.add(op)
         if dtype_guard is not None:
             _check_dtypes(dtype_guard, op, binder.names, binder.bind(args, kwargs), None, args, kwargs)
-        matmul_precision = precision.current()  # for the programs it runs (``apply``)
-        if matmul_precision is None:
-            return kernel(*args, **kwargs)
-        with precision.scope(matmul_precision):
-            return kernel(*args, **kwargs)
+        return precision.call(kernel, *args, **kwargs)  # (for the programs it runs: ``apply``)
 
     return recorded
 

@@ -41,6 +41,21 @@ def scope(name: str | None):
     return contextlib.nullcontext() if name is None else jax.default_matmul_precision(name)
 
 
+def current_scope():
+    """:func:`scope` of the setting now."""
+    return scope(current())
+
+
+def call(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` under the setting now: on the hot path, no context at all for
+    "highest", the default."""
+    name = current()
+    if name is None:
+        return fn(*args, **kwargs)
+    with jax.default_matmul_precision(name):
+        return fn(*args, **kwargs)
+
+
 def matmul_precision(dtype) -> lax.Precision:
     """The precision a lowering gives a matrix product of ``dtype`` operands, while traced:
     float32/complex64 as the setting says, every other dtype full (float64 as on CPU; half

@@ -14,6 +14,8 @@ from . import checks, platform
 from .lru import LRU
 
 _scalar_arrays = LRU()
+#: The Python integers JAX takes as runtime values (``device_scalar``): int64's.
+INT64_RANGE = range(-(2**63), 2**63)
 
 
 def device_scalar(x: bool | int | float | complex) -> jax.Array:

@@ -257,7 +257,7 @@ class Program:
         graph = stored.key(self.graph_module, self._host_outputs, key, args, precision.current())
         findings = stored.load_findings(graph)
         if findings is not None:
-            return _Trace(None, self._stored_traced(key, findings), graph)
+            return _Trace(None, _from_findings(findings), graph)
         trace = self._staged(key, values, graph)
         if not trace.traced.checks:  # (a check's callback is a closure over this trace: traced again)
             stored.save_findings(graph, _findings(trace.traced))
@@ -266,18 +266,10 @@ class Program:
     def _staged(self, key: tuple, values: list, graph: str | None) -> _Trace:
         started = time.perf_counter()
         traced = _Traced()
-        with precision.scope(precision.current()):
+        with precision.current_scope():
             staged = jax.jit(self._traceable(key[0], traced)).trace(_unused_key(), *values)
         fused.stats.compile_seconds += time.perf_counter() - started
         return _Trace(staged, traced, graph)
-
-    def _stored_traced(self, key: tuple, findings: tuple) -> _Traced:
-        """A stored trace's findings (stored only for graphs without value checks, whose
-        callbacks are closures over their trace)."""
-        traced = _Traced()
-        traced.outputs, traced.written, _, traced.random = findings
-        traced.checks = []
-        return traced
 
     def _compile(
         self, traced_key: tuple, trace: _Trace, values: list, donated: tuple[int, ...]
@@ -287,7 +279,7 @@ class Program:
             if trace.staged is None:  # the findings were stored, this variant was not
                 trace = self._traces[traced_key] = self._staged(traced_key[0], values, trace.stored)
             started = time.perf_counter()
-            with precision.scope(precision.current()), stored.compiling(trace.stored) as compiled:
+            with precision.current_scope(), stored.compiling(trace.stored) as compiled:
                 run = _lower(trace.staged, values, donated).compile()
             fused.stats.compile_seconds += time.perf_counter() - started
             if compiled():
@@ -341,7 +333,7 @@ class Program:
         """StableHLO text of this graph for these arguments (traced, not run)."""
         key, values, _ = self._gather(args)
         program = self._traceable(key[0], _Traced())
-        with precision.scope(precision.current()):
+        with precision.current_scope():
             return jax.jit(program).lower(_unused_key(), *values).as_text()
 
 
@@ -360,8 +352,15 @@ def _lower(staged: jax.stages.Traced, values: list, donated: tuple[int, ...]) ->
 
 
 def _findings(traced: _Traced) -> tuple:
-    """What a trace (one without value checks) found out."""
-    return traced.outputs, traced.written, (), traced.random
+    """What a trace found out, to store (only for graphs without value checks: a check's
+    callback is a closure over its trace)."""
+    return traced.outputs, traced.written, traced.random
+
+
+def _from_findings(findings: tuple) -> _Traced:
+    traced = _Traced()
+    traced.outputs, traced.written, traced.random = findings
+    return traced
 
 
 def _arguments(layout: tuple, storages: list) -> list:

@@ -41,7 +41,7 @@ from ...runtime import platform
 
 _log = logging.getLogger("torch_tpu")
 #: A new entry layout gets a new version (old entries are then never found).
-FORMAT = "torch_tpu compiled graph v2"
+FORMAT = "torch_tpu compiled graph v3"
 
 
 @functools.cache

@@ -94,14 +94,6 @@ def _dispatch_rows(rounds: int) -> list[tuple]:
 
 
 # ----------------------------------------------------------------------------- GPT step
-def _gpt() -> tuple:
-    torch.manual_seed(0)
-    model = bench_fused.GPT(GPT_CONFIG)
-    idx = torch.randint(0, GPT_CONFIG.vocab_size, (GPT_BATCH, GPT_CONFIG.block_size))
-    targets = torch.randint(0, GPT_CONFIG.vocab_size, (GPT_BATCH, GPT_CONFIG.block_size))
-    return model, idx, targets
-
-
 def _fused_split(model, idx, targets, step, steps: int) -> dict[str, float]:
     """Per recorded op of a fused training step: recording (the forward and loss recorded with
     the device idle, so no XLA work competes for the cores), and per step the flushes (each
@@ -137,7 +129,7 @@ def _fused_split(model, idx, targets, step, steps: int) -> dict[str, float]:
 
 
 def _gpt_rows(rounds: int) -> list[tuple]:
-    model, idx, targets = _gpt()
+    model, idx, targets = bench_fused._model_and_batch(GPT_CONFIG, GPT_BATCH)
     assert GPT_CONFIG.n_head == bench_fused.CONFIG.n_head  # (the JAX step's head count)
     jax_step = bench_fused._JaxStep(model, idx, targets)
     sync = torch.tpu.synchronize

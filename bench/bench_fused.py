@@ -61,11 +61,13 @@ LABELS = {
 Contender = tuple[Callable[[], object], Callable[[], None]]
 
 
-def _model_and_batch() -> tuple[GPT, torch.Tensor, torch.Tensor]:
+def _model_and_batch(
+    config: GPTConfig = CONFIG, batch: int = BATCH
+) -> tuple[GPT, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
-    model = GPT(CONFIG)
-    idx = torch.randint(0, CONFIG.vocab_size, (BATCH, CONFIG.block_size))
-    targets = torch.randint(0, CONFIG.vocab_size, (BATCH, CONFIG.block_size))
+    model = GPT(config)
+    idx = torch.randint(0, config.vocab_size, (batch, config.block_size))
+    targets = torch.randint(0, config.vocab_size, (batch, config.block_size))
     return model, idx, targets
 
 

@@ -144,9 +144,6 @@ META_STRICTER: dict[str, str] = {
     ),
 }
 
-#: Messages of meta kernels that cannot say what an op returns without the values (a boolean
-#: mask's coordinates, ``repeat_interleave``'s total): such calls are not checked.
-_NEEDS_VALUES = NEEDS_VALUES_MESSAGES
 #: Messages of meta kernels that fail on arguments CPU accepts (the upsample meta kernels on an
 #: empty batch): such calls are not checked.
 _META_BUGS = ("cond must be a bool",)
@@ -219,7 +216,7 @@ def _replay(op, tensors: dict, args: tuple, kwargs: dict):
 def _checked_call(op, kernel: Callable, written, tensors: dict, args: tuple, kwargs: dict, strides: bool):
     meta_arguments, expected, rejection = _replay(op, tensors, args, kwargs)
     if rejection is not None and (
-        any(text in str(rejection) for text in _NEEDS_VALUES + _META_BUGS)
+        any(text in str(rejection) for text in NEEDS_VALUES_MESSAGES + _META_BUGS)
         or qualified_name(op) in META_STRICTER
     ):
         return kernel(*args, **kwargs)

@@ -109,3 +109,22 @@ def test_promotion_is_not_reused_across_dtypes_dimensions_or_default_dtype():
                     assert (a.to("tpu") / on_tpu).dtype == (a / other).dtype
     finally:
         torch.set_default_dtype(before)
+
+
+def _executables_built() -> int:
+    stats = torch.tpu.compilation_cache_stats()
+    return stats["xla_compiles"] + stats["disk_hits"]
+
+
+@pytest.mark.parametrize("make", [torch.zeros, torch.ones, lambda n, **kw: torch.arange(n, **kw).float()])
+def test_a_factory_result_and_a_copied_tensor_share_executables(make):
+    # JAX compiles a program per placement of its arguments: a factory's value left
+    # uncommitted would compile every op reading it a second time
+    copied = torch.full((7, 3), 2.0).to("tpu")
+    (copied * 3 + 1).cpu()
+    made = make(21, device="tpu").reshape(7, 3) if make is not torch.zeros else make(7, 3, device="tpu")
+    made.cpu()
+    before = _executables_built()
+    result = made * 3 + 1
+    assert _executables_built() == before
+    torch.testing.assert_close(result.cpu(), made.cpu() * 3 + 1)

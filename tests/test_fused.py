@@ -334,3 +334,43 @@ def test_an_op_run_alone_keeps_the_checks_of_its_inputs(fresh_churn):
         grown = torch.cat([sequence, bad])
         with pytest.raises(IndexError, match="index out of range"):
             grown.cpu()
+
+
+def _mostly_fixed_loop(steps: int, device: str):
+    """A decoding-like step: many ops keep their shapes, one sequence grows a token a step."""
+    torch.manual_seed(0)
+    weight = torch.randn(8, 8).to(device)
+    state = torch.zeros(1, 8).to(device)
+    sequence = torch.zeros(1, 2).to(device)
+    results = []
+    for _ in range(steps):
+        for _ in range(6):  # the fixed-shape work: far more ops than the growing ones
+            state = torch.tanh(state @ weight + 0.5)
+        sequence = torch.cat([sequence, state[:, :1]], dim=1)
+        results.append(state.sum().item())
+    return torch.tensor(results), sequence.cpu()  # float32 sums: compared at float32's tolerance
+
+
+def test_a_few_ops_growing_in_an_otherwise_unchanged_graph_run_alone_at_once(fresh_churn):
+    expected = _mostly_fixed_loop(3, "cpu")
+    torch.tpu.reset_compilation_cache_stats()
+    with torch_tpu.eager_mode("fused"):
+        torch.testing.assert_close(_mostly_fixed_loop(2, "tpu")[0], expected[0][:2])
+        assert torch.tpu.compilation_cache_stats()["ops_run_alone"] == 0
+        # one graph with a new shape at a single position was enough to take that op out
+        actual = _mostly_fixed_loop(3, "tpu")
+    assert torch.tpu.compilation_cache_stats()["ops_run_alone"] > 0
+    torch.testing.assert_close(actual[0], expected[0])
+    torch.testing.assert_close(actual[1], expected[1])
+
+
+def test_a_new_batch_size_changing_every_op_is_compiled_not_taken_apart(fresh_churn):
+    weight = torch.randn(8, 8, device="tpu")
+    torch.tpu.reset_compilation_cache_stats()
+    with torch_tpu.eager_mode("fused"):
+        for batch in (4, 5, 6):  # every op of the step changes shape: a new graph, not churn
+            x = torch.randn(batch, 8, device="tpu")
+            for _ in range(4):
+                x = torch.tanh(x @ weight)
+            x.sum().item()
+    assert torch.tpu.compilation_cache_stats()["ops_run_alone"] == 0

@@ -35,3 +35,12 @@ cache_entries: int = int(os.environ.get("TORCH_TPU_CACHE_ENTRIES", "4096"))
 #: its outputs' shapes, dtypes and strides are checked against PyTorch's Meta kernel (slow; see
 #: ``torch_tpu.ops.meta_check``). Tests may also set ``config.check_meta = True`` at runtime.
 check_meta: bool = _flag("TORCH_TPU_CHECK_META")
+#: ``TORCH_TPU_STATIC_GENERATION=0``: Hugging Face ``generate()`` on tpu keeps Transformers'
+#: default (dynamic) cache instead of a static, bucketed one with fused decoding (see
+#: ``torch_tpu.integrations.generation``).
+static_generation: bool = os.environ.get("TORCH_TPU_STATIC_GENERATION", "1").strip().lower() not in (
+    "0",
+    "false",
+    "no",
+    "off",
+)

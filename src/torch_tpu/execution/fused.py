@@ -234,6 +234,10 @@ _churning = LRU()
 _history = LRU()
 #: graphs in a row with a new signature at a position before its op is taken out of graphs
 CHURN_AFTER = 3
+#: ... or one such graph, when the new signatures are at no more than this share of the graph's
+#: positions: a few ops changing shape while the rest keep theirs is a sequence growing
+#: inside a graph that is otherwise the same (a decoding step); a new batch size changes them all
+CHURN_SHARE = 0.1
 
 
 _RUN_GRAPH_FIRST = object()  # Graph.record: an op to run alone needs this graph's results
@@ -260,6 +264,7 @@ def _learn_churn(graph: Graph) -> None:
     history = _history.get(graph.start)
     if history is None:
         history = _history[graph.start] = {}
+    novel_at = []
     for position, signature in zip(graph.positions, graph.signatures):
         seen, novel = history.get(position, (frozenset(), 0))
         if signature in seen:
@@ -267,13 +272,16 @@ def _learn_churn(graph: Graph) -> None:
             continue
         if seen and next(iter(seen))[0] is signature[0]:
             novel += 1
+            novel_at.append((position, signature[0], novel))
         else:  # another op at this position: start over
             seen, novel = frozenset(), 0
         history[position] = ((seen | {signature}) if len(seen) < 16 else frozenset({signature}), novel)
-        if novel >= CHURN_AFTER and (graph.start, position) not in _churning:
-            _churning[(graph.start, position)] = signature[0]
+    few = len(novel_at) <= CHURN_SHARE * len(graph.positions)
+    for position, fn, novel in novel_at:
+        if (few or novel >= CHURN_AFTER) and (graph.start, position) not in _churning:
+            _churning[(graph.start, position)] = fn
             if log_recompiles:
-                name = getattr(signature[0], "__name__", signature[0])
+                name = getattr(fn, "__name__", fn)
                 explain(f"op {position} ({name}) has new shapes in every graph: it now runs on its own")
 
 

@@ -2,13 +2,14 @@
 them imports JAX): ``autocast`` (per-op casting on AutocastPrivateUse1), ``modules``
 (``Module.to`` moves parameters in place, as for CUDA), ``serialization`` (save/load, deepcopy,
 safetensors), ``pin_memory`` (``DataLoader(pin_memory=True)``), ``accelerate`` (Accelerate's
-default device), ``dynamo`` (Dynamo never traces the runtime)."""
+default device), ``generation`` (Hugging Face ``generate()`` with a static cache), ``dynamo``
+(Dynamo never traces the runtime)."""
 
 from __future__ import annotations
 
 
 def install() -> None:
-    from . import accelerate, autocast, dynamo, modules, pin_memory, serialization
+    from . import accelerate, autocast, dynamo, generation, modules, pin_memory, serialization
 
-    for integration in (modules, serialization, pin_memory, accelerate, autocast, dynamo):
+    for integration in (modules, serialization, pin_memory, accelerate, generation, autocast, dynamo):
         integration.install()

@@ -48,7 +48,7 @@ class Uninitialized:
         return self.size * self.dtype.itemsize
 
     def materialize(self) -> jax.Array:
-        return jnp.zeros((self.size,), self.dtype)
+        return jnp.zeros((self.size,), self.dtype, device=platform.device())
 
 
 class Deferred:
@@ -225,8 +225,15 @@ def concrete(storage) -> jax.Array:
 
 def put(storage, value: Value) -> None:
     """Give ``storage`` a new value. A value a fused graph has yet to compute replaces the old
-    one only tentatively: the graph keeps the old value, to put back if it fails."""
-    if type(value) is Deferred and value.value is None:
+    one only tentatively: the graph keeps the old value, to put back if it fails.
+
+    Values are kept committed to the device: a jitted program is compiled per placement of its
+    arguments, so one uncommitted array (the output of a program without array inputs, a
+    factory) would compile every later op that reads it a second time."""
+    if type(value) is ARRAY_TYPE:
+        if not value.committed:
+            value = jax.device_put(value, platform.device())
+    elif type(value) is Deferred and value.value is None:
         old = getattr(storage, _ATTR, None)
         if old is not None and not (type(old) is Deferred and old.graph is value.graph):
             value.graph.overwrote(storage, old)

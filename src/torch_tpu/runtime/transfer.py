@@ -22,12 +22,13 @@ def device_scalar(x: bool | int | float | complex) -> jax.Array:
     """A Python number as a weakly typed device scalar, cached by value: handing JAX a fresh
     Python number costs a host->device transfer per call, and the same constants (alpha=1,
     0.5, eps, a fill value) recur on every step. Values stay runtime inputs of the programs
-    that take them, so a new learning rate never recompiles."""
+    that take them, so a new learning rate never recompiles. Like every value we hold, it is
+    committed to the device (see :func:`torch_tpu.runtime.buffer.put`)."""
     key = (type(x), x) if x else (type(x), str(x))  # keeps -0.0 apart from 0.0
     array = _scalar_arrays.get(key)
     if array is None:
         with jax.ensure_compile_time_eval():  # a constant, even when first seen in a trace
-            array = _scalar_arrays[key] = jnp.asarray(x)
+            array = _scalar_arrays[key] = jax.device_put(jnp.asarray(x), platform.device())
     return array
 
 

@@ -128,3 +128,45 @@ def test_a_factory_result_and_a_copied_tensor_share_executables(make):
     result = made * 3 + 1
     assert _executables_built() == before
     torch.testing.assert_close(result.cpu(), made.cpu() * 3 + 1)
+
+
+# ----------------------------------------------------------------------------- appends
+def _grow(device: str, steps: int, dtype=torch.int64):
+    ids = torch.arange(5).reshape(1, 5).to(dtype).to(device)
+    base = ids
+    for step in range(steps):
+        ids = torch.cat([ids, torch.full((1, 1), step % 2 + 7, dtype=dtype, device=device)], dim=-1)
+    return base, ids
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bool, torch.bfloat16])
+def test_a_sequence_growing_by_cat_equals_cpu(dtype):
+    base, ids = _grow("tpu", 70, dtype)  # past one capacity (64 elements) into the next
+    cpu_base, cpu_ids = _grow("cpu", 70, dtype)
+    assert ids.stride() == cpu_ids.stride() and ids.is_contiguous()
+    assert torch.equal(ids.cpu(), cpu_ids) and torch.equal(base.cpu(), cpu_base)
+    assert torch.equal(ids[:, -1:].cpu(), cpu_ids[:, -1:])
+    assert torch.equal(ids[:, 3:9].cpu(), cpu_ids[:, 3:9])
+
+
+def test_appends_to_one_sequence_are_independent():
+    _, ids = _grow("tpu", 3)
+    left = torch.cat([ids, torch.tensor([[100]], device="tpu")], dim=1)
+    right = torch.cat([ids, torch.tensor([[200, 201]], device="tpu")], dim=1)
+    left[0, 0] = -1  # a write to one result reaches neither the other nor the sequence
+    assert left.cpu().tolist() == [[-1, 1, 2, 3, 4, 7, 8, 7, 100]]
+    assert right.cpu().tolist() == [[0, 1, 2, 3, 4, 7, 8, 7, 200, 201]]
+    assert ids.cpu().tolist() == [[0, 1, 2, 3, 4, 7, 8, 7]]
+    rows = torch.cat([torch.ones(40, 3, device="tpu"), torch.zeros(2, 3, device="tpu")])  # along dim 0
+    assert torch.equal(rows.cpu(), torch.cat([torch.ones(40, 3), torch.zeros(2, 3)]))
+
+
+def test_a_growing_sequence_reuses_its_executables_until_it_outgrows_its_room():
+    ids = torch.zeros(1, 9, dtype=torch.int64, device="tpu")
+    for _ in range(3):
+        ids = torch.cat([ids, ids[:, -1:] + 1], dim=-1)
+    before = _executables_built()
+    for _ in range(40):  # lengths 13..52: one storage shape, and the last token one view of it
+        ids = torch.cat([ids, ids[:, -1:] + 1], dim=-1)
+    assert _executables_built() == before
+    assert ids.cpu().tolist() == [[0] * 9 + list(range(1, 44))]

@@ -374,3 +374,13 @@ def test_a_new_batch_size_changing_every_op_is_compiled_not_taken_apart(fresh_ch
                 x = torch.tanh(x @ weight)
             x.sum().item()
     assert torch.tpu.compilation_cache_stats()["ops_run_alone"] == 0
+
+
+def test_a_graph_does_not_change_when_a_changing_number_meets_a_constant():
+    x = torch.ones(4, device="tpu")
+    misses = []
+    with torch_tpu.eager_mode("fused"):
+        for step in range(5, 1, -1):  # at step 3 the two numbers are one cached device scalar
+            assert (x * 3 + step).sum().item() == 4 * (3 + step)
+            misses.append(torch.tpu.compilation_cache_stats()["misses"])
+    assert misses[1:] == misses[:1] * 3

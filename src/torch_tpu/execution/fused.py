@@ -335,7 +335,10 @@ class Graph:
             kind = type(x)
         if kind is _ARRAY or isinstance(x, jax.Array):  # (the type test first: isinstance is slow)
             index = self.leaf_ids.get(id(x))
-            if index is None:
+            # Scalars get a leaf per use: most are cached numbers (``transfer.device_scalar``,
+            # one array per value), and sharing leaves would make the graph's structure depend
+            # on which numbers happen to be equal (a sequence length meeting a dimension)
+            if index is None or not x.shape:
                 index = self.leaf_ids[id(x)] = len(self.leaves)
                 self.leaves.append(x)
             weak = x.weak_type if kind is _ARRAY else getattr(x, "weak_type", False)
@@ -369,18 +372,25 @@ class Graph:
             self.seen += 1
             signature: list = []
             depends: set = set(self._unclaimed)
-            arg_specs = tuple(self._spec(a, signature, depends) for a in args)
-            kw_specs = tuple((k, self._spec(v, signature, depends)) for k, v in kwargs.items())
-            signature_key = (fn, tuple(signature))
-            shapes = _shapes.get(signature_key)
-            if shapes is None:
-                walk = iter(signature)
-                abstract_args = [_abstract(s, walk) for s in arg_specs]
-                abstract_kwargs = {k: _abstract(s, walk) for k, s in kw_specs}
-                out = jax.eval_shape(fn, *abstract_args, **abstract_kwargs)
-                leaves, treedef = jax.tree_util.tree_flatten(out)
-                single = treedef == jax.tree_util.tree_structure(0)  # one array: no unflattening
-                shapes = _shapes[signature_key] = (None if single else treedef, leaves)
+            known = len(self.leaves)
+            try:
+                arg_specs = tuple(self._spec(a, signature, depends) for a in args)
+                kw_specs = tuple((k, self._spec(v, signature, depends)) for k, v in kwargs.items())
+                signature_key = (fn, tuple(signature))
+                shapes = _shapes.get(signature_key)
+                if shapes is None:
+                    walk = iter(signature)
+                    abstract_args = [_abstract(s, walk) for s in arg_specs]
+                    abstract_kwargs = {k: _abstract(s, walk) for k, s in kw_specs}
+                    out = jax.eval_shape(fn, *abstract_args, **abstract_kwargs)
+                    leaves, treedef = jax.tree_util.tree_flatten(out)
+                    single = treedef == jax.tree_util.tree_structure(0)  # one array: no unflattening
+                    shapes = _shapes[signature_key] = (None if single else treedef, leaves)
+            except BaseException:  # not recorded (run alone, or an error): leaves no input behind
+                for x in self.leaves[known:]:
+                    self.leaf_ids.pop(id(x), None)
+                del self.leaves[known:]
+                raise
             treedef, avals = shapes
             node = len(self.nodes)
             self.nodes.append((fn, arg_specs, kw_specs, precision.current()))

@@ -495,6 +495,14 @@ def _functional_kernel(entry: Lowering, compute: Callable) -> Callable:
                 _block(outs)
             return tuple(_wrap_output(o) for o in outs)
 
+    if entry.shortcut is None:
+        return kernel
+    shortcut, general = entry.shortcut, kernel
+
+    def kernel(*args, **kwargs):
+        result = shortcut(*args, **kwargs)
+        return general(*args, **kwargs) if result is None else result
+
     return kernel
 
 

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from jax import lax
 
+from ..runtime import tensor
+from ..runtime.context import context
 from . import indexing
 from ._helpers import result_dtype
 from ._nn_helpers import wrap_dim
@@ -38,7 +40,41 @@ def _is_legacy_empty(x: jax.Array) -> bool:
     return x.ndim == 1 and x.shape[0] == 0
 
 
-@lower(aten.cat.default, layout=Layout.META)
+#: an append adds at most this share of the sequence it extends (more is an ordinary cat)
+_APPEND_SHARE = 1 / 8
+
+
+def _cat_as_append(tensors, dim=0) -> torch.Tensor | None:
+    """``torch.cat([sequence, new])`` where ``new`` extends a contiguous ``sequence`` in memory
+    (all dims before ``dim`` have size 1: generation's ids and attention mask growing a token a
+    step), run as :func:`torch_tpu.runtime.tensor.append`: one storage shape and one executable
+    for every length up to the storage's room. None for every other cat."""
+    if len(tensors) < 2 or context.trace is not None:
+        return None
+    head = tensors[0]
+    if not (tensor.is_tpu(head) and head.dim() and head.storage_offset() == 0 and head.is_contiguous()):
+        return None
+    dim = dim + head.dim() if dim < 0 else dim
+    if not 0 <= dim < head.dim() or math.prod(head.shape[:dim]) != 1 or head.is_complex():
+        return None
+    shape, added = list(head.shape), 0
+    for t in tensors[1:]:
+        if not (
+            tensor.is_tpu(t)
+            and t.dtype == head.dtype
+            and t.dim() == head.dim()
+            and t.shape[:dim] == head.shape[:dim]
+            and t.shape[dim + 1 :] == head.shape[dim + 1 :]
+        ):
+            return None
+        shape[dim] += t.shape[dim]
+        added += t.numel()
+    if not 0 < added <= _APPEND_SHARE * head.numel():
+        return None
+    return tensor.append(head, list(tensors[1:]), shape)
+
+
+@lower(aten.cat.default, layout=Layout.META, shortcut=_cat_as_append)
 def cat(tensors, dim=0):
     for position, x in enumerate(tensors):
         _require(x.ndim > 0, f"zero-dimensional tensor (at position {position}) cannot be concatenated")

@@ -307,7 +307,56 @@ def read(t: torch.Tensor) -> jax.Array:
     offset = t.storage_offset()
     if buf.shape == shape and offset == 0 and t.is_contiguous():
         return buf
-    return apply(_strided_read, buf, tuple(shape), t.stride(), device_scalar(offset))
+    shape = tuple(shape)
+    return apply(_strided_read, buf, shape, _addressing_strides(shape, t.stride()), device_scalar(offset))
+
+
+def _addressing_strides(shape: tuple, strides: tuple) -> tuple:
+    """``strides`` with those of size-1 dims, which address nothing, made row-major's: the last
+    token of a growing sequence, ``ids[:, -1:]``, is then one view geometry at every length."""
+    if 1 not in shape:
+        return strides
+    return tuple(r if n == 1 else s for n, s, r in zip(shape, strides, _row_major(shape)))
+
+
+# ----------------------------------------------------------------------------- appends
+#: the smallest capacity an append gives its result's storage, in elements
+SMALLEST_CAPACITY = 64
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _append(buf: jax.Array, capacity: int, length: jax.Array, *tails: jax.Array) -> jax.Array:
+    flat = buf.reshape(-1)
+    flat = flat[:capacity] if flat.size >= capacity else jnp.pad(flat, (0, capacity - flat.size))
+    tail = jnp.concatenate([cast(t, flat.dtype).reshape(-1) for t in tails])
+    return lax.dynamic_update_slice(flat, tail, (length,))
+
+
+def append(head: torch.Tensor, tails: list[torch.Tensor], shape: list[int]) -> torch.Tensor:
+    """A new contiguous tensor of ``shape`` holding ``head``'s elements (a contiguous tensor at
+    the start of its storage) followed by ``tails``'. Its storage gets room to grow (the next
+    power of two of elements), and ``head``'s length is a runtime value: a sequence that grows a
+    few elements at a time keeps one storage shape and one executable until it fills that room.
+    """
+    numel = math.prod(shape)
+    capacity = max(SMALLEST_CAPACITY, 1 << (numel - 1).bit_length())
+    dtype = to_jax(head.dtype)
+    buf = storage_array(head.untyped_storage(), dtype)
+    value = apply(_append, buf, capacity, device_scalar(head.numel()), *(read(t) for t in tails))
+    t = _create([capacity], head.dtype)
+    storage = t.untyped_storage()
+    buffer.put(storage, value)
+    _set_storage_meta(_META, t, storage, 0, [capacity], [1])  # the storage's size: all its room
+    _set_storage_meta(_META, t, storage, 0, shape, _row_major(shape))
+    return t
+
+
+def _row_major(shape) -> list[int]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return strides[::-1]
 
 
 def read_resolved(t: torch.Tensor) -> jax.Array:

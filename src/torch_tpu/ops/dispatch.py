@@ -324,11 +324,12 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         if dtype_guard is not None:
             _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
         lowered = fn if types is None else fn_for(types)
+        generator = None
         for i in generator_pos:
             _check_generator(values[i])
-            values[i] = None
+            generator, values[i] = values[i], None
         if draws_key:
-            extra["key"] = random.next_key()
+            extra["key"] = random.next_key(generator)
         for i, convert in converters:
             values[i] = convert(values[i])
         ctx = context

@@ -29,6 +29,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <type_traits>
 
 namespace py = pybind11;
 
@@ -41,10 +42,15 @@ PyObject* g_callbacks = nullptr;  // torch_tpu.runtime.native; kept for the proc
 std::atomic<int> g_device_count{0};
 thread_local c10::DeviceIndex g_current_device = 0;
 
-template <typename... Args>
-py::object callback(const char* name, Args&&... args) {
+// Calls torch_tpu.runtime.native.<name>(args) and converts its result to R, under the GIL
+// (PyTorch calls some of these with the GIL released).
+template <typename R = void, typename... Args>
+R callback(const char* name, Args&&... args) {
   py::gil_scoped_acquire gil;
-  return py::handle(g_callbacks).attr(name)(std::forward<Args>(args)...);
+  py::object result = py::handle(g_callbacks).attr(name)(std::forward<Args>(args)...);
+  if constexpr (!std::is_void_v<R>) {
+    return result.cast<R>();
+  }
 }
 
 void check_index(c10::DeviceIndex index) {
@@ -103,7 +109,7 @@ struct TpuAllocator final : c10::DeviceAllocator {
   void recordStream(const c10::DataPtr&, c10::Stream) override {}  // one stream
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex index) override {
     check_index(index);
-    auto values = callback("memory_stats", index).cast<std::array<int64_t, 5>>();
+    const auto values = callback<std::array<int64_t, 5>>("memory_stats", index);
     c10::CachingDeviceAllocator::DeviceStats stats;
     const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     stats.allocated_bytes[all].current = values[0];
@@ -120,7 +126,7 @@ struct TpuAllocator final : c10::DeviceAllocator {
   }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override {
     check_index(index);
-    return callback("mem_get_info", index).cast<std::pair<size_t, size_t>>();
+    return callback<std::pair<size_t, size_t>>("mem_get_info", index);
   }
 };
 
@@ -244,7 +250,7 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
     return g_device_count > 0;
   }
   bool hasPrimaryContext(c10::DeviceIndex) const override {
-    return callback("is_initialized").cast<bool>();
+    return callback<bool>("is_initialized");
   }
   c10::DeviceIndex deviceCount() const override {
     return static_cast<c10::DeviceIndex>(g_device_count.load());
@@ -283,9 +289,9 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   // storage gets a new allocation.
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const override {
     {
-      py::gil_scoped_acquire gil;
+      py::gil_scoped_acquire gil;  // (the Python storage object carries the JAX buffer)
       auto py_storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(storage));
-      py::handle(g_callbacks).attr("resize_storage")(py_storage, nbytes);
+      callback("resize_storage", py_storage, nbytes);
     }
     auto* impl = storage.unsafeGetStorageImpl();
     impl->set_data_ptr_noswap(g_allocator.allocate(nbytes));
@@ -298,7 +304,6 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
 // asks for is it. An event records by waiting for the work before it (as torch.tpu.Event does),
 // so it is complete once recorded and its timestamp bounds that work.
 struct TpuEvent {
-  bool timing;
   std::chrono::steady_clock::time_point at;
 };
 
@@ -341,11 +346,11 @@ struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceIndex deviceCount() const noexcept override {
     return static_cast<c10::DeviceIndex>(g_device_count.load());
   }
-  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag flag)
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag)
       const override {
     synchronize(stream.device_index());
     if (*event == nullptr) {
-      *event = new TpuEvent{flag == c10::EventFlag::BACKEND_DEFAULT, {}};
+      *event = new TpuEvent{};
     }
     static_cast<TpuEvent*>(*event)->at = std::chrono::steady_clock::now();
   }
@@ -358,11 +363,10 @@ struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
   }
   void synchronizeEvent(void*) const override {}  // recording waited for the work
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    // (c10::Event has checked that both were created with enable_timing=True)
     TORCH_CHECK(start && end, "Both events must be recorded before calculating elapsed time.");
-    const auto* a = static_cast<TpuEvent*>(start);
-    const auto* b = static_cast<TpuEvent*>(end);
-    TORCH_CHECK(a->timing && b->timing, "Both events must be created with argument 'enable_timing=True'.");
-    return std::chrono::duration<double, std::milli>(b->at - a->at).count();
+    const auto elapsed = static_cast<TpuEvent*>(end)->at - static_cast<TpuEvent*>(start)->at;
+    return std::chrono::duration<double, std::milli>(elapsed).count();
   }
   bool queryStream(const c10::Stream& stream) const override {
     synchronize(stream.device_index());

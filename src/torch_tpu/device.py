@@ -94,7 +94,7 @@ def _is_in_bad_fork() -> bool:
 
 def device_count() -> int:
     """Devices this process drives: always 1 (one process per device, like upstream)."""
-    return 1
+    return platform.device_count()
 
 
 def current_device() -> int:
@@ -112,14 +112,7 @@ def _get_device_index(device: _DeviceLike) -> int:
         if device.type != "tpu":
             raise ValueError(f"Expected a tpu device, but got: {device}")
         device = current_device() if device.index is None else device.index
-    count = device_count()
-    if not 0 <= device < count:
-        drives = "1 device, tpu:0" if count == 1 else f"{count} devices, tpu:0 to tpu:{count - 1}"
-        raise RuntimeError(
-            f"tpu error: invalid device ordinal: tpu:{device} (this process drives {drives}; "
-            "launch one process per device)"
-        )
-    return device
+    return platform.check_index(device)
 
 
 def set_device(device: _DeviceLike) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .conftest import needs_native
+from . import needs_native
 
 pytestmark = needs_native
 

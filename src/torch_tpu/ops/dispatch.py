@@ -746,7 +746,9 @@ def _routed_by_device(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
     if "device" not in names:
         return kernel
     position = names.index("device")
-    composite = torch._C._dispatch_has_kernel_for_dispatch_key(qualified_name(op), "CompositeExplicitAutograd")
+    composite = torch._C._dispatch_has_kernel_for_dispatch_key(
+        qualified_name(op), "CompositeExplicitAutograd"
+    )
 
     def routed(*args, **kwargs):
         device = args[position] if position < len(args) else kwargs.get("device")

@@ -737,16 +737,17 @@ _libraries: list = []
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
-def _routed_by_device(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
+def _routed_by_device(op: torch._ops.OpOverload, kernel: Callable, lowered: bool = True) -> Callable:
     """A kernel taking ``device=``: a tpu device this process does not drive (``tpu:1``) is
-    refused rather than served by ``tpu:0``; a tensor-taking factory asked for another device
-    (``zeros_like(t, device="cpu")``, ``t.new_ones(3, device="cpu")``) runs PyTorch's own
-    composite kernel, which builds the result on that device, instead of the tpu lowering."""
+    refused rather than served by ``tpu:0``; a ``lowered`` tensor-taking factory asked for
+    another device (``zeros_like(t, device="cpu")``, ``t.new_ones(3, device="cpu")``) runs
+    PyTorch's own composite kernel, which builds the result on that device, instead of the tpu
+    lowering (runtime kernels, ``_to_copy``, handle other devices themselves)."""
     names = [a.name for a in op._schema.arguments]
     if "device" not in names:
         return kernel
     position = names.index("device")
-    composite = torch._C._dispatch_has_kernel_for_dispatch_key(
+    composite = lowered and torch._C._dispatch_has_kernel_for_dispatch_key(
         qualified_name(op), "CompositeExplicitAutograd"
     )
 
@@ -775,7 +776,9 @@ def install() -> None:
     for op, entry in LOWERINGS.items():
         check_installable(op)
         if entry.runtime:
-            lib.impl(op, checked(op, _routed_by_device(op, _recording(op, entry.fn))), "PrivateUse1")
+            lib.impl(
+                op, checked(op, _routed_by_device(op, _recording(op, entry.fn), lowered=False)), "PrivateUse1"
+            )
             continue
         # one compute (and so one set of compiled executables) serves the op and its variants
         compute, _ = _compute_fn(entry)

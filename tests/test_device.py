@@ -67,7 +67,7 @@ def test_device_module_values():
     assert torch.tpu.is_available() and torch.tpu.device_count() == 1
     assert torch.tpu.current_device() == 0
     torch.tpu.set_device("tpu:0")
-    with pytest.raises(RuntimeError, match="only tpu:0"):
+    with pytest.raises(RuntimeError, match="invalid device ordinal: tpu:1"):
         torch.tpu.set_device(1)
     props = torch.tpu.get_device_properties()
     assert props.total_memory > 0 and props.name == torch.tpu.get_device_name()

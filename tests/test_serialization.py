@@ -193,7 +193,7 @@ def test_safetensors_sees_sharing_like_cpu(device, tmp_path):
 def test_safetensors_rejects_other_tpu_indices(tmp_path):
     path = str(tmp_path / "t.safetensors")
     save_file({"w": torch.ones(2)}, path)
-    with pytest.raises(RuntimeError, match="only tpu:0"):
+    with pytest.raises(RuntimeError, match="invalid device ordinal: tpu:1"):
         load_file(path, device="tpu:1")
 
 
@@ -227,5 +227,5 @@ def test_storage_constructors_on_tpu():
     assert filled.is_tpu and filled.cpu().tolist() == [1, 2, 255]
     typed = torch.TypedStorage([1.5, 2.5], dtype=torch.float32, device="tpu")
     assert typed.is_tpu and typed.cpu().tolist() == [1.5, 2.5]
-    with pytest.raises(RuntimeError, match="only tpu:0"):
+    with pytest.raises(RuntimeError, match="invalid device ordinal: tpu:1"):
         torch.UntypedStorage(8, device="tpu:1")

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from . import device as _device_module
+from .runtime import native as _native
 from .runtime import platform as _platform
 
 __version__ = "0.1.0"
@@ -90,12 +91,16 @@ def _first_use(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
 
 def _register() -> None:
     """What ``import torch`` does for tpu: the device, its module and hooks, and the PyTorch
-    integrations that must exist before the first op (no JAX)."""
+    integrations that must exist before the first op (no JAX). The C++ runtime core registers
+    first; PyTorch's Python backend registration then keeps its hooks and guard (the Python ones
+    below serve only when the extension is missing)."""
     global _registered
     with _lock:
         if _registered:
             return
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+        _native.install(_device_module.device_count())
 
         _setup_privateuseone_for_python_backend(
             "tpu", backend_module=_device_module, hook=_Hooks(), device_guard=_DeviceGuard()

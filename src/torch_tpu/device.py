@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .runtime import memory, platform, random
+from .runtime import memory, native, platform, random
 
 __all__ = [
     "is_available",
@@ -94,50 +94,55 @@ def _is_in_bad_fork() -> bool:
 
 def device_count() -> int:
     """Devices this process drives: always 1 (one process per device, like upstream)."""
-    return 1
+    return platform.device_count()
 
 
 def current_device() -> int:
-    return 0
+    """The calling thread's current tpu device (the C++ device guard's; 0 without it)."""
+    return torch.accelerator.current_device_index() if native.available() else 0
 
 
-def _index(device: _DeviceLike) -> int:
+def _get_device_index(device: _DeviceLike) -> int:
+    """The index ``device`` names (None: the current device), refused unless this process
+    drives it, in the words of the C++ device guard (and of CUDA: "invalid device ordinal")."""
     if device is None:
-        return 0
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    if device.type != "tpu":
-        raise ValueError(f"Expected a tpu device, but got: {device}")
-    return device.index or 0
+        return current_device()
+    if not isinstance(device, int):
+        device = torch.device(device)
+        if device.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {device}")
+        device = current_device() if device.index is None else device.index
+    return platform.check_index(device)
 
 
 def set_device(device: _DeviceLike) -> None:
-    """Validates ``device``: a process is bound to ``tpu:0`` and cannot switch."""
-    index = _index(device)
-    if index != 0:
-        raise RuntimeError(
-            f"tpu: this process drives only tpu:0, cannot select tpu:{index} (launch one process per device)"
-        )
+    """Make ``device`` the calling thread's current tpu device (as ``torch.cuda.set_device``)."""
+    index = _get_device_index(device)
+    if native.available():
+        torch.accelerator.set_device_index(index)
 
 
 class device(contextlib.ContextDecorator):
-    """Context manager selecting a tpu device (only ``tpu:0`` exists in a process)."""
+    """Context manager making a tpu device current, and the previous one again on exit."""
 
     def __init__(self, device: _DeviceLike):
-        set_device(device)
+        self.index = _get_device_index(device)
+        self.previous: list[int] = []
 
     def __enter__(self):
+        self.previous.append(current_device())
+        set_device(self.index)
         return self
 
     def __exit__(self, *exc):
+        set_device(self.previous.pop())
         return False
 
 
 def synchronize(device: _DeviceLike = None) -> None:
     """Wait until all queued work whose results are still held has finished (in fused eager,
     pending recorded ops run first)."""
-    set_device(device)
+    _get_device_index(device)
     platform.check_not_forked()
     if not platform.is_initialized():
         return  # nothing ever ran
@@ -180,24 +185,24 @@ manual_seed_all = manual_seed
 
 
 def seed() -> None:
-    random.manual_seed(torch.randint(0, 2**62, ()).item())
+    random.default_generator().seed()
 
 
 seed_all = seed
 
 
 def initial_seed() -> int:
-    return random.initial_seed()
+    return random.default_generator().initial_seed()
 
 
 def get_rng_state(device: _DeviceLike = "tpu") -> torch.Tensor:
-    set_device(device)
-    return random.get_state()
+    _get_device_index(device)
+    return random.default_generator().get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device: _DeviceLike = "tpu") -> None:
-    set_device(device)
-    random.set_state(new_state)
+    _get_device_index(device)
+    random.default_generator().set_state(new_state)
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
@@ -211,7 +216,7 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 # ----------------------------------------------------------------------------- properties
 def get_device_name(device: _DeviceLike = None) -> str:
     """The hardware actually in use, e.g. ``"TPU v5 lite"`` or ``"XLA:CPU (stand-in)"``."""
-    set_device(device)
+    _get_device_index(device)
     return platform.device_name()
 
 
@@ -225,75 +230,58 @@ class _DeviceProperties:
 
 
 def get_device_properties(device: _DeviceLike = None) -> _DeviceProperties:
-    set_device(device)
+    _get_device_index(device)
     return _DeviceProperties(get_device_name(), memory.total_memory(), platform=platform.platform())
 
 
 def get_device_capability(device: _DeviceLike = None) -> tuple[int, int]:
-    set_device(device)
+    _get_device_index(device)
     return (0, 0)
 
 
 # ----------------------------------------------------------------------------- memory
-_peak_allocated = 0
-
-
+# The numbers are runtime.memory's, which the C++ allocator also reports to torch.accelerator.
 def memory_allocated(device: _DeviceLike = None) -> int:
     """Bytes held by live device buffers (on stand-in platforms: summed over live arrays)."""
-    global _peak_allocated
-    set_device(device)
-    stats = memory.device_stats()
-    if "bytes_in_use" in stats:
-        current = int(stats["bytes_in_use"])
-    else:
-        import jax
-
-        current = sum(a.nbytes for a in jax.live_arrays())
-    _peak_allocated = max(_peak_allocated, current)
-    return current
+    _get_device_index(device)
+    return memory.allocated()
 
 
 def max_memory_allocated(device: _DeviceLike = None) -> int:
     """Peak of :func:`memory_allocated` (device-tracked on TPU/GPU; sampled at queries on CPU)."""
-    current = memory_allocated(device)
-    stats = memory.device_stats()
-    return int(stats.get("peak_bytes_in_use", max(_peak_allocated, current)))
+    _get_device_index(device)
+    return memory.max_allocated()
 
 
 def memory_reserved(device: _DeviceLike = None) -> int:
-    stats = memory.device_stats()
-    return int(stats.get("bytes_reserved", memory_allocated(device)))
+    _get_device_index(device)
+    return memory.reserved()
 
 
 def max_memory_reserved(device: _DeviceLike = None) -> int:
-    return max(memory_reserved(device), max_memory_allocated(device))
+    _get_device_index(device)
+    return memory.max_reserved()
 
 
 def memory_stats(device: _DeviceLike = None) -> dict[str, Any]:
+    _get_device_index(device)
     return {
-        "allocated_bytes.all.current": memory_allocated(device),
-        "allocated_bytes.all.peak": max_memory_allocated(device),
-        "reserved_bytes.all.current": memory_reserved(device),
-        "num_live_buffers": _live_buffers(),
+        "allocated_bytes.all.current": memory.allocated(),
+        "allocated_bytes.all.peak": memory.max_allocated(),
+        "reserved_bytes.all.current": memory.reserved(),
+        "num_live_buffers": memory.live_buffers(),
         **{f"xla.{k}": v for k, v in memory.device_stats().items()},
     }
 
 
-def _live_buffers() -> int:
-    import jax
-
-    return len(jax.live_arrays())
-
-
 def reset_peak_memory_stats(device: _DeviceLike = None) -> None:
-    global _peak_allocated
-    set_device(device)
-    _peak_allocated = 0
+    _get_device_index(device)
+    memory.reset_peak()
 
 
 def mem_get_info(device: _DeviceLike = None) -> tuple[int, int]:
     total = get_device_properties(device).total_memory
-    return total - memory_allocated(device), total
+    return total - memory.allocated(), total
 
 
 def empty_cache() -> None:
@@ -325,8 +313,7 @@ class Stream:
     """The device's single in-order stream (XLA serializes work; all streams are this one)."""
 
     def __init__(self, device: _DeviceLike = None, priority: int = 0):
-        set_device(device)
-        self.device = torch.device("tpu", 0)
+        self.device = torch.device("tpu", _get_device_index(device))
         self.priority = priority
 
     def synchronize(self) -> None:
@@ -395,3 +382,9 @@ def set_stream(stream: Stream) -> None:
 @contextlib.contextmanager
 def stream(stream: Stream | None):
     yield stream
+
+
+def __getattr__(name: str) -> Any:
+    if name == "default_generators":  # made at first use (see runtime.random)
+        return (random.default_generator(),)
+    raise AttributeError(f"module 'torch.tpu' has no attribute {name!r}")

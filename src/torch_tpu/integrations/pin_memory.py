@@ -1,7 +1,9 @@
-"""``DataLoader(pin_memory=True)`` with tpu as the accelerator (the Trainer's default).
+"""``DataLoader(pin_memory=True)`` with tpu as the accelerator (the Trainer's default), when the
+C++ runtime core is missing.
 
-PyTorch's CPU ``_pin_memory`` kernel asks the PrivateUse1 hooks for a pinned allocator, which a
-Python backend cannot provide; here it is routed through :func:`_pin_memory` instead.
+PyTorch's CPU ``_pin_memory`` kernel asks the PrivateUse1 hooks for a pinned allocator. The C++
+runtime core (``runtime.native``) provides one, and then PyTorch's own kernel runs; a Python
+backend cannot, so without it the kernel is routed through :func:`_pin_memory` instead.
 """
 
 from __future__ import annotations
@@ -30,5 +32,9 @@ def install() -> None:
     PrivateUse1 hooks for a pinned allocator, which a Python backend cannot provide), so
     ``DataLoader(pin_memory=True)`` -- the Trainer's default -- works."""
     global _host_library
+    from ..runtime import native
+
+    if native.available():
+        return
     _host_library = torch.library.Library("aten", "IMPL")
     _host_library.impl("_pin_memory", _pin_memory, "CPU")

@@ -49,7 +49,7 @@ def _untyped_storage_new(cls, *args, **kwargs):
     device = kwargs.get("device")
     if device is None or cls is not _Untyped or torch.device(device).type != "tpu":
         return _StorageBase.__new__(cls, *args, **kwargs)
-    device_module.set_device(device)  # only tpu:0 exists in a process
+    device_module._get_device_index(device)  # refuses a device this process does not drive
     if not args:
         return _empty_tpu_storage(0)
     if isinstance(args[0], int):
@@ -128,7 +128,7 @@ def _safetensors_device(device: Any) -> Any:
     if isinstance(device, str) and device.split(":")[0] == "tpu":
         device = torch.device(device)
     if isinstance(device, torch.device) and device.type == "tpu":
-        device_module.set_device(device)
+        device_module._get_device_index(device)
         return device.index or 0
     return device
 
@@ -149,9 +149,13 @@ def _patch_safetensors() -> None:
 
 
 def install() -> None:
+    from ..runtime import native
+
     for name, patch in _STORAGE_PATCHES.items():
-        setattr(_Untyped, name, patch)
-    torch.Tensor.data_ptr = _tensor_data_ptr
+        if name != "data_ptr" or not native.available():  # C++ storages have their own handles
+            setattr(_Untyped, name, patch)
+    if not native.available():
+        torch.Tensor.data_ptr = _tensor_data_ptr
     # ``storage.tpu()`` / ``storage.is_tpu`` (PyTorch generates them only on request).
     if not hasattr(torch.storage._StorageBase, "tpu"):
         from torch.utils.backend_registration import _generate_storage_methods_for_privateuse1_backend

@@ -324,11 +324,12 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         if dtype_guard is not None:
             _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
         lowered = fn if types is None else fn_for(types)
+        generator = None
         for i in generator_pos:
             _check_generator(values[i])
-            values[i] = None
+            generator, values[i] = values[i], None
         if draws_key:
-            extra["key"] = random.next_key()
+            extra["key"] = random.next_key(generator)
         for i, convert in converters:
             values[i] = convert(values[i])
         ctx = context
@@ -744,21 +745,28 @@ _libraries: list = []
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
-def _elsewhere_to_cpu(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
-    """A tensor-taking factory asked for another device (``zeros_like(t, device="cpu")``,
-    ``t.new_ones(3, device="cpu")``) runs PyTorch's own composite kernel, which builds the
-    result on that device, instead of the tpu lowering."""
+def _routed_by_device(op: torch._ops.OpOverload, kernel: Callable, lowered: bool = True) -> Callable:
+    """A kernel taking ``device=``: a tpu device this process does not drive (``tpu:1``) is
+    refused rather than served by ``tpu:0``; a ``lowered`` tensor-taking factory asked for
+    another device (``zeros_like(t, device="cpu")``, ``t.new_ones(3, device="cpu")``) runs
+    PyTorch's own composite kernel, which builds the result on that device, instead of the tpu
+    lowering (runtime kernels, ``_to_copy``, handle other devices themselves)."""
     names = [a.name for a in op._schema.arguments]
-    if "device" not in names or not torch._C._dispatch_has_kernel_for_dispatch_key(
-        qualified_name(op), "CompositeExplicitAutograd"
-    ):
+    if "device" not in names:
         return kernel
     position = names.index("device")
+    composite = lowered and torch._C._dispatch_has_kernel_for_dispatch_key(
+        qualified_name(op), "CompositeExplicitAutograd"
+    )
 
     def routed(*args, **kwargs):
         device = args[position] if position < len(args) else kwargs.get("device")
-        if device is not None and device.type != "tpu":
-            return op.redispatch(_CPU_KEYS, *args, **kwargs)
+        if device is not None:
+            if device.type != "tpu":
+                if composite:
+                    return op.redispatch(_CPU_KEYS, *args, **kwargs)
+            elif device.index:
+                platform.check_index(device.index)
         return kernel(*args, **kwargs)
 
     return routed
@@ -776,11 +784,13 @@ def install() -> None:
     for op, entry in LOWERINGS.items():
         check_installable(op)
         if entry.runtime:
-            lib.impl(op, checked(op, _recording(op, entry.fn)), "PrivateUse1")
+            lib.impl(
+                op, checked(op, _routed_by_device(op, _recording(op, entry.fn), lowered=False)), "PrivateUse1"
+            )
             continue
         # one compute (and so one set of compiled executables) serves the op and its variants
         compute, _ = _compute_fn(entry)
-        lib.impl(op, checked(op, _elsewhere_to_cpu(op, _functional_kernel(entry, compute))), "PrivateUse1")
+        lib.impl(op, checked(op, _routed_by_device(op, _functional_kernel(entry, compute))), "PrivateUse1")
         for variant, resize in _derived_variants(op):
             if variant in explicit or variant in DERIVED:
                 continue

@@ -21,8 +21,66 @@ from . import platform
 _REQUESTED = re.compile(r"allocat\w* (?:of )?(\d[\d,]*) ?bytes", re.IGNORECASE)
 
 
+# ----------------------------------------------------------------------------- statistics
+# The one source of the memory numbers: ``torch.tpu.memory_*`` and, through the C++ allocator,
+# ``torch.accelerator.memory_*`` both read these.
+_peak_allocated = 0
+
+
+def allocated() -> int:
+    """Bytes held by live device buffers (on stand-in platforms: summed over live arrays); 0
+    before the device has started (nothing is held, and asking must not start it)."""
+    global _peak_allocated
+    if not platform.is_initialized():
+        return 0
+    stats = device_stats()
+    if "bytes_in_use" in stats:
+        current = int(stats["bytes_in_use"])
+    else:
+        import jax
+
+        current = sum(a.nbytes for a in jax.live_arrays())
+    _peak_allocated = max(_peak_allocated, current)
+    return current
+
+
+def max_allocated() -> int:
+    """Peak of :func:`allocated` (device-tracked on TPU/GPU; sampled at queries on CPU)."""
+    current = allocated()
+    return int(device_stats().get("peak_bytes_in_use", max(_peak_allocated, current)))
+
+
+def reserved() -> int:
+    return int(device_stats().get("bytes_reserved", allocated()))
+
+
+def max_reserved() -> int:
+    return max(reserved(), max_allocated())
+
+
+def live_buffers() -> int:
+    if not platform.is_initialized():
+        return 0
+    import jax
+
+    return len(jax.live_arrays())
+
+
+def reset_peak() -> None:
+    global _peak_allocated
+    _peak_allocated = 0
+
+
+def allocator_stats() -> tuple[int, int, int, int, int]:
+    """What the C++ device allocator reports: allocated and reserved bytes with their peaks,
+    and the number of live buffers."""
+    return allocated(), max_allocated(), reserved(), max_reserved(), live_buffers()
+
+
 def device_stats() -> dict[str, int]:
     """The XLA device's own memory statistics (empty where the platform keeps none: CPU)."""
+    if not platform.is_initialized():
+        return {}
     stats = None
     with contextlib.suppress(Exception):
         stats = platform.device().memory_stats()
@@ -32,6 +90,7 @@ def device_stats() -> dict[str, int]:
 @functools.cache
 def total_memory() -> int:
     """Bytes the device can hold: its memory limit, or the host's RAM on the CPU stand-in."""
+    platform.initialize()  # the limit is the device's
     total = device_stats().get("bytes_limit", 0)
     if not total:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -136,6 +136,25 @@ def _interrupt_after_collection(phase: str, info: dict) -> None:
     sys.setprofile(raise_at_first_event_outside)
 
 
+def device_count() -> int:
+    """Devices this process drives: 1 (one process per device, like upstream TorchTPU). The C++
+    runtime core takes the count from here."""
+    return 1
+
+
+def check_index(index: int) -> int:
+    """``index`` if this process drives ``tpu:index``; else CUDA's error for the same request
+    ("invalid device ordinal", in the C++ device guard's words), never a silent ``tpu:0``."""
+    count = device_count()
+    if not 0 <= index < count:
+        drives = "1 device, tpu:0" if count == 1 else f"{count} devices, tpu:0 to tpu:{count - 1}"
+        raise RuntimeError(
+            f"tpu error: invalid device ordinal: tpu:{index} (this process drives {drives}; "
+            "launch one process per device)"
+        )
+    return index
+
+
 def is_initialized() -> bool:
     return _device is not None
 

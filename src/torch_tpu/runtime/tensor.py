@@ -16,13 +16,12 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import buffer, memory
+from . import buffer, memory, native
 from .buffer import Deferred, apply
 from .dtypes import JAX_TO_TORCH, cast, to_jax, unsupported
 from .lru import cached
 from .transfer import device_scalar
 
-_create = torch._C._acc.create_empty_tensor
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
 _set_storage_meta = _set_storage._handle.redispatch_boxed
@@ -32,14 +31,27 @@ def is_tpu(x: object) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == "tpu"
 
 
-def _new_tensor(shape, dtype: torch.dtype, value: buffer.Value, strides=None) -> torch.Tensor:
-    t = _create(shape, dtype)
-    storage = t.untyped_storage()
-    buffer.put(storage, value)
-    if buffer.nbytes(value):
+def _python_empty(shape, strides, dtype: torch.dtype, nbytes: int) -> torch.Tensor:
+    """``native._C.empty`` without the C++ runtime core: a storage with no handle (null)."""
+    t = torch._C._acc.create_empty_tensor(shape, dtype)
+    if nbytes:
         # The StorageImpl must know its byte size: PyTorch's C++ reads it directly (view bound
         # checks, clone_preserve_strides, serialization). Meta's set_ records it, no allocation.
-        _set_storage_meta(_META, t, storage, 0, shape, t.stride() if strides is None else strides)
+        _set_storage_meta(_META, t, t.untyped_storage(), 0, shape, t.stride() if strides is None else strides)
+    return t
+
+
+#: A tpu tensor of this geometry over a new storage of ``nbytes`` (its value attached after).
+_empty = native._C.empty if native.available() else _python_empty
+
+
+def _create(shape, dtype: torch.dtype) -> torch.Tensor:
+    return _empty(shape, None, dtype, 0)
+
+
+def _new_tensor(shape, dtype: torch.dtype, value: buffer.Value, strides=None) -> torch.Tensor:
+    t = _empty(shape, strides, dtype, buffer.nbytes(value))
+    buffer.put(t.untyped_storage(), value)
     return t
 
 
@@ -214,8 +226,35 @@ def ensure_nbytes(t: torch.Tensor) -> None:
 def ensure_storage_nbytes(storage) -> None:
     need = buffer.nbytes(buffer.get(storage))
     if storage.nbytes() < need:
+        if native.available():  # a new handle spanning the new size (the value already has it)
+            storage.resize_(need)
+            return
         scratch = _create([0], torch.uint8)
         _set_storage.redispatch(_META, scratch, storage, 0, [need], [1])
+
+
+def resize_storage(storage, nbytes: int) -> None:
+    """``storage.resize_(nbytes)`` on the value: its first bytes are kept (as CPU keeps them),
+    new ones are zeros; an empty or unwritten storage stays unwritten (no buffer is made)."""
+    value = buffer.get(storage)
+    if buffer.nbytes(value) == nbytes:
+        return
+    dtype = np.dtype(value.dtype)
+    if nbytes % dtype.itemsize:
+        dtype = np.dtype(np.uint8)
+    size = nbytes // dtype.itemsize
+    if type(value) is buffer.Uninitialized or buffer.nbytes(value) == 0 or nbytes == 0:
+        buffer.put(storage, buffer.Uninitialized(size, dtype))
+    else:
+        buffer.put(storage, apply(_resized, storage_array(storage, dtype), size))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _resized(flat: jax.Array, size: int) -> jax.Array:
+    flat = flat.reshape(-1)
+    if size <= flat.size:
+        return flat[:size]
+    return jnp.concatenate([flat, jnp.zeros((size - flat.size,), flat.dtype)])
 
 
 # ----------------------------------------------------------------------------- reads

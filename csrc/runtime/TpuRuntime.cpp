@@ -1,0 +1,434 @@
+// torch_tpu's C++ runtime core: the PrivateUse1 interfaces PyTorch offers no Python route to.
+//
+// - hooks (at::PrivateUse1HooksInterface): generators, the pinned host allocator, storage
+//   resize, the device count;
+// - the device guard: current device, one in-order stream, events, device synchronization;
+// - the device allocator (c10::DeviceAllocator): a unique handle per storage and memory stats.
+//
+// Everything Python can decide stays in Python: synchronization, what a storage resize does to
+// the JAX buffer behind it, memory statistics and the device count come from callbacks on the
+// object given to install() (torch_tpu.runtime.native). A tpu storage's bytes live in a JAX
+// array attached to its Python object, so the "pointer" of a storage is only a handle: unique
+// while it lives, never dereferenced, taken from an address range no host pointer uses.
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Generator.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/GeneratorImpl.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/Storage.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <type_traits>
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr auto kTpu = c10::DeviceType::PrivateUse1;
+
+// ----------------------------------------------------------------------------- Python side
+PyObject* g_callbacks = nullptr;  // torch_tpu.runtime.native; kept for the process's lifetime
+std::atomic<int> g_device_count{0};
+thread_local c10::DeviceIndex g_current_device = 0;
+
+// Calls torch_tpu.runtime.native.<name>(args) and converts its result to R, under the GIL
+// (PyTorch calls some of these with the GIL released).
+template <typename R = void, typename... Args>
+R callback(const char* name, Args&&... args) {
+  py::gil_scoped_acquire gil;
+  py::object result = py::handle(g_callbacks).attr(name)(std::forward<Args>(args)...);
+  if constexpr (!std::is_void_v<R>) {
+    return result.cast<R>();
+  }
+}
+
+void check_index(c10::DeviceIndex index) {
+  // The wording of CUDA's error for the same request ("invalid device ordinal"), naming the
+  // devices that do exist; torch_tpu.device uses the same sentence.
+  const int count = g_device_count;
+  TORCH_CHECK(
+      index >= 0 && index < count,
+      "tpu error: invalid device ordinal: tpu:", static_cast<int>(index), " (this process drives ",
+      count, count == 1 ? " device, tpu:0" : " devices, tpu:0 to tpu:" + std::to_string(count - 1),
+      "; launch one process per device)");
+}
+
+c10::DeviceIndex resolve(c10::DeviceIndex index) {
+  return index < 0 ? g_current_device : index;
+}
+
+void synchronize(c10::DeviceIndex index) {
+  callback("synchronize", resolve(index));
+}
+
+// ----------------------------------------------------------------------------- device allocator
+// Handles start at 2^62: above any user-space address on x86-64 and AArch64 (a stray host read
+// faults instead of reading unrelated memory), below 2^63 (they stay positive as int64).
+constexpr uintptr_t kHandleBase = uintptr_t{1} << 62;
+constexpr uintptr_t kAlignment = 512;
+
+void release_handle(void*) {}
+
+struct TpuAllocator final : c10::DeviceAllocator {
+  std::atomic<uintptr_t> next{kHandleBase};
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    const c10::Device device(kTpu, g_current_device);
+    if (nbytes == 0) {
+      return {nullptr, nullptr, &release_handle, device};  // as CPU: an empty storage is null
+    }
+    // Handles are never reused and never overlap, like addresses of live allocations: a view's
+    // data_ptr (handle + offset) cannot equal another storage's.
+    const auto span = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+    void* handle = reinterpret_cast<void*>(next.fetch_add(span));
+    return {handle, nullptr, &release_handle, device};
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &release_handle;
+  }
+  void copy_data(void*, const void*, std::size_t) const override {
+    TORCH_CHECK(false, "tpu storages have no host bytes to copy: copy through tensors instead");
+  }
+  bool initialized() override {
+    return true;
+  }
+  void emptyCache(c10::MempoolId_t) override {
+    callback("empty_cache");
+  }
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}  // one stream
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex index) override {
+    check_index(index);
+    const auto values = callback<std::array<int64_t, 5>>("memory_stats", index);
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    stats.allocated_bytes[all].current = values[0];
+    stats.allocated_bytes[all].peak = values[1];
+    stats.reserved_bytes[all].current = values[2];
+    stats.reserved_bytes[all].peak = values[3];
+    stats.allocation[all].current = values[4];
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex) override {}  // none are kept
+  void resetPeakStats(c10::DeviceIndex index) override {
+    check_index(index);
+    callback("reset_peak_memory_stats", index);
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override {
+    check_index(index);
+    return callback<std::pair<size_t, size_t>>("mem_get_info", index);
+  }
+};
+
+TpuAllocator g_allocator;
+
+// ----------------------------------------------------------------------------- pinned memory
+// Host memory that is_pinned() recognizes. PJRT stages host buffers itself, so pinning buys no
+// transfer speed today; it gives PyTorch code (DataLoader, FSDP offload) the semantics it checks.
+struct PinnedAllocator final : c10::Allocator {
+  std::mutex mutex;
+  std::map<const char*, size_t> blocks;  // start -> size of each live block
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+    if (data) {
+      std::lock_guard<std::mutex> lock(mutex);
+      blocks.emplace(static_cast<const char*>(data), nbytes);
+    }
+    return {data, data, &free_block, c10::Device(c10::DeviceType::CPU)};
+  }
+  static void free_block(void* data);
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &free_block;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+  bool contains(const void* ptr) {
+    const auto* p = static_cast<const char*>(ptr);
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = blocks.upper_bound(p);
+    return it != blocks.begin() && p < std::prev(it)->first + std::prev(it)->second;
+  }
+};
+
+PinnedAllocator g_pinned;
+
+void PinnedAllocator::free_block(void* data) {
+  {
+    std::lock_guard<std::mutex> lock(g_pinned.mutex);
+    g_pinned.blocks.erase(static_cast<const char*>(data));
+  }
+  c10::free_cpu(data);
+}
+
+// ----------------------------------------------------------------------------- generators
+// A tpu generator is a seed and a counter (torch_tpu.runtime.random derives one JAX key per
+// random op from them); its state is the two as int64s, 16 bytes.
+struct TpuGenerator final : c10::GeneratorImpl {
+  uint64_t seed_ = c10::default_rng_seed_val;
+  uint64_t offset_ = 0;
+
+  explicit TpuGenerator(c10::DeviceIndex index)
+      : c10::GeneratorImpl(c10::Device(kTpu, index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {}
+  static c10::DeviceType device_type() {
+    return kTpu;
+  }
+  void set_current_seed(uint64_t seed) override {
+    seed_ = seed;
+    offset_ = 0;
+  }
+  uint64_t current_seed() const override {
+    return seed_;
+  }
+  uint64_t seed() override {
+    set_current_seed(c10::detail::getNonDeterministicRandom());
+    return seed_;
+  }
+  void set_offset(uint64_t offset) override {
+    offset_ = offset;
+  }
+  uint64_t get_offset() const override {
+    return offset_;
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    auto state = at::detail::empty_cpu({2 * sizeof(uint64_t)}, at::kByte);
+    const uint64_t words[2] = {seed_, offset_};
+    std::memcpy(state.mutable_data_ptr(), words, sizeof(words));
+    return state.getIntrusivePtr();
+  }
+  void set_state(const c10::TensorImpl& state) override {
+    at::detail::check_rng_state(state);
+    TORCH_CHECK(
+        state.numel() == 2 * sizeof(uint64_t),
+        "tpu RNG state must be a uint8 tensor of 16 bytes (from get_rng_state()), got ", state.numel());
+    uint64_t words[2];
+    std::memcpy(words, state.data(), sizeof(words));
+    seed_ = words[0];
+    offset_ = words[1];
+  }
+
+ private:
+  TpuGenerator* clone_impl() const override {
+    auto* copy = new TpuGenerator(device().index());
+    copy->seed_ = seed_;
+    copy->offset_ = offset_;
+    return copy;
+  }
+};
+
+std::mutex g_generators_mutex;
+std::deque<at::Generator> g_default_generators;  // a deque: references stay valid as it grows
+
+const at::Generator& default_generator(c10::DeviceIndex index) {
+  index = resolve(index);
+  check_index(index);
+  std::lock_guard<std::mutex> lock(g_generators_mutex);
+  while (g_default_generators.size() <= static_cast<size_t>(index)) {
+    g_default_generators.push_back(
+        at::make_generator<TpuGenerator>(static_cast<c10::DeviceIndex>(g_default_generators.size())));
+  }
+  return g_default_generators[index];
+}
+
+// ----------------------------------------------------------------------------- hooks
+struct TpuHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override {
+    return true;
+  }
+  bool isAvailable() const override {
+    return g_device_count > 0;
+  }
+  bool hasPrimaryContext(c10::DeviceIndex) const override {
+    return callback<bool>("is_initialized");
+  }
+  c10::DeviceIndex deviceCount() const override {
+    return static_cast<c10::DeviceIndex>(g_device_count.load());
+  }
+  void setCurrentDevice(c10::DeviceIndex index) const override {
+    check_index(index);
+    g_current_device = index;
+  }
+  c10::DeviceIndex getCurrentDevice() const override {
+    return g_current_device;
+  }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex index) const override {
+    const auto old = g_current_device;
+    setCurrentDevice(index);
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex index) const override {
+    return exchangeDevice(index);
+  }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
+    return default_generator(index);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex index) const override {
+    index = resolve(index);
+    check_index(index);
+    return at::make_generator<TpuGenerator>(index);
+  }
+  at::Allocator* getPinnedMemoryAllocator() const override {
+    return &g_pinned;
+  }
+  bool isPinnedPtr(const void* data) const override {
+    return g_pinned.contains(data);
+  }
+  // storage.resize_(n) (FSDP2 frees and reallocates parameters this way). Python resizes the JAX
+  // buffer (keeping the first bytes, as CPU does); the storage gets a new handle, as a CPU
+  // storage gets a new allocation.
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const override {
+    {
+      py::gil_scoped_acquire gil;  // (the Python storage object carries the JAX buffer)
+      auto py_storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(storage));
+      callback("resize_storage", py_storage, nbytes);
+    }
+    auto* impl = storage.unsafeGetStorageImpl();
+    impl->set_data_ptr_noswap(g_allocator.allocate(nbytes));
+    impl->set_nbytes(nbytes);
+  }
+};
+
+// ----------------------------------------------------------------------------- device guard
+// XLA runs a device's work in order: there is one stream per device, and every stream PyTorch
+// asks for is it. An event records by waiting for the work before it (as torch.tpu.Event does),
+// so it is complete once recorded and its timestamp bounds that work.
+struct TpuEvent {
+  std::chrono::steady_clock::time_point at;
+};
+
+struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override {
+    return kTpu;
+  }
+  c10::Device exchangeDevice(c10::Device device) const override {
+    const c10::Device old = getDevice();
+    setDevice(device);
+    return old;
+  }
+  c10::Device getDevice() const override {
+    return {kTpu, g_current_device};
+  }
+  void setDevice(c10::Device device) const override {
+    check_index(device.index());
+    g_current_device = device.index();
+  }
+  void uncheckedSetDevice(c10::Device device) const noexcept override {
+    if (device.index() >= 0 && device.index() < g_device_count) {
+      g_current_device = device.index();
+    }
+  }
+  c10::Stream getStream(c10::Device device) const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(kTpu, resolve(device.index())));
+  }
+  c10::Stream getDefaultStream(c10::Device device) const override {
+    return getStream(device);
+  }
+  c10::Stream getNewStream(c10::Device device, int) const override {
+    return getStream(device);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device device, bool) const override {
+    return getStream(device);
+  }
+  c10::Stream exchangeStream(c10::Stream stream) const noexcept override {
+    return stream;  // the only stream stays current
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return static_cast<c10::DeviceIndex>(g_device_count.load());
+  }
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag)
+      const override {
+    synchronize(stream.device_index());
+    if (*event == nullptr) {
+      *event = new TpuEvent{};
+    }
+    static_cast<TpuEvent*>(*event)->at = std::chrono::steady_clock::now();
+  }
+  void block(void*, const c10::Stream&) const override {}  // one stream: already ordered
+  bool queryEvent(void*) const override {
+    return true;  // recording waited for the work
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<TpuEvent*>(event);
+  }
+  void synchronizeEvent(void*) const override {}  // recording waited for the work
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    // (c10::Event has checked that both were created with enable_timing=True)
+    TORCH_CHECK(start && end, "Both events must be recorded before calculating elapsed time.");
+    const auto elapsed = static_cast<TpuEvent*>(end)->at - static_cast<TpuEvent*>(start)->at;
+    return std::chrono::duration<double, std::milli>(elapsed).count();
+  }
+  bool queryStream(const c10::Stream& stream) const override {
+    synchronize(stream.device_index());
+    return true;
+  }
+  void synchronizeStream(const c10::Stream& stream) const override {
+    synchronize(stream.device_index());
+  }
+  void synchronizeDevice(const c10::DeviceIndex index) const override {
+    synchronize(index);
+  }
+};
+
+// ----------------------------------------------------------------------------- Python entry points
+// A tpu tensor whose storage has nbytes (a fresh handle) and this geometry; its value is attached
+// by Python.
+at::Tensor empty(
+    const std::vector<int64_t>& sizes,
+    const std::optional<std::vector<int64_t>>& strides,
+    c10::ScalarType dtype,
+    size_t nbytes) {
+  c10::Storage storage(
+      c10::Storage::use_byte_size_t{}, static_cast<int64_t>(nbytes), &g_allocator, /*resizable=*/true);
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
+  if (strides) {
+    tensor.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, *strides);
+  } else {
+    tensor.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  }
+  return tensor;
+}
+
+// Take `count` consecutive counter values from a tpu generator: (seed, first offset).
+std::pair<uint64_t, uint64_t> draw(at::Generator generator, uint64_t count) {
+  auto* impl = at::check_generator<TpuGenerator>(generator);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  const uint64_t offset = impl->get_offset();
+  impl->set_offset(offset + count);
+  return {impl->current_seed(), offset};
+}
+
+void install(py::object callbacks, int device_count) {
+  TORCH_CHECK(!at::isPrivateUse1HooksRegistered(), "PrivateUse1 hooks are already registered");
+  g_callbacks = callbacks.release().ptr();
+  g_device_count = device_count;
+  static TpuHooks hooks;
+  static TpuGuard guard;
+  at::RegisterPrivateUse1HooksInterface(&hooks);
+  c10::impl::registerDeviceGuard(kTpu, &guard);
+  c10::SetAllocator(kTpu, &g_allocator);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_tpu's C++ runtime core (hooks, device guard, device allocator)";
+  m.def("install", &install, py::arg("callbacks"), py::arg("device_count"));
+  m.def("set_device_count", [](int count) { g_device_count = count; });
+  m.def("empty", &empty);
+  m.def("draw", &draw);
+  m.def("default_generator", [](c10::DeviceIndex index) {
+    return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(index)));
+  });
+}

@@ -1,0 +1,17 @@
+"""Builds torch_tpu's C++ runtime core (csrc/runtime) as ``torch_tpu._C``; everything else about
+the package is in pyproject.toml. In a checkout: ``python setup.py build_ext --inplace``."""
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+setup(
+    ext_modules=[
+        CppExtension(
+            "torch_tpu._C",
+            ["csrc/runtime/TpuRuntime.cpp"],
+            # nothing here is hot enough for -O2/-O3 to matter; -O1 keeps the build short
+            extra_compile_args=["-O1", "-g0"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
+)

@@ -1,0 +1,57 @@
+"""Without the C++ runtime core (not built, or for another torch) ``import torch_tpu`` works,
+warns once naming what is missing, and the Python fallbacks serve."""
+
+from __future__ import annotations
+
+import json
+
+from torch_tpu.runtime import native
+
+_WITHOUT_EXTENSION = "import sys; sys.modules['torch_tpu._C'] = None\n"
+
+
+def test_import_without_the_extension_warns_once_and_falls_back(run_python):
+    out = run_python(
+        _WITHOUT_EXTENSION
+        + """
+import json, warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import torch, torch_tpu
+torch.manual_seed(5)
+a = torch.randn(3, device="tpu").tolist()
+torch.tpu.manual_seed(5)
+state = torch.tpu.get_rng_state()
+b = torch.randn(3, device="tpu").tolist()
+torch.tpu.set_rng_state(state)
+x = torch.arange(4.0, device="tpu")
+print(json.dumps({
+    "warnings": [str(w.message) for w in caught if "C++ runtime core" in str(w.message)],
+    "same_stream": a == b == torch.randn(3, device="tpu").tolist(),
+    "sum": (x * 2).sum().item(),
+    "data_ptr": x[1:].data_ptr() - x.data_ptr(),
+    "pinned": torch.ones(2).pin_memory().tolist(),
+    "count": torch.tpu.device_count(),
+}))
+"""
+    )
+    state = json.loads(out)
+    (warning,) = state.pop("warnings")
+    assert native.MISSING_WITHOUT in warning
+    assert state == {"same_stream": True, "sum": 12.0, "data_ptr": 4, "pinned": [1.0, 1.0], "count": 1}
+
+
+def test_the_warning_names_what_is_unavailable(run_python):
+    out = run_python(
+        _WITHOUT_EXTENSION
+        + """
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import torch_tpu
+print("|".join(str(w.message) for w in caught if "C++ runtime core" in str(w.message)))
+"""
+    )
+    (message,) = out.strip().split("|")
+    for feature in ("torch.Generator", "torch.accelerator", "resize_", "pin"):
+        assert feature in message

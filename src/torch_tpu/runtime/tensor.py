@@ -37,7 +37,10 @@ def _python_empty(shape, strides, dtype: torch.dtype, nbytes: int) -> torch.Tens
     if nbytes:
         # The StorageImpl must know its byte size: PyTorch's C++ reads it directly (view bound
         # checks, clone_preserve_strides, serialization). Meta's set_ records it, no allocation.
-        _set_storage_meta(_META, t, t.untyped_storage(), 0, shape, t.stride() if strides is None else strides)
+        storage = t.untyped_storage()
+        _set_storage_meta(_META, t, storage, 0, shape, t.stride() if strides is None else strides)
+        if storage.nbytes() < nbytes:  # a storage with room beyond the tensor (an append's)
+            ensure_storage_nbytes(storage, nbytes)
     return t
 
 
@@ -223,8 +226,9 @@ def ensure_nbytes(t: torch.Tensor) -> None:
     ensure_storage_nbytes(t.untyped_storage())
 
 
-def ensure_storage_nbytes(storage) -> None:
-    need = buffer.nbytes(buffer.get(storage))
+def ensure_storage_nbytes(storage, need: int | None = None) -> None:
+    if need is None:
+        need = buffer.nbytes(buffer.get(storage))
     if storage.nbytes() < need:
         if native.available():  # a new handle spanning the new size (the value already has it)
             storage.resize_(need)
@@ -382,12 +386,7 @@ def append(head: torch.Tensor, tails: list[torch.Tensor], shape: list[int]) -> t
     dtype = to_jax(head.dtype)
     buf = storage_array(head.untyped_storage(), dtype)
     value = apply(_append, buf, capacity, device_scalar(head.numel()), *(read(t) for t in tails))
-    t = _create([capacity], head.dtype)
-    storage = t.untyped_storage()
-    buffer.put(storage, value)
-    _set_storage_meta(_META, t, storage, 0, [capacity], [1])  # the storage's size: all its room
-    _set_storage_meta(_META, t, storage, 0, shape, _row_major(shape))
-    return t
+    return _new_tensor(shape, head.dtype, value)  # (the storage's size: all its room)
 
 
 def _row_major(shape) -> list[int]:

@@ -68,6 +68,17 @@ c10::DeviceIndex resolve(c10::DeviceIndex index) {
   return index < 0 ? g_current_device : index;
 }
 
+// The first time a device other than tpu:0 becomes current, Python is told (it keeps tpu:0's
+// paths free of device bookkeeping until then).
+std::atomic<bool> g_told_other_device{false};
+
+void set_current(c10::DeviceIndex index) {
+  if (index > 0 && !g_told_other_device.exchange(true)) {
+    callback("device_used", index);
+  }
+  g_current_device = index;
+}
+
 void synchronize(c10::DeviceIndex index) {
   callback("synchronize", resolve(index));
 }
@@ -257,7 +268,7 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   }
   void setCurrentDevice(c10::DeviceIndex index) const override {
     check_index(index);
-    g_current_device = index;
+    set_current(index);
   }
   c10::DeviceIndex getCurrentDevice() const override {
     return g_current_device;
@@ -294,7 +305,9 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
       callback("resize_storage", py_storage, nbytes);
     }
     auto* impl = storage.unsafeGetStorageImpl();
-    impl->set_data_ptr_noswap(g_allocator.allocate(nbytes));
+    auto data = g_allocator.allocate(nbytes);
+    data.unsafe_set_device(storage.device());  // (the storage stays on its device)
+    impl->set_data_ptr_noswap(std::move(data));
     impl->set_nbytes(nbytes);
   }
 };
@@ -321,9 +334,10 @@ struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
   }
   void setDevice(c10::Device device) const override {
     check_index(device.index());
-    g_current_device = device.index();
+    set_current(device.index());
   }
   void uncheckedSetDevice(c10::Device device) const noexcept override {
+    // (only ever restores a device set before, so Python has already been told about it)
     if (device.index() >= 0 && device.index() < g_device_count) {
       g_current_device = device.index();
     }
@@ -381,15 +395,19 @@ struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
 };
 
 // ----------------------------------------------------------------------------- Python entry points
-// A tpu tensor whose storage has nbytes (a fresh handle) and this geometry; its value is attached
-// by Python.
+// A tpu tensor on tpu:index whose storage has nbytes (a fresh handle) and this geometry; its value
+// (an array on that device) is attached by Python.
 at::Tensor empty(
     const std::vector<int64_t>& sizes,
     const std::optional<std::vector<int64_t>>& strides,
     c10::ScalarType dtype,
-    size_t nbytes) {
+    size_t nbytes,
+    c10::DeviceIndex index) {
+  auto data = g_allocator.allocate(nbytes);
+  data.unsafe_set_device(c10::Device(kTpu, index));
   c10::Storage storage(
-      c10::Storage::use_byte_size_t{}, static_cast<int64_t>(nbytes), &g_allocator, /*resizable=*/true);
+      c10::Storage::use_byte_size_t{}, static_cast<int64_t>(nbytes), std::move(data), &g_allocator,
+      /*resizable=*/true);
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
   if (strides) {

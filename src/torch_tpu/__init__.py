@@ -100,7 +100,7 @@ def _register() -> None:
             return
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-        _native.install(_device_module.device_count())
+        _native.install(_platform.known_device_count())  # (raised when the device starts)
 
         _setup_privateuseone_for_python_backend(
             "tpu", backend_module=_device_module, hook=_Hooks(), device_guard=_DeviceGuard()

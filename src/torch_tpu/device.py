@@ -1,8 +1,9 @@
 """The ``torch.tpu`` device module (mirrors ``torch.cuda`` where the device model allows).
 
-One process drives one device, ``tpu:0``, as in upstream TorchTPU. Streams and events exist for
-API compatibility: XLA orders work on a single stream, so every stream is that stream and events
-time by synchronizing.
+A process drives every local device (``tpu:0`` .. ``tpu:n-1``, JAX's local devices; one per
+process under ``torchrun``). Streams and events exist for API compatibility: XLA orders each
+device's work on a single stream, so every stream is that stream and events time by
+synchronizing.
 
 Example::
 
@@ -93,7 +94,7 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    """Devices this process drives: always 1 (one process per device, like upstream)."""
+    """Devices this process drives: JAX's local devices (starts the platform to count them)."""
     return platform.device_count()
 
 
@@ -119,7 +120,7 @@ def set_device(device: _DeviceLike) -> None:
     """Make ``device`` the calling thread's current tpu device (as ``torch.cuda.set_device``)."""
     index = _get_device_index(device)
     if native.available():
-        torch.accelerator.set_device_index(index)
+        torch.accelerator.set_device_index(index)  # (the C++ guard tells platform.use)
 
 
 class device(contextlib.ContextDecorator):
@@ -178,39 +179,42 @@ def reset_compilation_cache_stats() -> None:
 
 # ----------------------------------------------------------------------------- RNG
 def manual_seed(seed: int) -> None:
-    random.manual_seed(int(seed))
+    """Seed the current device's default generator (``manual_seed_all``: every device's)."""
+    random.manual_seed(int(seed), current_device())
 
 
-manual_seed_all = manual_seed
+def manual_seed_all(seed: int) -> None:
+    random.manual_seed_all(int(seed))
 
 
 def seed() -> None:
-    random.default_generator().seed()
+    random.default_generator(current_device()).seed()
 
 
-seed_all = seed
+def seed_all() -> None:
+    for index in range(platform.known_device_count()):
+        random.default_generator(index).seed()
 
 
 def initial_seed() -> int:
-    return random.default_generator().initial_seed()
+    return random.default_generator(current_device()).initial_seed()
 
 
 def get_rng_state(device: _DeviceLike = "tpu") -> torch.Tensor:
-    _get_device_index(device)
-    return random.default_generator().get_state()
+    return random.default_generator(_get_device_index(device)).get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device: _DeviceLike = "tpu") -> None:
-    _get_device_index(device)
-    random.default_generator().set_state(new_state)
+    random.default_generator(_get_device_index(device)).set_state(new_state)
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
-    return [get_rng_state()]
+    return [get_rng_state(i) for i in range(device_count())]
 
 
 def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
-    set_rng_state(new_states[0])
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
 
 
 # ----------------------------------------------------------------------------- properties
@@ -243,45 +247,40 @@ def get_device_capability(device: _DeviceLike = None) -> tuple[int, int]:
 # The numbers are runtime.memory's, which the C++ allocator also reports to torch.accelerator.
 def memory_allocated(device: _DeviceLike = None) -> int:
     """Bytes held by live device buffers (on stand-in platforms: summed over live arrays)."""
-    _get_device_index(device)
-    return memory.allocated()
+    return memory.allocated(_get_device_index(device))
 
 
 def max_memory_allocated(device: _DeviceLike = None) -> int:
     """Peak of :func:`memory_allocated` (device-tracked on TPU/GPU; sampled at queries on CPU)."""
-    _get_device_index(device)
-    return memory.max_allocated()
+    return memory.max_allocated(_get_device_index(device))
 
 
 def memory_reserved(device: _DeviceLike = None) -> int:
-    _get_device_index(device)
-    return memory.reserved()
+    return memory.reserved(_get_device_index(device))
 
 
 def max_memory_reserved(device: _DeviceLike = None) -> int:
-    _get_device_index(device)
-    return memory.max_reserved()
+    return memory.max_reserved(_get_device_index(device))
 
 
 def memory_stats(device: _DeviceLike = None) -> dict[str, Any]:
-    _get_device_index(device)
+    index = _get_device_index(device)
     return {
-        "allocated_bytes.all.current": memory.allocated(),
-        "allocated_bytes.all.peak": memory.max_allocated(),
-        "reserved_bytes.all.current": memory.reserved(),
-        "num_live_buffers": memory.live_buffers(),
-        **{f"xla.{k}": v for k, v in memory.device_stats().items()},
+        "allocated_bytes.all.current": memory.allocated(index),
+        "allocated_bytes.all.peak": memory.max_allocated(index),
+        "reserved_bytes.all.current": memory.reserved(index),
+        "num_live_buffers": memory.live_buffers(index),
+        **{f"xla.{k}": v for k, v in memory.device_stats(index).items()},
     }
 
 
 def reset_peak_memory_stats(device: _DeviceLike = None) -> None:
-    _get_device_index(device)
-    memory.reset_peak()
+    memory.reset_peak(_get_device_index(device))
 
 
 def mem_get_info(device: _DeviceLike = None) -> tuple[int, int]:
     total = get_device_properties(device).total_memory
-    return total - memory.allocated(), total
+    return total - memory.allocated(_get_device_index(device)), total
 
 
 def empty_cache() -> None:
@@ -386,5 +385,5 @@ def stream(stream: Stream | None):
 
 def __getattr__(name: str) -> Any:
     if name == "default_generators":  # made at first use (see runtime.random)
-        return (random.default_generator(),)
+        return tuple(random.default_generator(i) for i in range(device_count()))
     raise AttributeError(f"module 'torch.tpu' has no attribute {name!r}")

@@ -293,7 +293,7 @@ def _execute(executable: Callable, leaves: list) -> list:
 class Graph:
     """The ops one thread recorded since its last sync point."""
 
-    def __init__(self, continuing: Graph | None = None) -> None:
+    def __init__(self, continuing: Graph | None = None, index: int = 0) -> None:
         # (fn, arg specs, kwarg specs, matmul precision): the program, with no arrays in it
         # (inputs are leaf indices), so it doubles as the node's part of the fingerprint
         self.nodes: list[tuple] = []
@@ -320,6 +320,8 @@ class Graph:
         #: not cut for the next one)
         self.churned = False
         self._unreported = context.checks  # the recording thread's list
+        #: the tpu index the graph runs on (all its inputs' device)
+        self.index = index if continuing is None else continuing.index
 
     # ------------------------------------------------------------------ recording
     def _spec(self, x: Any, signature: list, depends: set) -> tuple:
@@ -471,6 +473,7 @@ class Graph:
             outputs,
             tuple((x.shape, x.dtype, getattr(x, "weak_type", False)) for x in self.leaves),
             donated,
+            self.index,  # (an executable runs on the device it was compiled for)
         )
         stats.requests += 1
         executable = _executables.get(fingerprint)
@@ -481,11 +484,12 @@ class Graph:
             _learn_churn(self)
             started = time.perf_counter()
             try:  # (an interrupt here leaves the graph pending: it runs at the next sync)
-                executable = (
-                    jax.jit(_program(self.nodes, outputs), donate_argnums=donated)
-                    .lower(*self.leaves)
-                    .compile()
-                )
+                with jax.default_device(platform.jax_device(self.index)):  # (no input may say)
+                    executable = (
+                        jax.jit(_program(self.nodes, outputs), donate_argnums=donated)
+                        .lower(*self.leaves)
+                        .compile()
+                    )
             except Exception as error:
                 raise self._failed(error) from error
             stats.compile_seconds += time.perf_counter() - started
@@ -566,7 +570,7 @@ class Graph:
                 f"{self.sources[0] if self.sources else '?'})"
             )
             return
-        (old_keys, old_outputs, old_avals, _), old_sources = previous
+        (old_keys, old_outputs, old_avals, _, _), old_sources = previous
         for i, (new, old) in enumerate(zip(keys, old_keys)):
             if new != old:
                 explain(f"recompiling: op {i} differs from the previous graph: {_difference(new, old)}")
@@ -614,10 +618,12 @@ class Recorder:
         _computed_elsewhere(args, self.graph)
         if kwargs:
             _computed_elsewhere(kwargs.values(), self.graph)
+        if platform.others_used:
+            self._on_device(_index_of((args, kwargs)))
         while True:
             graph = self.graph
             if graph.state is not _OPEN:
-                graph = self.graph = Graph()
+                graph = self.graph = Graph(index=graph.index)
             elif len(graph.nodes) >= max_nodes:
                 graph.run("the graph reached max_nodes")
                 continue
@@ -632,6 +638,19 @@ class Recorder:
             if outs is not None:
                 return outs
 
+    def _on_device(self, index: int | None) -> None:
+        """Record the next op into a graph on ``tpu:index``: a graph holds one device's ops (one
+        XLA program), so the open one runs first if it has ops of another device."""
+        graph = self.graph
+        if index is None:  # (a factory's op: on its device)
+            index = context.index
+        if graph.index != index:
+            if graph.state is _OPEN and graph.nodes:
+                graph.run("the ops moved to another device")
+            if graph.state is not _OPEN:
+                graph = self.graph = Graph()
+            graph.index = index
+
     def flush(self, reason: str) -> None:
         self.graph.run(reason)
 
@@ -642,6 +661,29 @@ class Recorder:
     def has_checks(self) -> bool:
         graph = self.graph
         return graph.state is _OPEN and bool(graph.checks)
+
+
+def _index_of(values: Any, found: int | None = None) -> int | None:
+    """The tpu index of the arrays among ``values`` (nested lists, tuples, dicts); None if
+    there are none. Arrays of two devices are PyTorch's device error, raised at the op."""
+    for x in values.values() if type(values) is dict else values:
+        kind = type(x)
+        if kind is Deferred and x.value is None:
+            index = x.graph.index
+        elif kind is Deferred or kind is _ARRAY:
+            value = x.value if kind is Deferred else x
+            if not value.committed:  # (a random key: goes where the program runs)
+                continue
+            index = platform.index_of(value.sharding._device)
+        elif kind in (list, tuple, dict):
+            index = _index_of(x, found)
+        else:
+            continue
+        if found is None:
+            found = index
+        elif index is not None and index != found:
+            raise platform.mixed_devices(f"tpu:{found}", f"tpu:{index}")
+    return found
 
 
 # ----------------------------------------------------------------------------- this thread

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from ..runtime import buffer, checks, overlap, tensor, transfer
+from ..runtime import buffer, checks, overlap, platform, tensor, transfer
 from ..runtime.buffer import apply
 from ..runtime.dtypes import TORCH_TO_JAX, cast, check_scalar, to_jax
 from ._helpers import warn
@@ -133,14 +133,22 @@ def resize_(self, size, memory_format=None):
     )
 
 
-def _host_to_device(host: torch.Tensor, dtype: torch.dtype) -> jax.Array:
-    """A CPU tensor on the device, for a tpu tensor of ``dtype`` (unsupported ``dtype``: the clear
-    TypeError). A source dtype the device lacks (float64 is fine, float8 is not) is
+def _host_to_device(host: torch.Tensor, dtype: torch.dtype, index: int) -> jax.Array:
+    """A CPU tensor on ``tpu:index``, for a tpu tensor of ``dtype`` (unsupported ``dtype``: the
+    clear TypeError). A source dtype the device lacks (float64 is fine, float8 is not) is
     cast on the host first, as CUDA's copy would on the device."""
     to_jax(dtype)
     if host.dtype not in TORCH_TO_JAX:
         host = host.to(dtype)
-    return transfer.to_device(host)
+    return transfer.to_device(host, index)
+
+
+def _on_device(source: torch.Tensor, index: int) -> jax.Array:
+    """A tpu tensor's value on ``tpu:index`` (copied there from another device)."""
+    value = tensor.read_resolved(source)
+    if platform.others_used and source.get_device() != index:
+        value = transfer.between_devices(buffer.resolved(value), index)
+    return value
 
 
 def _discards_imaginary(source: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -156,7 +164,8 @@ def copy_(self, src, non_blocking=False):
     if tensor.is_tpu(self):
         if _discards_imaginary(src, self.dtype):
             src = src.real
-        value = tensor.read_resolved(src) if tensor.is_tpu(src) else _host_to_device(src, self.dtype)
+        index = tensor.device_index(self)
+        value = _on_device(src, index) if tensor.is_tpu(src) else _host_to_device(src, self.dtype, index)
         if tuple(src.shape) != tuple(self.shape):
             torch.broadcast_shapes(src.shape, self.shape)  # PyTorch's error for bad shapes
         overlap.check_writes([self], [src], copy=True)
@@ -175,7 +184,10 @@ def to_copy(
     target = torch.device(device) if device is not None else self.device
     if target.type == "tpu":
         _discards_imaginary(self, dtype)  # (the cast keeps the real part)
-        value = tensor.read_resolved(self) if tensor.is_tpu(self) else _host_to_device(self, dtype)
+        index = target.index
+        if index is None:
+            index = tensor.device_index(self) if tensor.is_tpu(self) else _current_index()
+        value = _on_device(self, index) if tensor.is_tpu(self) else _host_to_device(self, dtype, index)
         target_dtype = to_jax(dtype)
         if value.dtype != target_dtype:  # (values are immutable: a new storage may share one)
             value = apply(_astype, value, target_dtype)
@@ -188,6 +200,10 @@ def to_copy(
 
 
 _astype = jax.jit(cast, static_argnums=1)
+
+
+def _current_index() -> int:
+    return torch.accelerator.current_device_index() if platform.others_used else 0
 
 
 @runtime(aten._local_scalar_dense)

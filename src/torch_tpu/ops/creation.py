@@ -20,6 +20,7 @@ from jax.scipy.special import i0
 from ..runtime.buffer import apply
 from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
 from ..runtime.tensor import fill
+from ..runtime.context import context
 from ..runtime.transfer import INT64_RANGE, device_scalar
 from ._helpers import accumulator
 from .registry import Layout, Runs, lower, runtime
@@ -176,7 +177,7 @@ def _full(shape, value, dtype) -> jax.Array:
     if isinstance(value, int) and value not in INT64_RANGE:
         value = cast(np.uint64(value), dtype)
     else:
-        value = device_scalar(value)
+        value = device_scalar(value, context.index)  # (the factory's device)
     return apply(fill, value, tuple(shape), np.dtype(dtype))
 
 

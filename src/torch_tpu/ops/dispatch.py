@@ -19,7 +19,7 @@ import torch
 
 from .. import config
 from ..execution.tracing import NEEDS_VALUES
-from ..runtime import checks, memory, overlap, platform, precision, random, tensor, transfer
+from ..runtime import buffer, checks, memory, overlap, platform, precision, random, tensor, transfer
 from ..runtime.buffer import Deferred
 from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
@@ -79,64 +79,83 @@ def _is_out(arg: torch._C.Argument) -> bool:
     return arg.kwarg_only and _is_written(arg)
 
 
-def _device_mismatch(t: torch.Tensor) -> RuntimeError:
-    return RuntimeError(
-        "Expected all tensors to be on the same device, but found at least two devices, "
-        f"tpu:0 and {t.device}!"
-    )
+def _device_mismatch(t: torch.Tensor, index: int = 0) -> RuntimeError:
+    return platform.mixed_devices(f"tpu:{index}", t.device)
+
+
+def _mixed_devices(args: tuple, kwargs: dict) -> RuntimeError | None:
+    """The device error for a call whose tensors JAX found on two devices (None if they are not:
+    then the error was not the caller's)."""
+    devices = []
+    for x in torch.utils._pytree.tree_leaves((args, kwargs)):
+        if isinstance(x, torch.Tensor) and not x.is_cpu and x.device not in devices:
+            devices.append(x.device)
+    return platform.mixed_devices(*devices[:2]) if len(devices) > 1 else None
+
+
+def _op_index(values: list, positions: list[int]) -> int:
+    """The tpu index an op runs on: its first tpu tensor's (another device's tensors are then
+    refused by JAX), else the factory's (``context.index``)."""
+    for i in positions:
+        x = values[i]
+        for t in x if type(x) in (list, tuple) else (x,):
+            if isinstance(t, torch.Tensor) and not t.is_cpu:
+                return max(t.get_device(), 0)
+    return context.index
 
 
 _COMPLEX = (torch.complex64, torch.complex128)
 
 
-def _to_jax_arg(x: Any) -> Any:
+def _to_jax_arg(x: Any, index: int = 0) -> Any:
+    """A tensor argument of an op on ``tpu:index`` as an array."""
     if not isinstance(x, torch.Tensor):  # None, or a number PyTorch unwrapped from a wrapped number
-        return None if x is None else _number(x)  # a runtime value: ``x + step`` compiles once
+        return None if x is None else _number(x, index)  # a runtime value: ``x + step`` compiles once
     if x.is_cpu:
         if x.dim() == 0:  # a CPU scalar tensor may join a device op, as on CUDA (read on the host:
             return x.item()  # some ops take only such a number, ``randint_like``'s ``high``)
-        raise _device_mismatch(x)
+        raise _device_mismatch(x, index)
     if x.is_meta:  # (is_cpu/is_meta are cheap flags; reading .device builds an object)
-        raise _device_mismatch(x)
+        raise _device_mismatch(x, index)
     if x.dtype in _COMPLEX:  # only complex views carry lazy conjugate/negative bits
         return tensor.read_resolved(x)
     return tensor.read(x)
 
 
-def _host_scalars(x: Any) -> list:
+def _host_scalars(x: Any, index: int = 0) -> list:
     """The ``scalars`` tensor of a ``_foreach_*.Tensor`` op, read on the host as CUDA does: it
     must be a CPU tensor; a device one is refused with CUDA's error."""
     if isinstance(x, torch.Tensor) and not x.is_cpu:
         raise RuntimeError(f"Expected scalars to be on CPU, got {x.device} instead.")
-    return _scalars(x.tolist() if x.dim() else [x.item()])
+    return _scalars(x.tolist() if x.dim() else [x.item()], index)
 
 
-def _index_to_jax(x: Any) -> Any:
+def _index_to_jax(x: Any, index: int = 0) -> Any:
     """Index tensors may live on the host, as on CUDA (``x[torch.tensor([0, 2])]``)."""
     if isinstance(x, torch.Tensor) and x.device.type == "cpu":
-        return transfer.to_device(x)
-    return _to_jax_arg(x)
+        return transfer.to_device(x, index)
+    return _to_jax_arg(x, index)
 
 
-def _number(x: bool | int | float | complex) -> Any:
+def _number(x: bool | int | float | complex, index: int = 0) -> Any:
     """A Python number as a cached device scalar (``transfer.device_scalar``); an integer past
     int64 (a uint64 value) stays a Python number, which JAX cannot take as a runtime value."""
     if type(x) is int and x not in transfer.INT64_RANGE:
         return x
-    return transfer.device_scalar(x)
+    return transfer.device_scalar(x, index)
 
 
-def _scalar(x: Any) -> Any:
+def _scalar(x: Any, index: int = 0) -> Any:
     """A ``Scalar`` argument: a tensor's value, or a Python number as a device scalar."""
     if isinstance(x, torch.Tensor):
-        return _to_jax_arg(x)
+        return _to_jax_arg(x, index)
     if x is None or isinstance(x, jax.Array):
         return x
-    return _number(x)
+    return _number(x, index)
 
 
-def _scalars(xs: Any) -> Any:
-    return [_scalar(x) for x in xs]
+def _scalars(xs: Any, index: int = 0) -> Any:
+    return [_scalar(x, index) for x in xs]
 
 
 def _static(x: Any) -> Any:
@@ -285,12 +304,12 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     check = entry.check
     traced, on_host = runs is Runs.TRACED, runs is Runs.HOST
     name = str(op)
-    convert_by_kind = {
+    convert_by_kind = {  # (each takes the value and the tpu index of the op)
         _TENSOR: _to_jax_arg,
-        _TENSOR_LIST: lambda xs: [_to_jax_arg(x) for x in xs],
-        _INDICES: lambda xs: [_index_to_jax(x) for x in xs],
-        _DTYPE: lambda d: None if d is None else to_jax(d),
-        _STATIC: _static,
+        _TENSOR_LIST: lambda xs, index: [_to_jax_arg(x, index) for x in xs],
+        _INDICES: lambda xs, index: [_index_to_jax(x, index) for x in xs],
+        _DTYPE: lambda d, index: None if d is None else to_jax(d),
+        _STATIC: lambda x, index: _static(x),
         _SCALAR: _scalar,
         _SCALAR_LIST: _scalars,
         _HOST_SCALARS: _host_scalars,
@@ -301,6 +320,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         if k in convert_by_kind and not (k == _SCALAR and i in static_pos)
     ]
     generator_pos = [i for i, k in enumerate(kinds) if k == _GENERATOR]
+    tensor_pos = [i for i, k in enumerate(kinds) if k in (_TENSOR, _TENSOR_LIST, _INDICES)]
     dtype_guard = cpu_dtypes.guard(
         op,
         binder.names,
@@ -324,14 +344,15 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         if dtype_guard is not None:
             _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
         lowered = fn if types is None else fn_for(types)
+        index = _op_index(values, tensor_pos) if platform.others_used else 0
         generator = None
         for i in generator_pos:
             _check_generator(values[i])
             generator, values[i] = values[i], None
         if draws_key:
-            extra["key"] = random.next_key(generator)
+            extra["key"] = random.next_key(generator, index)
         for i, convert in converters:
-            values[i] = convert(values[i])
+            values[i] = convert(values[i], index)
         ctx = context
         ctx.op = name  # named by the errors of checks reported later
         if on_host:  # the graphs computing the inputs run, and their checks report, first
@@ -349,6 +370,8 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             # program's trace reaching an op that needs values (the program names it)
             raise
         except (TypeError, ValueError) as e:
+            if "incompatible devices" in str(e):  # JAX refuses arrays of two devices
+                raise _mixed_devices(args, kwargs) or e from None
             raise _translate(op, e, args, kwargs) from e
         except (KeyError, ArithmeticError, StopIteration) as e:
             # errors PyTorch never raises, from a lowering meeting arguments it does not expect
@@ -518,6 +541,8 @@ def _fit(dst: torch.Tensor | list, value, resize: bool) -> None:
         return
     if not tensor.is_tpu(dst):
         raise _device_mismatch(dst)
+    if platform.others_used and buffer.index_of(value) != dst.get_device():
+        raise platform.mixed_devices(f"tpu:{buffer.index_of(value)}", dst.device)
     result = JAX_TO_TORCH[value.dtype]
     if not torch.can_cast(result, dst.dtype):
         raise RuntimeError(
@@ -746,18 +771,22 @@ _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
 def _routed_by_device(op: torch._ops.OpOverload, kernel: Callable, lowered: bool = True) -> Callable:
-    """A kernel taking ``device=``: a tpu device this process does not drive (``tpu:1``) is
-    refused rather than served by ``tpu:0``; a ``lowered`` tensor-taking factory asked for
-    another device (``zeros_like(t, device="cpu")``, ``t.new_ones(3, device="cpu")``) runs
-    PyTorch's own composite kernel, which builds the result on that device, instead of the tpu
-    lowering (runtime kernels, ``_to_copy``, handle other devices themselves)."""
-    names = [a.name for a in op._schema.arguments]
+    """A kernel taking ``device=``: a tpu device this process does not drive is refused rather
+    than served by ``tpu:0``; a factory runs for its device (``tpu:i``; plain ``tpu``: the
+    current device), a tensor-taking one given none for its tensor's. A ``lowered``
+    tensor-taking factory asked for another device (``zeros_like(t, device="cpu")``,
+    ``t.new_ones(3, device="cpu")``) runs PyTorch's own composite kernel, which builds the result
+    on that device, instead of the tpu lowering (runtime kernels, ``_to_copy``, handle other
+    devices themselves)."""
+    schema_args = op._schema.arguments
+    names = [a.name for a in schema_args]
     if "device" not in names:
         return kernel
     position = names.index("device")
     composite = lowered and torch._C._dispatch_has_kernel_for_dispatch_key(
         qualified_name(op), "CompositeExplicitAutograd"
     )
+    takes_tensor = any(_kind(a) in (_TENSOR, _TENSOR_LIST) for a in schema_args)
 
     def routed(*args, **kwargs):
         device = args[position] if position < len(args) else kwargs.get("device")
@@ -766,10 +795,27 @@ def _routed_by_device(op: torch._ops.OpOverload, kernel: Callable, lowered: bool
                 if composite:
                     return op.redispatch(_CPU_KEYS, *args, **kwargs)
             elif device.index:
-                platform.check_index(device.index)
-        return kernel(*args, **kwargs)
+                platform.use(platform.check_index(device.index))
+        if not platform.others_used:
+            return kernel(*args, **kwargs)
+        if device is None or device.type != "tpu":
+            if takes_tensor:  # (runs on its tensor's device)
+                return kernel(*args, **kwargs)
+            index = current_device()
+        else:
+            index = current_device() if device.index is None else device.index
+        if takes_tensor and lowered:  # computed on the tensor's device, then moved
+            result = kernel(*args, **kwargs)
+            return result if result.get_device() == index else result.to(torch.device("tpu", index))
+        with platform.placing(index):
+            return kernel(*args, **kwargs)
 
     return routed
+
+
+def current_device() -> int:
+    """The calling thread's current tpu index (the device guard's)."""
+    return torch.accelerator.current_device_index()
 
 
 def install() -> None:

@@ -35,20 +35,21 @@ _ATTR = "_tpu_value"
 
 
 class Uninitialized:
-    """Storage of ``size`` elements of ``dtype`` that nobody has written yet."""
+    """Storage of ``size`` elements of ``dtype`` on ``tpu:index`` that nobody has written yet."""
 
-    __slots__ = ("size", "dtype")
+    __slots__ = ("size", "dtype", "index")
 
-    def __init__(self, size: int, dtype: np.dtype):
+    def __init__(self, size: int, dtype: np.dtype, index: int = 0):
         self.size = size
         self.dtype = dtype
+        self.index = index
 
     @property
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
     def materialize(self) -> jax.Array:
-        return jnp.zeros((self.size,), self.dtype, device=platform.device())
+        return jnp.zeros((self.size,), self.dtype, device=platform.jax_device(self.index))
 
 
 class Deferred:
@@ -231,8 +232,10 @@ def put(storage, value: Value) -> None:
     arguments, so one uncommitted array (the output of a program without array inputs, a
     factory) would compile every later op that reads it a second time."""
     if type(value) is ARRAY_TYPE:
-        if not value.committed:
-            value = jax.device_put(value, platform.device())
+        if not value.committed:  # (committed where it was made: a factory's device)
+            value = jax.device_put(
+                value, value.sharding._device if platform.others_used else platform.device()
+            )
     elif type(value) is Deferred and value.value is None:
         old = getattr(storage, _ATTR, None)
         if old is not None and not (type(old) is Deferred and old.graph is value.graph):
@@ -243,6 +246,18 @@ def put(storage, value: Value) -> None:
 def restore(storage, value: Value) -> None:
     """Put back a value a failed graph had replaced (no bookkeeping)."""
     setattr(storage, _ATTR, value)
+
+
+def index_of(value: Value) -> int:
+    """The tpu index of the device that holds (or will hold) ``value``."""
+    kind = type(value)
+    if kind is ARRAY_TYPE:
+        return platform.index_of(value.sharding._device)
+    if kind is Deferred:
+        return value.graph.index
+    if kind is Uninitialized:
+        return value.index
+    return context.index  # a tracer: a compiled program's value, on the program's device
 
 
 def has_value(storage) -> bool:

@@ -38,6 +38,9 @@ class ExecutionContext(threading.local):
         self.trace: Any = None
         #: the ATen op being dispatched, named by the errors of its deferred checks
         self.op: str = ""
+        #: the tpu index that values made from no input array go to (a factory's device, a
+        #: compiled program's; ``platform.placing``)
+        self.index: int = 0
 
 
 context = ExecutionContext()

@@ -23,67 +23,70 @@ _REQUESTED = re.compile(r"allocat\w* (?:of )?(\d[\d,]*) ?bytes", re.IGNORECASE)
 
 # ----------------------------------------------------------------------------- statistics
 # The one source of the memory numbers: ``torch.tpu.memory_*`` and, through the C++ allocator,
-# ``torch.accelerator.memory_*`` both read these.
-_peak_allocated = 0
+# ``torch.accelerator.memory_*`` both read these. Each is per device (``tpu:index``).
+_peak_allocated: dict[int, int] = {}
 
 
-def allocated() -> int:
-    """Bytes held by live device buffers (on stand-in platforms: summed over live arrays); 0
-    before the device has started (nothing is held, and asking must not start it)."""
-    global _peak_allocated
+def allocated(index: int = 0) -> int:
+    """Bytes held by live buffers on ``tpu:index`` (on stand-in platforms: summed over live
+    arrays); 0 before the device has started (nothing is held, and asking must not start it)."""
     if not platform.is_initialized():
         return 0
-    stats = device_stats()
+    stats = device_stats(index)
     if "bytes_in_use" in stats:
         current = int(stats["bytes_in_use"])
     else:
-        import jax
-
-        current = sum(a.nbytes for a in jax.live_arrays())
-    _peak_allocated = max(_peak_allocated, current)
+        device = platform.jax_device(index)
+        current = sum(a.nbytes // len(d) for a, d in _live_arrays() if device in d)
+    _peak_allocated[index] = max(_peak_allocated.get(index, 0), current)
     return current
 
 
-def max_allocated() -> int:
-    """Peak of :func:`allocated` (device-tracked on TPU/GPU; sampled at queries on CPU)."""
-    current = allocated()
-    return int(device_stats().get("peak_bytes_in_use", max(_peak_allocated, current)))
-
-
-def reserved() -> int:
-    return int(device_stats().get("bytes_reserved", allocated()))
-
-
-def max_reserved() -> int:
-    return max(reserved(), max_allocated())
-
-
-def live_buffers() -> int:
-    if not platform.is_initialized():
-        return 0
+def _live_arrays() -> list:
+    """(array, the devices it is on) for each live array."""
     import jax
 
-    return len(jax.live_arrays())
+    return [(a, a.sharding.device_set) for a in jax.live_arrays()]
 
 
-def reset_peak() -> None:
-    global _peak_allocated
-    _peak_allocated = 0
+def max_allocated(index: int = 0) -> int:
+    """Peak of :func:`allocated` (device-tracked on TPU/GPU; sampled at queries on CPU)."""
+    current = allocated(index)
+    return int(device_stats(index).get("peak_bytes_in_use", max(_peak_allocated.get(index, 0), current)))
 
 
-def allocator_stats() -> tuple[int, int, int, int, int]:
-    """What the C++ device allocator reports: allocated and reserved bytes with their peaks,
-    and the number of live buffers."""
-    return allocated(), max_allocated(), reserved(), max_reserved(), live_buffers()
+def reserved(index: int = 0) -> int:
+    return int(device_stats(index).get("bytes_reserved", allocated(index)))
 
 
-def device_stats() -> dict[str, int]:
+def max_reserved(index: int = 0) -> int:
+    return max(reserved(index), max_allocated(index))
+
+
+def live_buffers(index: int = 0) -> int:
+    if not platform.is_initialized():
+        return 0
+    device = platform.jax_device(index)
+    return sum(device in d for _, d in _live_arrays())
+
+
+def reset_peak(index: int = 0) -> None:
+    _peak_allocated.pop(index, None)
+
+
+def allocator_stats(index: int = 0) -> tuple[int, int, int, int, int]:
+    """What the C++ device allocator reports for ``tpu:index``: allocated and reserved bytes
+    with their peaks, and the number of live buffers."""
+    return allocated(index), max_allocated(index), reserved(index), max_reserved(index), live_buffers(index)
+
+
+def device_stats(index: int = 0) -> dict[str, int]:
     """The XLA device's own memory statistics (empty where the platform keeps none: CPU)."""
     if not platform.is_initialized():
         return {}
     stats = None
     with contextlib.suppress(Exception):
-        stats = platform.device().memory_stats()
+        stats = platform.jax_device(index).memory_stats()
     return stats or {}
 
 

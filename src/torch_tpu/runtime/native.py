@@ -59,6 +59,13 @@ def is_initialized() -> bool:
     return platform.is_initialized()
 
 
+def device_used(index: int) -> None:
+    """A device other than tpu:0 became current for the first time."""
+    from . import platform
+
+    platform.use(index)
+
+
 def synchronize(index: int) -> None:
     from .. import device
 
@@ -69,13 +76,13 @@ def memory_stats(index: int) -> tuple[int, int, int, int, int]:
     """(allocated, peak allocated, reserved, peak reserved, live buffers) in bytes."""
     from . import memory
 
-    return memory.allocator_stats()
+    return memory.allocator_stats(index)
 
 
 def reset_peak_memory_stats(index: int) -> None:
     from . import memory
 
-    memory.reset_peak()
+    memory.reset_peak(index)
 
 
 def empty_cache() -> None:

@@ -16,6 +16,7 @@ not survive ``fork()``); the child gets a clear error instead of a hang (:func:`
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import os
 import signal
@@ -28,6 +29,12 @@ from .. import config
 _PLATFORM_ALIASES = {"gpu": "cuda", "cuda": "cuda", "tpu": "tpu", "cpu": "cpu"}
 _lock = threading.Lock()
 _device: Any = None
+#: the local JAX devices, in tpu index order (``tpu:i`` is ``_devices[i]``), once started
+_devices: list = []
+_indices: dict = {}
+#: Whether a device other than ``tpu:0`` was ever used (made current, or given a tensor). Until
+#: then every value is on ``tpu:0`` and the per-op paths skip all device bookkeeping.
+others_used = False
 #: True in a child process forked after the device had started in its parent.
 forked_child = False
 #: "executables_built" (every executable JAX builds: compiled by XLA or read from the persistent
@@ -78,7 +85,15 @@ def initialize() -> None:
         keep_interrupts()
         jax.monitoring.register_event_listener(_count_disk_hit)
         jax.monitoring.register_event_duration_secs_listener(_count_executable)
-        _device = jax.devices()[0]
+        from . import native
+
+        # several devices need the C++ core (a tensor's device index is set there)
+        devices = jax.local_devices() if native.available() else jax.local_devices()[:1]
+        _indices.update({d: i for i, d in enumerate(devices)})
+        _devices[:] = devices
+        if native.available():
+            native._C.set_device_count(len(devices))
+        _device = devices[0]
     os.register_at_fork(after_in_child=_mark_forked_child)
 
 
@@ -137,15 +152,27 @@ def _interrupt_after_collection(phase: str, info: dict) -> None:
 
 
 def device_count() -> int:
-    """Devices this process drives: 1 (one process per device, like upstream TorchTPU). The C++
-    runtime core takes the count from here."""
-    return 1
+    """Devices this process drives: JAX's local devices (``tpu:0`` .. ``tpu:n-1``). Counting
+    them starts the platform (imports JAX; no device work)."""
+    initialize()
+    return len(_devices)
+
+
+def known_device_count() -> int:
+    """The count without starting anything: the local devices once started, else 1 (there is
+    always one: JAX falls back to the CPU). The C++ runtime core reports this one (so
+    ``torch.accelerator.device_count()`` says 1 until the device starts, which any use of a
+    tpu device, ``torch.tpu.device_count()`` or ``torch.tpu.init()`` does; the count is then
+    raised to the true one)."""
+    return len(_devices) if _devices else 1
 
 
 def check_index(index: int) -> int:
     """``index`` if this process drives ``tpu:index``; else CUDA's error for the same request
     ("invalid device ordinal", in the C++ device guard's words), never a silent ``tpu:0``."""
-    count = device_count()
+    count = known_device_count()
+    if not 0 <= index < count:
+        count = device_count()
     if not 0 <= index < count:
         drives = "1 device, tpu:0" if count == 1 else f"{count} devices, tpu:0 to tpu:{count - 1}"
         raise RuntimeError(
@@ -164,6 +191,50 @@ def device():
     if _device is None:
         initialize()
     return _device
+
+
+def jax_device(index: int):
+    """The JAX device that backs ``tpu:index`` (checked)."""
+    if index == 0:
+        return device()
+    return _devices[check_index(index)]
+
+
+def index_of(jax_device) -> int:
+    """The tpu index of a local JAX device."""
+    return _indices[jax_device]
+
+
+@contextlib.contextmanager
+def placing(index: int):
+    """Values made from no input array (a factory's) go to ``tpu:index``: JAX's default device
+    and the index that ``runtime.context`` gives them, for this block."""
+    import jax
+
+    from .context import context
+
+    previous = context.index
+    context.index = index
+    try:
+        with jax.default_device(_devices[index]):
+            yield
+    finally:
+        context.index = previous
+
+
+def mixed_devices(first, second) -> RuntimeError:
+    """PyTorch's error (CPU's and CUDA's words) for an op given tensors on two devices."""
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, {first} and {second}!"
+    )
+
+
+def use(index: int) -> None:
+    """Note that ``tpu:index`` is in use (from then on ops look at their devices)."""
+    global others_used
+    if index and not others_used:
+        check_index(index)
+        others_used = True
 
 
 def platform() -> str:

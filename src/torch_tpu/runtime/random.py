@@ -70,30 +70,51 @@ class _PythonGenerator:
             return self._seed, offset
 
 
-_default: torch.Generator | _PythonGenerator | None = None
+#: the default generator of each device index made so far
+_defaults: dict[int, torch.Generator | _PythonGenerator] = {}
 _default_lock = threading.Lock()
+#: the seed of the last ``manual_seed_all``, for default generators made after it
+_seed_all: int | None = None
 
 
-def default_generator() -> torch.Generator | _PythonGenerator:
-    """The device's default generator; at first use it takes the CPU generator's seed, as it had
-    at import (so ``torch.manual_seed`` before or after importing torch_tpu seeds it)."""
-    global _default
-    if _default is None:
+def default_generator(index: int = 0) -> torch.Generator | _PythonGenerator:
+    """``tpu:index``'s default generator; at first use it takes the seed of the last
+    ``torch.tpu.manual_seed_all``, else the CPU generator's (so ``torch.manual_seed`` before or
+    after importing torch_tpu seeds it). Each device has its own stream, as on CUDA."""
+    generator = _defaults.get(index)
+    if generator is None:
         with _default_lock:
-            if _default is None:
-                generator = native._C.default_generator(0) if native.available() else _PythonGenerator(0)
-                generator.manual_seed(torch.initial_seed())
-                _default = generator
-    return _default
+            generator = _defaults.get(index)
+            if generator is None:
+                if native.available():
+                    generator = native._C.default_generator(index)
+                elif index == 0:
+                    generator = _PythonGenerator(0)
+                else:
+                    from . import platform
+
+                    platform.check_index(index)  # (only tpu:0 exists without the C++ core)
+                generator.manual_seed(torch.initial_seed() if _seed_all is None else _seed_all)
+                _defaults[index] = generator
+    return generator
 
 
-def manual_seed(seed: int) -> None:
-    default_generator().manual_seed(int(seed) & _MASK)
+def manual_seed(seed: int, index: int = 0) -> None:
+    """Seed ``tpu:index``'s default generator."""
+    default_generator(index).manual_seed(int(seed) & _MASK)
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed every device's default generator (those made later too)."""
+    global _seed_all
+    with _default_lock:
+        _seed_all = int(seed) & _MASK
+        generators = list(_defaults.values())
+    for generator in generators:
+        generator.manual_seed(_seed_all)
 
 
 def _draw(generator) -> tuple[int, int]:
-    if generator is None:
-        generator = default_generator()
     if type(generator) is _PythonGenerator:
         return generator.draw()
     return native._C.draw(generator, 1)
@@ -127,13 +148,13 @@ def _block(seed: int, start: int) -> list:
     return list(_derive_block()(_base_key(seed), start & 0xFFFF_FFFF))  # ready-made key arrays
 
 
-def next_key(generator: torch.Generator | None = None):
-    """A fresh key from ``generator`` (default: the device's default generator). Inside a
+def next_key(generator: torch.Generator | None = None, index: int = 0):
+    """A fresh key from ``generator`` (default: ``tpu:index``'s default generator). Inside a
     compiled program's trace: one derived from the program's key input, which the program draws
     from the default generator once per call."""
     trace = context.trace
     if trace is not None:
         return trace.next_key()
-    seed, offset = _draw(generator)
+    seed, offset = _draw(default_generator(index) if generator is None else generator)
     start = offset - offset % _BLOCK
     return _block(seed, start)[offset - start]

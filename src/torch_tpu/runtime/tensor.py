@@ -16,8 +16,9 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import buffer, memory, native
+from . import buffer, memory, native, platform
 from .buffer import Deferred, apply
+from .context import context
 from .dtypes import JAX_TO_TORCH, cast, to_jax, unsupported
 from .lru import cached
 from .transfer import device_scalar
@@ -31,8 +32,9 @@ def is_tpu(x: object) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == "tpu"
 
 
-def _python_empty(shape, strides, dtype: torch.dtype, nbytes: int) -> torch.Tensor:
-    """``native._C.empty`` without the C++ runtime core: a storage with no handle (null)."""
+def _python_empty(shape, strides, dtype: torch.dtype, nbytes: int, index: int) -> torch.Tensor:
+    """``native._C.empty`` without the C++ runtime core: a storage with no handle (null), on
+    tpu:0 (the only device without the core)."""
     t = torch._C._acc.create_empty_tensor(shape, dtype)
     if nbytes:
         # The StorageImpl must know its byte size: PyTorch's C++ reads it directly (view bound
@@ -48,20 +50,27 @@ def _python_empty(shape, strides, dtype: torch.dtype, nbytes: int) -> torch.Tens
 _empty = native._C.empty if native.available() else _python_empty
 
 
-def _create(shape, dtype: torch.dtype) -> torch.Tensor:
-    return _empty(shape, None, dtype, 0)
+def _create(shape, dtype: torch.dtype, index: int = 0) -> torch.Tensor:
+    return _empty(shape, None, dtype, 0, index)
 
 
 def _new_tensor(shape, dtype: torch.dtype, value: buffer.Value, strides=None) -> torch.Tensor:
-    t = _empty(shape, strides, dtype, buffer.nbytes(value))
+    """A tensor over a new storage holding ``value``, on the device that holds the value."""
+    index = buffer.index_of(value) if platform.others_used else 0
+    t = _empty(shape, strides, dtype, buffer.nbytes(value), index)
     buffer.put(t.untyped_storage(), value)
     return t
+
+
+def device_index(t: torch.Tensor) -> int:
+    """The index of a tpu tensor's device (0 while no other device was used: not asked)."""
+    return t.get_device() if platform.others_used else 0
 
 
 def over_storage(storage, shape, strides, offset: int, dtype: torch.dtype) -> torch.Tensor:
     """A tpu tensor over an existing storage with this geometry: a view PyTorch's own view ops
     did not make (a compiled program's inputs inside its trace, its outputs that alias an input)."""
-    t = _create([0], dtype)
+    t = _create([0], dtype, storage.device.index if platform.others_used else 0)
     _set_storage_meta(_META, t, storage, offset, list(shape), list(strides))
     return t
 
@@ -206,8 +215,9 @@ def _elementwise_strides(shape: tuple, operands: tuple) -> tuple | None:
     return tuple(strides)
 
 
-def empty(shape, dtype: torch.dtype, strides=None) -> torch.Tensor:
-    """A tpu tensor whose storage is not allocated until something reads it."""
+def empty(shape, dtype: torch.dtype, strides=None, index: int | None = None) -> torch.Tensor:
+    """A tpu tensor on ``tpu:index`` (default: the factory's, ``platform.placing``) whose
+    storage is not allocated until something reads it."""
     jdtype = to_jax(dtype)
     shape = tuple(shape)
     if any(s < 0 for s in shape):
@@ -218,7 +228,8 @@ def empty(shape, dtype: torch.dtype, strides=None) -> torch.Tensor:
         size = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides))
         strides = list(strides)
     memory.check_allocation(size * jdtype.itemsize)  # here, not at the first use
-    return _new_tensor(list(shape), dtype, buffer.Uninitialized(size, jdtype), strides)
+    index = context.index if index is None else index
+    return _new_tensor(list(shape), dtype, buffer.Uninitialized(size, jdtype, index), strides)
 
 
 def ensure_nbytes(t: torch.Tensor) -> None:
@@ -351,7 +362,8 @@ def read(t: torch.Tensor) -> jax.Array:
     if buf.shape == shape and offset == 0 and t.is_contiguous():
         return buf
     shape = tuple(shape)
-    return apply(_strided_read, buf, shape, _addressing_strides(shape, t.stride()), device_scalar(offset))
+    offset = device_scalar(offset, device_index(t))
+    return apply(_strided_read, buf, shape, _addressing_strides(shape, t.stride()), offset)
 
 
 def _addressing_strides(shape: tuple, strides: tuple) -> tuple:
@@ -385,7 +397,8 @@ def append(head: torch.Tensor, tails: list[torch.Tensor], shape: list[int]) -> t
     capacity = max(SMALLEST_CAPACITY, 1 << (numel - 1).bit_length())
     dtype = to_jax(head.dtype)
     buf = storage_array(head.untyped_storage(), dtype)
-    value = apply(_append, buf, capacity, device_scalar(head.numel()), *(read(t) for t in tails))
+    length = device_scalar(head.numel(), device_index(head))
+    value = apply(_append, buf, capacity, length, *(read(t) for t in tails))
     return _new_tensor(shape, head.dtype, value)  # (the storage's size: all its room)
 
 
@@ -434,6 +447,8 @@ def write(t: torch.Tensor, value) -> None:
     shape = tuple(t.shape)
     if not isinstance(value, (jax.Array, Deferred)):
         value = jnp.asarray(value)
+        if platform.others_used:  # (made on tpu:0)
+            value = jax.device_put(value, platform.jax_device(t.get_device()))
     current = buffer.get(storage)
     whole = (
         t.storage_offset() == 0 and t.is_contiguous() and t.numel() * dtype.itemsize == buffer.nbytes(current)
@@ -444,5 +459,5 @@ def write(t: torch.Tensor, value) -> None:
         buffer.put(storage, value)
         return
     buf = storage_array(storage, dtype)
-    offset = device_scalar(t.storage_offset())
+    offset = device_scalar(t.storage_offset(), device_index(t))
     buffer.put(storage, apply(_strided_write, buf, value, shape, t.stride(), offset))

@@ -13,22 +13,25 @@ from jax import lax
 from . import checks, platform
 from .lru import LRU
 
-_scalar_arrays = LRU()
+_scalar_arrays = LRU()  # tpu:0's
+_other_scalar_arrays: dict[int, LRU] = {}  # other devices'
 #: The Python integers JAX takes as runtime values (``device_scalar``): int64's.
 INT64_RANGE = range(-(2**63), 2**63)
 
 
-def device_scalar(x: bool | int | float | complex) -> jax.Array:
+def device_scalar(x: bool | int | float | complex, index: int = 0) -> jax.Array:
     """A Python number as a weakly typed device scalar, cached by value: handing JAX a fresh
     Python number costs a host->device transfer per call, and the same constants (alpha=1,
     0.5, eps, a fill value) recur on every step. Values stay runtime inputs of the programs
     that take them, so a new learning rate never recompiles. Like every value we hold, it is
-    committed to the device (see :func:`torch_tpu.runtime.buffer.put`)."""
+    committed to the device (see :func:`torch_tpu.runtime.buffer.put`): ``tpu:index``, each
+    device has its own (JAX refuses to mix devices in one program)."""
     key = (type(x), x) if x else (type(x), str(x))  # keeps -0.0 apart from 0.0
-    array = _scalar_arrays.get(key)
+    cache = _scalar_arrays if not index else _other_scalar_arrays.setdefault(index, LRU())
+    array = cache.get(key)
     if array is None:
         with jax.ensure_compile_time_eval():  # a constant, even when first seen in a trace
-            array = _scalar_arrays[key] = jax.device_put(jnp.asarray(x), platform.device())
+            array = cache[key] = jax.device_put(jnp.asarray(x), platform.jax_device(index))
     return array
 
 
@@ -40,13 +43,23 @@ def _host_array(host: torch.Tensor) -> np.ndarray:
     return array.copy() if platform.platform() == "cpu" else array
 
 
-def to_device(host: torch.Tensor) -> jax.Array:
-    """A device copy of a CPU tensor (never aliasing it: torch may mutate the host tensor later)."""
+def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
+    """A copy of a CPU tensor on ``tpu:index`` (never aliasing it: torch may mutate the host
+    tensor later)."""
     host = host.detach().resolve_conj().resolve_neg().contiguous()
+    device = platform.jax_device(index)
     if host.dtype == torch.bfloat16:
-        bits = jax.device_put(_host_array(host.view(torch.int16)), platform.device())
+        bits = jax.device_put(_host_array(host.view(torch.int16)), device)
         return lax.bitcast_convert_type(bits, jnp.bfloat16)
-    return jax.device_put(_host_array(host), platform.device())
+    return jax.device_put(_host_array(host), device)
+
+
+def between_devices(value: jax.Array, index: int) -> jax.Array:
+    """``value`` on ``tpu:index`` (a device-to-device copy when it is elsewhere)."""
+    device = platform.jax_device(index)
+    if value.sharding._device is device:
+        return value
+    return jax.device_put(value, device)
 
 
 def _host_view(value: jax.Array) -> torch.Tensor:

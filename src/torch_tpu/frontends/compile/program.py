@@ -28,7 +28,7 @@ import torch
 from jax.extend.core import jaxpr_as_fun
 
 from ...execution import fused, tracing
-from ...runtime import buffer, checks, memory, precision, random, tensor, transfer
+from ...runtime import buffer, checks, memory, platform, precision, random, tensor, transfer
 from ...runtime.context import context
 from ...runtime.lru import LRU
 from . import stored
@@ -94,10 +94,20 @@ _VALUE_SEMANTICS = {
 
 
 def _host_device(value: Any) -> Any:
-    """Inside a trace every value lives on the device: a CPU device argument becomes tpu."""
+    """Inside a trace every value lives on the device: a CPU device argument becomes the
+    program's tpu device."""
     if isinstance(value, torch.device) and value.type == "cpu":
-        return torch.device("tpu")
+        return torch.device("tpu", context.index)
     return value
+
+
+def _program_index(args: tuple) -> int:
+    """The tpu index a program runs on: its tpu inputs' (JAX refuses two devices), else the
+    current device."""
+    for a in args:
+        if isinstance(a, torch.Tensor) and not a.is_cpu:
+            return a.get_device()
+    return torch.accelerator.current_device_index()
 
 
 @contextlib.contextmanager
@@ -180,8 +190,9 @@ class Program:
 
     # ------------------------------------------------------------------ inputs
     def _gather(self, args) -> tuple[tuple, list, list]:
-        """The call's layout (the compile key), the storage values to pass, and the storages
-        (tpu) or host tensors (CPU) they came from."""
+        """The call's layout and device (the compile key), the storage values to pass, and the
+        storages (tpu) or host tensors (CPU) they came from."""
+        device = _program_index(args) if platform.others_used else 0
         layout = []
         avals = []
         values: list = []
@@ -211,22 +222,22 @@ class Program:
                         )
                     )
                 else:
-                    value = transfer.to_device(a)
+                    value = transfer.to_device(a, device)
                     layout.append((_HOST, len(values), a.shape, a.dtype))
                     avals.append((value.shape, value.dtype, value.weak_type))
                     values.append(value)
                     sources.append(a)
             else:
                 layout.append((_CONST, a))
-        return (tuple(layout), tuple(avals)), values, sources
+        return (tuple(layout), tuple(avals), device), values, sources
 
     # ------------------------------------------------------------------ tracing
-    def _traceable(self, layout: tuple, traced: _Traced) -> Callable:
-        """The graph as a function of (random key data, storage values) for ``jax.jit``; tracing it
-        fills in ``traced``."""
+    def _traceable(self, layout: tuple, traced: _Traced, device: int) -> Callable:
+        """The graph as a function of (random key data, storage values) for ``jax.jit`` on
+        ``tpu:device``; tracing it fills in ``traced``."""
 
         def program(key_data, *values):
-            with traced_ops(jax.random.wrap_key_data(key_data)) as trace:
+            with traced_ops(jax.random.wrap_key_data(key_data)) as trace, platform.placing(device):
                 storages = [tensor.wrap(v).untyped_storage() for v in values]
                 results = Interpreter(self.graph_module, trace).run(*_arguments(layout, storages))
                 traced.outputs, fresh = _outputs(
@@ -267,7 +278,7 @@ class Program:
         started = time.perf_counter()
         traced = _Traced()
         with precision.current_scope():
-            staged = jax.jit(self._traceable(key[0], traced)).trace(_unused_key(), *values)
+            staged = jax.jit(self._traceable(key[0], traced, key[2])).trace(_unused_key(), *values)
         fused.stats.compile_seconds += time.perf_counter() - started
         return _Trace(staged, traced, graph)
 
@@ -302,7 +313,7 @@ class Program:
                 traced_key, trace, values, donated
             )
         fused.stats.donated_buffers += len(donated)
-        random_key = _key_data(random.next_key()) if traced.random else _unused_key()
+        random_key = _key_data(random.next_key(None, key[2])) if traced.random else _unused_key()
         fused.stats.compiled_runs += 1
         inherited = checks.inherited(values)
         with fused.interrupts_held():  # the written inputs get their new values, whatever comes
@@ -332,7 +343,7 @@ class Program:
     def stablehlo(self, *args: Any) -> str:
         """StableHLO text of this graph for these arguments (traced, not run)."""
         key, values, _ = self._gather(args)
-        program = self._traceable(key[0], _Traced())
+        program = self._traceable(key[0], _Traced(), key[2])
         with precision.current_scope():
             return jax.jit(program).lower(_unused_key(), *values).as_text()
 
@@ -450,7 +461,9 @@ def _output(spec: Any, fresh: list, sources: list) -> Any:
 
 def _layout_change(old: tuple, new: tuple) -> str:
     """Which argument made a new layout differ from the previous one."""
-    (old_layout, old_avals), (new_layout, new_avals) = old, new
+    (old_layout, old_avals, old_device), (new_layout, new_avals, new_device) = old, new
+    if old_device != new_device:
+        return f"its inputs moved from tpu:{old_device} to tpu:{new_device}"
     for i, (a, b) in enumerate(zip(old_layout, new_layout)):
         if a != b:
             return f"argument {i} changed from {_describe(a)} to {_describe(b)}"

@@ -25,6 +25,11 @@ CASES = {
         ["sentence_embeddings.py"],
         ["cosine similarities on tpu:0", "min cosine(tpu, cpu)", "[ok]"],
     ),
+    # (sets XLA_FLAGS for two host devices itself; the fused run is in tests/runtime/test_devices.py)
+    "model parallel": (
+        ["model_parallel.py", "--steps", "5"],
+        ["parameters on ['tpu:0'] and ['tpu:1'] (strict eager)", "losses equal to CPU over 5 steps [ok]"],
+    ),
 }
 
 

@@ -32,11 +32,12 @@ def _is_tpu(storage: _StorageBase) -> bool:
     return storage.device.type == "tpu"
 
 
-def _empty_tpu_storage(nbytes: int) -> torch.UntypedStorage:
-    """A tpu storage of ``nbytes`` uninitialized bytes, made the way tpu tensors make theirs."""
+def _empty_tpu_storage(nbytes: int, index: int) -> torch.UntypedStorage:
+    """A tpu storage of ``nbytes`` uninitialized bytes on ``tpu:index``, made the way tpu
+    tensors make theirs."""
     from ..runtime import tensor
 
-    holder = tensor.empty([nbytes], torch.uint8)
+    holder = tensor.empty([nbytes], torch.uint8, index=index)
     return holder.untyped_storage()  # the storage (and its value) outlives the holder tensor
 
 
@@ -49,13 +50,13 @@ def _untyped_storage_new(cls, *args, **kwargs):
     device = kwargs.get("device")
     if device is None or cls is not _Untyped or torch.device(device).type != "tpu":
         return _StorageBase.__new__(cls, *args, **kwargs)
-    device_module._get_device_index(device)  # refuses a device this process does not drive
+    index = device_module._get_device_index(device)  # refuses a device this process does not drive
     if not args:
-        return _empty_tpu_storage(0)
+        return _empty_tpu_storage(0, index)
     if isinstance(args[0], int):
-        return _empty_tpu_storage(args[0])
+        return _empty_tpu_storage(args[0], index)
     host = _StorageBase.__new__(_Untyped, *args)  # a sequence of byte values
-    return _empty_tpu_storage(host.nbytes()).copy_(host)
+    return _empty_tpu_storage(host.nbytes(), index).copy_(host)
 
 
 def _data_ptr(self) -> int:

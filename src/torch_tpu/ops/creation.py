@@ -18,9 +18,9 @@ import torch
 from jax.scipy.special import i0
 
 from ..runtime.buffer import apply
+from ..runtime.context import context
 from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
 from ..runtime.tensor import fill
-from ..runtime.context import context
 from ..runtime.transfer import INT64_RANGE, device_scalar
 from ._helpers import accumulator
 from .registry import Layout, Runs, lower, runtime

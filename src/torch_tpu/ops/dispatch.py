@@ -282,7 +282,13 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         if k in (_STATIC, _DTYPE) or (k == _SCALAR and n in static_names)
     )
     runs = entry.runs
-    jit = functools.partial(jax.jit, static_argnums=static_pos) if runs is Runs.TRACED else (lambda f: f)
+    # keep_unused: an op's result lives on its inputs' device even when it ignores their values
+    # (``zeros_like``), as XLA would otherwise place a program with no used inputs on tpu:0
+    jit = (
+        functools.partial(jax.jit, static_argnums=static_pos, keep_unused=True)
+        if runs is Runs.TRACED
+        else (lambda f: f)
+    )
     fn = jit(entry.fn)
     by_types: dict[Types, Callable] = {}
 
@@ -798,19 +804,27 @@ def _routed_by_device(op: torch._ops.OpOverload, kernel: Callable, lowered: bool
                 platform.use(platform.check_index(device.index))
         if not platform.others_used:
             return kernel(*args, **kwargs)
-        if device is None or device.type != "tpu":
-            if takes_tensor:  # (runs on its tensor's device)
-                return kernel(*args, **kwargs)
-            index = current_device()
-        else:
+        if device is not None and device.type == "tpu":
             index = current_device() if device.index is None else device.index
-        if takes_tensor and lowered:  # computed on the tensor's device, then moved
+        else:  # (a tensor-taking one: its tensor's device)
+            index = _first_index(args) if takes_tensor else current_device()
+        if index == context.index:
             result = kernel(*args, **kwargs)
-            return result if result.get_device() == index else result.to(torch.device("tpu", index))
-        with platform.placing(index):
-            return kernel(*args, **kwargs)
+        else:
+            with platform.placing(index):
+                result = kernel(*args, **kwargs)
+        if takes_tensor and lowered and result.get_device() != index:  # (computed on its tensor's)
+            result = result.to(torch.device("tpu", index))
+        return result
 
     return routed
+
+
+def _first_index(args: tuple) -> int:
+    for x in args:
+        if isinstance(x, torch.Tensor) and not x.is_cpu:
+            return max(x.get_device(), 0)
+    return current_device()
 
 
 def current_device() -> int:

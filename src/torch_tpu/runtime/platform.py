@@ -160,10 +160,10 @@ def device_count() -> int:
 
 def known_device_count() -> int:
     """The count without starting anything: the local devices once started, else 1 (there is
-    always one: JAX falls back to the CPU). The C++ runtime core reports this one (so
-    ``torch.accelerator.device_count()`` says 1 until the device starts, which any use of a
-    tpu device, ``torch.tpu.device_count()`` or ``torch.tpu.init()`` does; the count is then
-    raised to the true one)."""
+    always one: JAX falls back to the CPU). The C++ runtime core starts with this one at import
+    and gets the true count when the device starts, which any use of a tpu device does, as do
+    ``torch.tpu.device_count()`` and ``torch.accelerator.device_count()`` (PyTorch initializes
+    the backend before counting); ``torch.accelerator.is_available()`` starts nothing."""
     return len(_devices) if _devices else 1
 
 

@@ -228,7 +228,10 @@ def empty(shape, dtype: torch.dtype, strides=None, index: int | None = None) -> 
         size = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides))
         strides = list(strides)
     memory.check_allocation(size * jdtype.itemsize)  # here, not at the first use
-    index = context.index if index is None else index
+    if index is None:
+        index = context.index
+    elif index:
+        platform.use(index)
     return _new_tensor(list(shape), dtype, buffer.Uninitialized(size, jdtype, index), strides)
 
 

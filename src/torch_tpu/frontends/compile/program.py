@@ -101,6 +101,16 @@ def _host_device(value: Any) -> Any:
     return value
 
 
+@contextlib.contextmanager
+def _program_device(index: int) -> Iterator[None]:
+    """Inside the trace, values made from no input (factories) belong to ``tpu:index``."""
+    previous, context.index = context.index, index
+    try:
+        yield
+    finally:
+        context.index = previous
+
+
 def _program_index(args: tuple) -> int:
     """The tpu index a program runs on: its tpu inputs' (JAX refuses two devices), else the
     current device."""
@@ -237,7 +247,7 @@ class Program:
         ``tpu:device``; tracing it fills in ``traced``."""
 
         def program(key_data, *values):
-            with traced_ops(jax.random.wrap_key_data(key_data)) as trace, platform.placing(device):
+            with traced_ops(jax.random.wrap_key_data(key_data)) as trace, _program_device(device):
                 storages = [tensor.wrap(v).untyped_storage() for v in values]
                 results = Interpreter(self.graph_module, trace).run(*_arguments(layout, storages))
                 traced.outputs, fresh = _outputs(

@@ -155,9 +155,17 @@ del big
 
 # --- the current device
 torch.tpu.set_device(1)
-current = [torch.tpu.current_device(), str(torch.ones(1, device="tpu").device), str(torch.tensor([1.0], device="tpu").device)]
+current = [
+    torch.tpu.current_device(),
+    str(torch.ones(1, device="tpu").device),
+    str(torch.tensor([1.0], device="tpu").device),
+]
 with torch.tpu.device(3):
-    inside = [torch.tpu.current_device(), str(torch.zeros(1, device="tpu").device), str(torch.ones(2).to("tpu").device)]
+    inside = [
+        torch.tpu.current_device(),
+        str(torch.zeros(1, device="tpu").device),
+        str(torch.ones(2).to("tpu").device),
+    ]
 current.append(torch.tpu.current_device())
 torch.tpu.set_device(0)
 out["current"] = {"set": current, "context": inside, "after": torch.tpu.current_device()}
@@ -307,7 +315,9 @@ with torch_tpu.eager_mode("fused"):
     except RuntimeError as e:
         mixed = [str(e), fused.pending()]
     torch_tpu.sync()
-out["fused"] = {"runs": runs, "misses": stats["misses"], "hits": stats["hits"], "moved": moved, "mixed": mixed}
+out["fused"] = {
+    "runs": runs, "misses": stats["misses"], "hits": stats["hits"], "moved": moved, "mixed": mixed
+}
 
 # --- torch.compile: the program runs on its inputs' device
 compiled = torch.compile(step, backend="tpu")
@@ -315,9 +325,12 @@ runs = {}
 for name, (a, b) in {"tpu:1": (x1, w1), "tpu:0": (x0, w0), "tpu:1 again": (x1, w1)}.items():
     y = compiled(a, b)
     runs[name] = [str(y.device), torch.allclose(y.cpu(), expected, atol=1e-5)]
-drop = torch.compile(lambda t: torch.nn.functional.dropout(t, 0.5) + torch.arange(8.0, device=t.device), backend="tpu")
-dropped = drop(torch.ones(4, 8, device="tpu:3"))
-out["compiled"] = {"runs": runs, "dropout": [str(dropped.device), sorted(set((dropped - torch.arange(8.0, device="tpu:3")).cpu().flatten().tolist()))]}
+def dropout(t):
+    return torch.nn.functional.dropout(t, 0.5) + torch.arange(8.0, device=t.device)
+
+dropped = torch.compile(dropout, backend="tpu")(torch.ones(4, 8, device="tpu:3"))
+kept = (dropped - torch.arange(8.0, device="tpu:3")).cpu().flatten().tolist()
+out["compiled"] = {"runs": runs, "dropout": [str(dropped.device), sorted(set(kept))]}
 
 # --- the model-parallel example in fused eager
 sys.path.insert(0, sys.argv[1])

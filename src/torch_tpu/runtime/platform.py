@@ -225,7 +225,8 @@ def placing(index: int):
 def mixed_devices(first, second) -> RuntimeError:
     """PyTorch's error (CPU's and CUDA's words) for an op given tensors on two devices."""
     return RuntimeError(
-        f"Expected all tensors to be on the same device, but found at least two devices, {first} and {second}!"
+        "Expected all tensors to be on the same device, but found at least two devices, "
+        f"{first} and {second}!"
     )
 
 

@@ -25,8 +25,8 @@ def stored_hits(tmp_path, monkeypatch):
     hits: list[bool] = []
     load = stored.load_executable
 
-    def counted(graph, donated):
-        run = load(graph, donated)
+    def counted(graph, donated, index):
+        run = load(graph, donated, index)
         hits.append(run is not None)
         return run
 

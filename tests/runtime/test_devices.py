@@ -22,11 +22,11 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MIXED = "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and tpu:1!"
 
 
-def _run(code: str, tmp_path: Path) -> dict:
+def _run(code: str, tmp_path: Path, **env: str) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         cwd=tmp_path,
-        env={**os.environ, **FOUR_DEVICES},
+        env={**os.environ, **FOUR_DEVICES, **env},
         capture_output=True,
         text=True,
         timeout=300,
@@ -329,6 +329,12 @@ def dropout(t):
     return torch.nn.functional.dropout(t, 0.5) + torch.arange(8.0, device=t.device)
 
 dropped = torch.compile(dropout, backend="tpu")(torch.ones(4, 8, device="tpu:3"))
+# the executables stored on disk, read back for their device (as in a new process)
+torch._dynamo.reset()
+hits = torch.tpu.compilation_cache_stats()["disk_hits"]
+again = torch.compile(step, backend="tpu")(x1, w1)
+runs["tpu:1 from disk"] = [str(again.device), torch.allclose(again.cpu(), expected, atol=1e-5)]
+out["disk_hits"] = torch.tpu.compilation_cache_stats()["disk_hits"] - hits
 kept = (dropped - torch.arange(8.0, device="tpu:3")).cpu().flatten().tolist()
 out["compiled"] = {"runs": runs, "dropout": [str(dropped.device), sorted(set(kept))]}
 
@@ -343,7 +349,8 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def fused_and_compiled(tmp_path_factory) -> dict:
     code = FUSED_AND_COMPILED.replace("sys.argv[1]", repr(str(EXAMPLES)))
-    return _run(code, tmp_path_factory.mktemp("fused"))
+    folder = tmp_path_factory.mktemp("fused")
+    return _run(code, folder, TORCH_TPU_CACHE_DIR=str(folder / "cache"))  # (a fresh disk cache)
 
 
 def test_fused_graphs_run_on_their_inputs_device(fused_and_compiled):
@@ -365,7 +372,9 @@ def test_compiled_programs_run_on_their_inputs_device(fused_and_compiled):
         "tpu:1": ["tpu:1", True],
         "tpu:0": ["tpu:0", True],
         "tpu:1 again": ["tpu:1", True],
+        "tpu:1 from disk": ["tpu:1", True],
     }
+    assert fused_and_compiled["disk_hits"] >= 1
     device, values = compiled["dropout"]
     assert device == "tpu:3" and values == [0.0, 2.0]
 

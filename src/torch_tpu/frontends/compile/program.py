@@ -295,7 +295,7 @@ class Program:
     def _compile(
         self, traced_key: tuple, trace: _Trace, values: list, donated: tuple[int, ...]
     ) -> _Executable:
-        run = stored.load_executable(trace.stored, donated)
+        run = stored.load_executable(trace.stored, donated, traced_key[0][2])
         if run is None:
             if trace.staged is None:  # the findings were stored, this variant was not
                 trace = self._traces[traced_key] = self._staged(traced_key[0], values, trace.stored)

@@ -146,15 +146,16 @@ def save_findings(graph: str | None, findings: Any) -> None:
     _put(graph, "findings", lambda: findings)
 
 
-def load_executable(graph: str | None, donated: tuple[int, ...]) -> jax.stages.Compiled | None:
-    """The executable stored for ``graph`` with inputs ``donated``, if any."""
+def load_executable(graph: str | None, donated: tuple[int, ...], index: int) -> jax.stages.Compiled | None:
+    """The executable stored for ``graph`` with inputs ``donated``, if any, loaded for ``tpu:index``
+    (the device it was compiled for: ``graph``'s key includes it)."""
     stored = _get(graph, f"executable donating {donated}")
     if stored is None:
         return None
     from jax.experimental.serialize_executable import deserialize_and_load
 
     try:
-        run = deserialize_and_load(*stored)
+        run = deserialize_and_load(*stored, execution_devices=[platform.jax_device(index)])
     except Exception as error:  # noqa: BLE001  (e.g. another XLA build's executable)
         _log.warning("stored executable of compiled graph %s is unusable (%s): compiled again", graph, error)
         return None

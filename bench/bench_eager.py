@@ -13,8 +13,9 @@ helpers of ``bench_ops.py``), so read the ratios; absolute times on a shared 2-c
 - **GPT step**: that step on PyTorch CPU, tpu strict, fused and compiled, and hand-written
   ``jax.jit``;
 - **cold start** (fresh processes, empty caches): the first 32-token greedy ``generate()`` of
-  the tiny Llama of ``bench_hf.py`` and the first ``torch.compile`` training step of
-  ``bench_compile.py``, the latter also with warm caches;
+  the tiny Llama of ``bench_hf.py`` (then the same again, and a shorter one: a later length must
+  not compile), with tpu's default static cache and with Transformers' dynamic one, and the first
+  ``torch.compile`` training step of ``bench_compile.py``, also with warm caches;
 - **matmul precision**: a 1024x1024 float32 matmul under each
   ``torch.set_float32_matmul_precision`` setting (XLA:CPU computes all three alike).
 
@@ -43,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import torch
 import torch.nn.functional as F
+from bench_hf import NEW_TOKENS
 from bench_ops import compare, no_sync
 
 import torch_tpu
@@ -165,24 +167,25 @@ def _gpt_rows(rounds: int) -> list[tuple]:
 
 # ----------------------------------------------------------------------------- cold starts
 _GENERATE = """
-import json, time, torch, torch_tpu
+import json, sys, time, torch, torch_tpu
 from bench_hf import LLAMA, NEW_TOKENS, PROMPT_LENGTH
 from torch_tpu.testing import hf_zoo
 model = hf_zoo.build("llama", **LLAMA).to("tpu")
 prompt = torch.randint(3, LLAMA["vocab_size"], (1, PROMPT_LENGTH), generator=torch.Generator().manual_seed(1))
 ids = prompt.to("tpu")
-seconds = []
-for _ in range(2):
+runs = []
+for new_tokens in (NEW_TOKENS, NEW_TOKENS, NEW_TOKENS - 12):  # the first, again, a later length
+    torch.tpu.reset_compilation_cache_stats()
     started = time.perf_counter()
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                         min_new_tokens=NEW_TOKENS, do_sample=False, num_beams=1)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, num_beams=1)
     out.cpu()
-    seconds.append(time.perf_counter() - started)
-print(json.dumps({"first": seconds[0], "second": seconds[1]}))
+    runs.append((time.perf_counter() - started, torch.tpu.compilation_cache_stats()["xla_compiles"]))
+print(json.dumps(runs))
 """
 
 
-def _fresh(code: str, environment: dict) -> dict:
+def _fresh(code: str, environment: dict):
     output = subprocess.run(
         [sys.executable, "-c", code],
         env=environment,
@@ -194,23 +197,34 @@ def _fresh(code: str, environment: dict) -> dict:
     return json.loads(output.splitlines()[-1])
 
 
+def _generate_row(name: str, runs: list, note: str) -> tuple:
+    (first, first_compiles), (again, _), (later, later_compiles) = runs
+    return (
+        name,
+        f"{first:.2f} s (again {again:.2f} s, {NEW_TOKENS - 12} tokens {later:.2f} s)",
+        f"{note}; XLA compiles: {first_compiles} first, {later_compiles} for the later length",
+    )
+
+
 def _cold_rows() -> list[tuple]:
-    with tempfile.TemporaryDirectory() as cache:
-        empty = dict(os.environ, TORCH_TPU_CACHE_DIR=cache, HF_HUB_OFFLINE="1")
-        generate = _fresh(_GENERATE, empty)
+    rows = []
+    for name, setting, note in (
+        ("cold: first generate(), 32 tokens, tiny Llama", "1", "default: static bucketed cache, fused"),
+        ("cold: the same, Transformers' dynamic cache", "0", "TORCH_TPU_STATIC_GENERATION=0, strict"),
+    ):
+        with tempfile.TemporaryDirectory() as cache:
+            empty = dict(os.environ, TORCH_TPU_CACHE_DIR=cache, HF_HUB_OFFLINE="1")
+            runs = _fresh(_GENERATE, dict(empty, TORCH_TPU_STATIC_GENERATION=setting))
+        rows.append(_generate_row(name, runs, f"fresh process, empty cache; {note}"))
     starts = bench_compile.start_times(("compiled",))["compiled"]
-    return [
-        (
-            "cold: first generate(), 32 tokens, tiny Llama",
-            f"{generate['first']:.2f} s (then {generate['second']:.2f} s)",
-            "fresh process, empty cache",
-        ),
+    rows.append(
         (
             "cold: first torch.compile training step",
             f"{starts['cold']['seconds']:.2f} s cold, {starts['warm']['seconds']:.2f} s warm caches",
             f"XLA compiles: {starts['cold']['xla_compiles']} cold, {starts['warm']['xla_compiles']} warm",
-        ),
-    ]
+        )
+    )
+    return rows
 
 
 # ----------------------------------------------------------------------------- precision

@@ -364,16 +364,16 @@ def read(t: torch.Tensor) -> jax.Array:
     offset = t.storage_offset()
     if buf.shape == shape and offset == 0 and t.is_contiguous():
         return buf
-    shape = tuple(shape)
-    offset = device_scalar(offset, device_index(t))
-    return apply(_strided_read, buf, shape, _addressing_strides(shape, t.stride()), offset)
+    shape, strides = tuple(shape), t.stride()
+    if 1 in shape:
+        strides = _addressing_strides(shape, strides)
+    return apply(_strided_read, buf, shape, strides, device_scalar(offset, device_index(t)))
 
 
+@cached
 def _addressing_strides(shape: tuple, strides: tuple) -> tuple:
     """``strides`` with those of size-1 dims, which address nothing, made row-major's: the last
     token of a growing sequence, ``ids[:, -1:]``, is then one view geometry at every length."""
-    if 1 not in shape:
-        return strides
     return tuple(r if n == 1 else s for n, s, r in zip(shape, strides, _row_major(shape)))
 
 

@@ -25,7 +25,12 @@ state = torch.tpu.get_rng_state()
 b = torch.randn(3, device="tpu").tolist()
 torch.tpu.set_rng_state(state)
 x = torch.arange(4.0, device="tpu")
+ids = torch.zeros(1, 9, dtype=torch.int64, device="tpu")
+for _ in range(3):  # appends into storage with room (its size recorded without the allocator)
+    ids = torch.cat([ids, ids[:, -1:] + 1], dim=1)
 print(json.dumps({
+    "appended": ids.tolist(),
+    "room": ids.untyped_storage().nbytes(),
     "warnings": [str(w.message) for w in caught if "C++ runtime core" in str(w.message)],
     "same_stream": a == b == torch.randn(3, device="tpu").tolist(),
     "sum": (x * 2).sum().item(),
@@ -38,6 +43,8 @@ print(json.dumps({
     state = json.loads(out)
     (warning,) = state.pop("warnings")
     assert native.MISSING_WITHOUT in warning
+    assert state.pop("appended") == [[0] * 9 + [1, 2, 3]]
+    assert state.pop("room") == 64 * 8
     assert state == {"same_stream": True, "sum": 12.0, "data_ptr": 4, "pinned": [1.0, 1.0], "count": 1}
 
 

@@ -104,7 +104,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     def setGroupName(self, name: str) -> None:
         self._group_name = name
-        self._handshake._describe = f"group {name!r} (ranks {list(self._global_ranks)})"
+        self._handshake.describe = f"group {name!r} (ranks {list(self._global_ranks)})"
 
     def getGroupName(self) -> str:
         return self._group_name
@@ -134,7 +134,12 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return self._handshake.meet(what, agree, members or self._members, mine)
 
     def _run(self, kind: str, block, option=None, factor=None, devices=None):
-        return programs.run(kind, devices or self._devices, block, option, factor)
+        try:
+            return programs.run(kind, devices or self._devices, block, option, factor)
+        except Exception as e:  # (a peer that died mid-collective: gloo's "connection reset")
+            raise dist.DistBackendError(
+                f"tpu_dist: the {kind} program failed on rank {self.rank()} of {self._handshake.describe}: {e}"
+            ) from e
 
     # -- reductions
     def allreduce(self, tensors, opts):

@@ -26,6 +26,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 import torch_tpu
 
+from ..integrations import dynamo
 from ..runtime import dtypes, platform
 from . import programs, runtime
 from .handshake import Handshake
@@ -73,9 +74,13 @@ def _reduction(op, tensors: Sequence[torch.Tensor]) -> tuple[str, float | None]:
         if name == "avg" and not (t.is_floating_point() or t.is_complex()):
             raise ValueError(f"tpu_dist: ReduceOp.AVG needs floating point or complex tensors, got {t.dtype}")
         if name in ("band", "bor", "bxor") and (t.is_floating_point() or t.is_complex()):
-            raise ValueError(f"tpu_dist: ReduceOp.{name.upper()} needs integer or bool tensors, got {t.dtype}")
+            raise ValueError(
+                f"tpu_dist: ReduceOp.{name.upper()} needs integer or bool tensors, got {t.dtype}"
+            )
         if name in ("min", "max") and t.is_complex():
-            raise ValueError(f"tpu_dist: ReduceOp.{name.upper()} is not defined for complex tensors ({t.dtype})")
+            raise ValueError(
+                f"tpu_dist: ReduceOp.{name.upper()} is not defined for complex tensors ({t.dtype})"
+            )
     return name, None
 
 
@@ -138,7 +143,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
             return programs.run(kind, devices or self._devices, block, option, factor)
         except Exception as e:  # (a peer that died mid-collective: gloo's "connection reset")
             raise dist.DistBackendError(
-                f"tpu_dist: the {kind} program failed on rank {self.rank()} of {self._handshake.describe}: {e}"
+                f"tpu_dist: the {kind} program failed on rank {self.rank()} "
+                f"of {self._handshake.describe}: {e}"
             ) from e
 
     # -- reductions
@@ -256,7 +262,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
             self._check_list("scatter", input_lists[0], out)
             block = jnp.concatenate([_block(t) for t in input_lists[0]])
         else:
-            block = jax.device_put(jnp.zeros(out.numel() * self.size(), dtypes.to_jax(out.dtype)), platform.device())
+            block = jax.device_put(
+                jnp.zeros(out.numel() * self.size(), dtypes.to_jax(out.dtype)), platform.device()
+            )
         received = self._run("all_to_all", block).reshape(self.size(), -1)
         _write(out, received[root])
         return _done(outputs)
@@ -280,7 +288,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
         self._check_count("all_to_all", outputs)
         dtypes = {t.dtype for t in (*inputs, *outputs)}
         if len(dtypes) != 1:
-            raise ValueError(f"tpu_dist: all_to_all needs tensors of one dtype, got {_describe([*inputs, *outputs])}")
+            raise ValueError(
+                f"tpu_dist: all_to_all needs tensors of one dtype, got {_describe([*inputs, *outputs])}"
+            )
         block = jnp.concatenate([_block(t) for t in inputs])
         received = self._all_to_all(
             "all_to_all", block, [t.numel() for t in inputs], [t.numel() for t in outputs], inputs[0].dtype
@@ -345,13 +355,17 @@ class ProcessGroupTPU(dist.ProcessGroup):
     # -- argument checks (local, as c10d's own backends make them)
     def _check_count(self, what: str, tensors) -> None:
         if len(tensors) != self.size():
-            raise ValueError(f"tpu_dist: {what} needs one tensor per rank ({self.size()}), got {len(tensors)}")
+            raise ValueError(
+                f"tpu_dist: {what} needs one tensor per rank ({self.size()}), got {len(tensors)}"
+            )
 
     def _check_list(self, what: str, tensors, like: torch.Tensor) -> None:
         self._check_count(what, tensors)
         for t in tensors:
             if t.dtype != like.dtype or t.numel() != like.numel():
-                raise ValueError(f"tpu_dist: {what}: tensors {_describe(tensors)} do not match {_describe([like])}")
+                raise ValueError(
+                    f"tpu_dist: {what}: tensors {_describe(tensors)} do not match {_describe([like])}"
+                )
 
     def _check_numel(self, what: str, t: torch.Tensor, numel: int) -> None:
         if t.numel() != numel:
@@ -366,10 +380,15 @@ class ProcessGroupTPU(dist.ProcessGroup):
         row = t.numel() // rows if rows else 0
         if not splits:
             if rows % self.size():
-                raise ValueError(f"tpu_dist: {what}: {rows} rows do not split evenly over {self.size()} ranks")
+                raise ValueError(
+                    f"tpu_dist: {what}: {rows} rows do not split evenly over {self.size()} ranks"
+                )
             splits = [rows // self.size()] * self.size()
         if len(splits) != self.size() or sum(splits) != rows:
-            raise ValueError(f"tpu_dist: {what}: split sizes {list(splits)} do not cover {rows} rows over {self.size()} ranks")
+            raise ValueError(
+                f"tpu_dist: {what}: split sizes {list(splits)} do not cover {rows} rows "
+                f"over {self.size()} ranks"
+            )
         return [s * row for s in splits]
 
 
@@ -382,4 +401,5 @@ def create(options, backend_options=None) -> ProcessGroupTPU:
         rank, world_size = options.group_rank, options.group_size
     runtime.ensure_joined(rank, world_size, options.timeout)
     platform.initialize()
+    dynamo.refresh()  # (Dynamo skips this package's code: the modules just loaded too)
     return ProcessGroupTPU(options.store, options.group_rank, options.group_size, options.timeout, ranks)

@@ -61,7 +61,9 @@ def _body(kind: str, n: int, option):
                 out = jax.lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True)
                 return (out / n).astype(x.dtype) if option == "avg" else out
             k = x.shape[0] // n
-            return jax.lax.dynamic_slice_in_dim(_reduce(x, option, n, factor), jax.lax.axis_index(AXIS) * k, k)
+            return jax.lax.dynamic_slice_in_dim(
+                _reduce(x, option, n, factor), jax.lax.axis_index(AXIS) * k, k
+            )
 
         return reduce_scatter
     if kind == "all_gather":

@@ -36,7 +36,12 @@ class Environment:
         master_port = _int(environ, "MASTER_PORT")
         port = _int(environ, "TORCH_TPU_COORDINATOR_PORT")
         self.coordinator_port = port if port is not None else (master_port + 1 if master_port else None)
-        self.enabled = environ.get("TORCH_TPU_DISTRIBUTED", "1").strip().lower() not in ("0", "false", "no", "off")
+        self.enabled = environ.get("TORCH_TPU_DISTRIBUTED", "1").strip().lower() not in (
+            "0",
+            "false",
+            "no",
+            "off",
+        )
 
     def is_multi_process(self) -> bool:
         return self.enabled and self.world_size is not None and self.world_size > 1 and self.rank is not None

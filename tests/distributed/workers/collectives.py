@@ -38,7 +38,11 @@ def compare(what: str, tensors, tpu_call, cpu_call=None) -> None:
 # -- all_reduce: every op, several dtypes, 0-d, a non-contiguous view
 for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int32):
     for op in (R.SUM, R.MIN, R.MAX, R.PRODUCT):
-        compare(f"all_reduce {op} {dtype}", [data(3, 5, dtype=dtype)], lambda ts, grp: dist.all_reduce(ts[0], op, grp))
+        compare(
+            f"all_reduce {op} {dtype}",
+            [data(3, 5, dtype=dtype)],
+            lambda ts, grp: dist.all_reduce(ts[0], op, grp),
+        )
 for op in (R.BAND, R.BOR, R.BXOR):
     compare(f"all_reduce {op}", [data(7, dtype=torch.int64)], lambda ts, grp: dist.all_reduce(ts[0], op, grp))
 compare("all_reduce 0-d", [data(dtype=torch.float32)], lambda ts, grp: dist.all_reduce(ts[0], group=grp))
@@ -60,14 +64,21 @@ compare(
     lambda ts, grp: dist.all_reduce(ts[0], dist._make_nccl_premul_sum(factor), grp),
     lambda ts, grp: (ts[0].mul_(factor), dist.all_reduce(ts[0], group=grp)),
 )
-w.raises(ValueError, ["AVG", "int64"], lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64, device="tpu"), R.AVG), "integer AVG")
+w.raises(
+    ValueError,
+    ["AVG", "int64"],
+    lambda: dist.all_reduce(torch.ones(2, dtype=torch.int64, device="tpu"), R.AVG),
+    "integer AVG",
+)
 
 # -- broadcast: bit exact (NaN, -0.0), any dtype
 special = torch.tensor([float("nan"), -0.0, float("inf"), 1.5]) * (rank + 1)
 for root in range(world):
     compare(f"broadcast from {root}", [special.clone(), data(2, 3, dtype=torch.int64)],
             lambda ts, grp: [dist.broadcast(t, root, group=grp) for t in ts])  # fmt: skip
-compare("broadcast bfloat16", [data(8, dtype=torch.bfloat16)], lambda ts, grp: dist.broadcast(ts[0], 1, group=grp))
+compare(
+    "broadcast bfloat16", [data(8, dtype=torch.bfloat16)], lambda ts, grp: dist.broadcast(ts[0], 1, group=grp)
+)
 
 # -- gathers
 compare(
@@ -221,6 +232,11 @@ on_default, on_gloo = t.clone(), t.clone()
 dist.all_reduce(on_default)  # a CPU tensor on the (tpu_dist) default group goes to its gloo side
 dist.all_reduce(on_gloo, group=w.gloo)
 w.same(on_default, on_gloo, "all_reduce of a CPU tensor on the tpu_dist group")
-w.raises(ValueError, ["one device type"], lambda: dist.all_gather([torch.empty(2)] * world, torch.ones(2, device="tpu")), "mixed devices")
+w.raises(
+    ValueError,
+    ["one device type"],
+    lambda: dist.all_gather([torch.empty(2)] * world, torch.ones(2, device="tpu")),
+    "mixed devices",
+)
 
 w.done()

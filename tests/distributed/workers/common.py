@@ -12,8 +12,8 @@ import torch_tpu  # noqa: F401  (registers tpu and "tpu_dist")
 
 
 class Worker:
-    def __init__(self, timeout: float = 60) -> None:
-        dist.init_process_group("tpu_dist", timeout=datetime.timedelta(seconds=timeout))
+    def __init__(self, backend: str | None = "tpu_dist", timeout: float = 60) -> None:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.gloo = dist.new_group(backend="gloo")
         self.checks = 0

@@ -34,13 +34,22 @@ w.raises(
 w.raises(
     RuntimeError,
     ["different collectives", "broadcast", "all_reduce"],
-    lambda: dist.broadcast(torch.ones(2, device="tpu"), 0) if rank else dist.all_reduce(torch.ones(2, device="tpu")),
+    lambda: (
+        dist.broadcast(torch.ones(2, device="tpu"), 0)
+        if rank
+        else dist.all_reduce(torch.ones(2, device="tpu"))
+    ),
     "one rank broadcasts, the other all-reduces",
 )
 t = torch.full((3,), float(rank + 1), device="tpu")
 dist.all_reduce(t)
 w.same(t, torch.full((3,), 3.0), "all_reduce after the errors")
-w.raises(ValueError, ["one tensor per rank"], lambda: dist.all_gather([torch.empty(1, device="tpu")], t[:1]), "bad list")
+w.raises(
+    ValueError,
+    ["one tensor per rank"],
+    lambda: dist.all_gather([torch.empty(1, device="tpu")], t[:1]),
+    "bad list",
+)
 
 # -- a rank that never joins: rank 0 all-reduces on a group with a 2 s timeout, rank 1 does not
 quick = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=2), backend="tpu_dist")

@@ -62,6 +62,21 @@ def test_a_one_process_group(one_process_group):
         dist.all_gather([torch.empty(4)], t)
 
 
+def test_collectives_in_fused_eager(one_process_group):
+    """Pending fused work is run before a collective reads its input, and its output is an
+    ordinary write that later fused ops see."""
+    import torch_tpu
+
+    x = torch.arange(6.0, device="tpu")
+    with torch_tpu.eager_mode("fused"):
+        y = x * 2 + 1
+        dist.all_reduce(y, dist.ReduceOp.SUM)
+        z = y.view(2, 3).sum(0)
+        out = torch.empty(6, device="tpu")
+        dist.all_gather_into_tensor(out[:3], z)
+    torch.testing.assert_close(out[:3].cpu(), (torch.arange(6.0) * 2 + 1).view(2, 3).sum(0))
+
+
 def test_several_processes_need_the_runtime_joined_before_the_device_starts():
     torch.ones(1, device="tpu")  # the device has started, as a one-process JAX runtime
     with pytest.raises(RuntimeError, match="before this process joined JAX's multi-process runtime"):

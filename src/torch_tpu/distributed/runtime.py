@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import os
 
+from .. import config
 from ..runtime import platform
 
 #: How long joining waits for every process by default (JAX's own default).
@@ -31,17 +32,11 @@ class Environment:
     def __init__(self, environ=os.environ) -> None:
         self.rank = _int(environ, "RANK")
         self.world_size = _int(environ, "WORLD_SIZE")
-        self.local_rank = _int(environ, "LOCAL_RANK")
         self.master_addr = environ.get("MASTER_ADDR")
         master_port = _int(environ, "MASTER_PORT")
-        port = _int(environ, "TORCH_TPU_COORDINATOR_PORT")
+        port = config.coordinator_port
         self.coordinator_port = port if port is not None else (master_port + 1 if master_port else None)
-        self.enabled = environ.get("TORCH_TPU_DISTRIBUTED", "1").strip().lower() not in (
-            "0",
-            "false",
-            "no",
-            "off",
-        )
+        self.enabled = config.distributed
 
     def is_multi_process(self) -> bool:
         return self.enabled and self.world_size is not None and self.world_size > 1 and self.rank is not None

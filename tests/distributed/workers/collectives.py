@@ -9,8 +9,13 @@ import torch
 import torch.distributed as dist
 from common import Worker
 
+# The device starts before the group: it joins JAX's multi-process runtime from torchrun's
+# environment (the other workers create the group first, which joins it).
+early = torch.ones(3, device="tpu")
 w = Worker()
 rank, world = w.rank, w.world
+dist.all_reduce(early)
+w.same(early, torch.full((3,), 2.0), "all_reduce of a tensor made before init_process_group")
 R = dist.ReduceOp
 g = torch.Generator().manual_seed(1000 + rank)
 

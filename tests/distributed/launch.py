@@ -50,6 +50,7 @@ def checks_passed(done, nproc: int = 2) -> list[int]:
     """Each rank's count of passed checks (the run must have succeeded on every rank)."""
     output = f"exit {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr[-20000:]}"
     assert done.returncode == 0, output
-    counts = {int(r): int(n) for r, n in re.findall(r"^rank (\d+) ok (\d+)$", done.stdout, re.M)}
+    # (not anchored to lines: the ranks share one stdout, and their lines can run together)
+    counts = {int(r): int(n) for r, n in re.findall(r"rank (\d+) ok (\d+)(?!\d)", done.stdout)}
     assert sorted(counts) == list(range(nproc)), output
     return [counts[r] for r in range(nproc)]

@@ -16,6 +16,7 @@ The package is layered; each layer imports only the public names of those below 
 - ``execution``: how ops run (eager modes, fused graphs, traces of compiled programs);
 - ``ops``: the lowering table and the dispatcher that installs it;
 - ``frontends``: ``torch.compile(backend="tpu")`` and export to StableHLO;
+- ``distributed``: the ``"tpu_dist"`` process-group backend (XLA collectives across processes);
 - ``integrations``: the parts of PyTorch and its ecosystem taught about tpu (autocast,
   ``Module.to``, serialization, pinned memory, Accelerate);
 - ``demo`` and ``testing``: a small GPT and its corpus, and the Hugging Face model zoo used by
@@ -111,6 +112,9 @@ def _register() -> None:
         from .integrations import install
 
         install()
+        from . import distributed
+
+        distributed.register()  # the "tpu_dist" process-group backend
         _registered = True
 
 

@@ -44,3 +44,16 @@ static_generation: bool = os.environ.get("TORCH_TPU_STATIC_GENERATION", "1").str
     "no",
     "off",
 )
+#: ``TORCH_TPU_DISTRIBUTED=0``: processes launched as ranks of a job (``RANK``/``WORLD_SIZE`` in
+#: the environment) stay one-process JAX runtimes when they use tpu before any ``tpu_dist`` group.
+distributed: bool = os.environ.get("TORCH_TPU_DISTRIBUTED", "1").strip().lower() not in (
+    "0",
+    "false",
+    "no",
+    "off",
+)
+#: ``TORCH_TPU_COORDINATOR_PORT``: the port of JAX's multi-process coordinator on ``MASTER_ADDR``
+#: (default ``MASTER_PORT + 1``).
+coordinator_port: int | None = (
+    int(os.environ["TORCH_TPU_COORDINATOR_PORT"]) if os.environ.get("TORCH_TPU_COORDINATOR_PORT") else None
+)

@@ -37,6 +37,7 @@ from .import_hooks import after_import
 RUNTIME_PATHS = (
     "__init__.py",
     "_autoload.py",
+    "_loader.py",
     "config.py",
     "device.py",
     "runtime/",
@@ -44,6 +45,7 @@ RUNTIME_PATHS = (
     "ops/",
     "frontends/",
     "integrations/",
+    "distributed/",
 )
 
 #: Runtime functions (qualified names) that call back into user code: ``backward()`` runs the

@@ -40,6 +40,9 @@ forked_child = False
 #: "executables_built" (every executable JAX builds: compiled by XLA or read from the persistent
 #: cache) and "disk_hits" (read from the cache), counted from the device's start.
 compile_events: collections.Counter = collections.Counter()
+#: Called with JAX imported, before JAX starts its backend (the one moment at which JAX's
+#: multi-process runtime can still be joined: ``torch_tpu.distributed`` adds its start here).
+before_start: list = []
 
 FORKED_MESSAGE = (
     "Cannot use the tpu device in a forked subprocess: the parent process had already started "
@@ -76,6 +79,8 @@ def initialize() -> None:
             if config.platform not in _PLATFORM_ALIASES:
                 raise ValueError(f"TORCH_TPU_PLATFORM must be one of cpu, gpu, tpu; got {config.platform!r}")
             jax.config.update("jax_platforms", _PLATFORM_ALIASES[config.platform])
+        for hook in before_start:
+            hook()
         if config.cache_dir and not jax.config.jax_compilation_cache_dir:
             # Every compiled executable (strict eager's per-op ones, fused graphs, compiled
             # models) persists, so a second process skips XLA compilation for what it has seen.

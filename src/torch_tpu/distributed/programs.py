@@ -1,0 +1,112 @@
+"""The collectives as XLA programs: each is a jitted ``shard_map`` over a one-axis mesh of the
+group's devices (one per rank, in group rank order), so XLA's own collectives (``psum``,
+``all_gather``, ``psum_scatter``, ``all_to_all``, ``ppermute``) carry the data. Every rank calls
+the same program with its local block (an array of at least one dimension, on its device) and
+gets its own block of the result back. Programs are cached per kind, mesh and static options;
+shapes and dtypes are ``jax.jit``'s own cache.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+AXIS = "ranks"
+
+#: reductions XLA has as collectives (on bool, sum is "any rank true" and product "all true",
+#: as NCCL reduces bool)
+_NATIVE = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
+_BOOL = {"sum": "max", "product": "min", "max": "max", "min": "min"}
+#: reductions applied to every rank's block, in rank order, after an all_gather
+_GATHERED = {
+    "product": jnp.multiply,
+    "band": jnp.bitwise_and,
+    "bor": jnp.bitwise_or,
+    "bxor": jnp.bitwise_xor,
+}
+
+
+def _reduce(x, op: str, n: int, factor):
+    """The all-reduce of ``x`` over the axis (``op`` as in ``ReduceOp``, lower case)."""
+    if x.dtype == jnp.bool_ and op in _BOOL:
+        op = _BOOL[op]
+    if op == "premul_sum":
+        return jax.lax.psum(x * factor.astype(x.dtype), AXIS)
+    if op == "avg":
+        return (jax.lax.psum(x, AXIS) / n).astype(x.dtype)
+    if op in _NATIVE:
+        return _NATIVE[op](x, AXIS)
+    blocks = jax.lax.all_gather(x, AXIS)
+    return functools.reduce(_GATHERED[op], [blocks[i] for i in range(n)])
+
+
+def _bits(dtype) -> np.dtype:
+    return np.dtype(f"uint{np.dtype(dtype).itemsize * 8}")
+
+
+def _body(kind: str, n: int, option):
+    if kind == "all_reduce":
+        return lambda x, factor: _reduce(x, option, n, factor)
+    if kind == "reduce_scatter":
+
+        def reduce_scatter(x, factor):
+            if option in ("sum", "avg", "premul_sum") and x.dtype != jnp.bool_:
+                if option == "premul_sum":
+                    x = x * factor.astype(x.dtype)
+                out = jax.lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True)
+                return (out / n).astype(x.dtype) if option == "avg" else out
+            k = x.shape[0] // n
+            return jax.lax.dynamic_slice_in_dim(
+                _reduce(x, option, n, factor), jax.lax.axis_index(AXIS) * k, k
+            )
+
+        return reduce_scatter
+    if kind == "all_gather":
+        return lambda x: jax.lax.all_gather(x, AXIS, axis=0, tiled=True)
+    if kind == "all_to_all":
+        return lambda x: jax.lax.all_to_all(x, AXIS, 0, 0, tiled=True)
+    if kind == "broadcast":
+        # Exact for every dtype: the root's bits, summed with zeros from every other rank.
+        def broadcast(x):
+            bits = jax.lax.bitcast_convert_type(x, _bits(x.dtype)) if x.dtype != jnp.bool_ else x
+            mine = jnp.where(jax.lax.axis_index(AXIS) == option, bits, jnp.zeros_like(bits))
+            total = jax.lax.psum(mine, AXIS) if x.dtype != jnp.bool_ else jax.lax.pmax(mine, AXIS)
+            return jax.lax.bitcast_convert_type(total, x.dtype) if x.dtype != jnp.bool_ else total
+
+        return broadcast
+    if kind == "permute":
+        return lambda x: jax.lax.ppermute(x, AXIS, perm=list(option))
+    raise ValueError(f"unknown collective program {kind!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def _program(kind: str, devices: tuple, option):
+    mesh = Mesh(np.array(devices), (AXIS,))
+    body = _body(kind, len(devices), option)
+    takes_factor = kind in ("all_reduce", "reduce_scatter")
+    in_specs = (P(AXIS), P()) if takes_factor else P(AXIS)
+    program = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=P(AXIS)))
+    return mesh, program
+
+
+def run(kind: str, devices: tuple, block: jax.Array, option=None, factor=None) -> jax.Array:
+    """This rank's block of collective ``kind`` over the ranks of ``devices``, given its block
+    ``block`` (at least one dimension, on this rank's device). ``option``: the reduction
+    (``all_reduce``, ``reduce_scatter``), the root's group rank (``broadcast``) or the
+    ``(source, destination)`` pairs (``permute``); ``factor``: the ``premul_sum`` factor."""
+    mesh, program = _program(kind, devices, option)
+    n = len(devices)
+    whole = jax.make_array_from_single_device_arrays(
+        (n * block.shape[0], *block.shape[1:]), NamedSharding(mesh, P(AXIS)), [block]
+    )
+    if kind in ("all_reduce", "reduce_scatter"):
+        args = (whole, jnp.asarray(1 if factor is None else factor))
+        out = program(*args)
+    else:
+        out = program(whole)
+    return out.addressable_shards[0].data

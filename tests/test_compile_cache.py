@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -18,9 +19,10 @@ from torch_tpu.frontends.compile import stored
 
 @pytest.fixture
 def stored_hits(tmp_path, monkeypatch):
-    """A fresh graph cache directory; the list records, per executable a compiled graph needed,
-    whether the store had it."""
+    """A fresh graph cache directory (and AOTAutograd cache directory); the list records, per
+    executable a compiled graph needed, whether the store had it."""
     monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     stored._cache.cache_clear()
     hits: list[bool] = []
     load = stored.load_executable
@@ -99,6 +101,9 @@ def step(idx, targets):
 idx = torch.randint(0, 32, (2, 8)).to("tpu")
 losses = [step(idx, idx).item() for _ in range(2)]
 weights = [p.detach().cpu().double().sum().item() for p in model.parameters()]
+_, loss = torch.compile(model, backend="tpu")(idx, idx)  # (the grads: a step zeroes its own)
+loss.backward()
+grads = [p.grad.cpu().double().sum().item() for p in model.parameters()]
 lookup = torch.compile(lambda i, w: torch.nn.functional.embedding(i, w).sum(), backend="tpu")
 table = torch.randn(4, 3, device="tpu")
 try:
@@ -107,8 +112,10 @@ try:
 except IndexError as e:
     error = str(e).splitlines()[0]
 stats = torch.tpu.compilation_cache_stats()
-print(json.dumps(dict(losses=losses, weights=weights, error=error, traced=traced,
-                      xla_compiles=stats["xla_compiles"], graphs=stats["compiled_graphs"])))
+aot = torch._dynamo.utils.counters["aot_autograd"]
+print(json.dumps(dict(losses=losses, weights=weights, grads=grads, error=error, traced=traced,
+                      xla_compiles=stats["xla_compiles"], graphs=stats["compiled_graphs"],
+                      aot_hits=aot["autograd_cache_hit"], aot_saved=aot["autograd_cache_saved"])))
 """
 
 
@@ -117,23 +124,99 @@ def test_a_second_process_reads_the_stored_graphs_and_computes_the_same(tmp_path
     fails: the second process traces nothing to run them (graphs with index checks are traced for
     the checks' callbacks when those are reported), compiles nothing, and gets identical values
     and the same error."""
-    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path))
-
-    def run() -> dict:
-        out = subprocess.run(
-            [sys.executable, "-c", _TRAINING], env=env, check=True, capture_output=True, text=True
-        ).stdout
-        return json.loads(out.splitlines()[-1])
-
-    first, second = run(), run()
+    first, second = (_run(_TRAINING, tmp_path) for _ in range(2))
     assert first["error"] and "index out of range" in first["error"].lower()
     assert first["xla_compiles"] > 0 and second["xla_compiles"] == 0
-    assert first["traced"] == first["graphs"] == second["graphs"] == 4
-    # only the graphs with index checks (the forward's embedding and cross-entropy, the lookup)
+    # the step's forward and backward, its optimizer update, the model's own forward and
+    # backward, the lookup: AOTAutograd's work is read back from its cache
+    assert first["aot_saved"] == second["aot_hits"] == 4 and second["aot_saved"] == 0
+    assert first["traced"] == first["graphs"] == second["graphs"] == 6
+    # only the graphs with index checks (the forwards' embedding and cross-entropy, the lookup)
     # are traced, abstractly, for their checks' callbacks when those are first reported
-    assert second["traced"] == 2
-    for name in ("losses", "weights", "error"):
+    assert second["traced"] == 3
+    for name in ("losses", "weights", "grads", "error"):
         assert second[name] == first[name]
+
+
+def _run(script: str, cache: pathlib.Path, *args: str, **env: str) -> dict:
+    """The last line of ``script``'s output (JSON), run in a fresh process with the caches
+    (ours and AOTAutograd's) under ``cache``."""
+    caches = {"TORCH_TPU_CACHE_DIR": str(cache / "tpu"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
+    env = {**os.environ, **caches, **env}
+    out = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+_VARIANTS = """
+import contextlib, json, sys, torch, torch_tpu
+from torch._dynamo.utils import counters
+
+x, w = torch.randn(4, 8), torch.randn(8, 3)
+# name -> (x, w, the tpu device, the context of the call)
+variants = {
+    "same": (x, w, "tpu", contextlib.nullcontext),
+    "dtype": (x.double(), w.double(), "tpu", contextlib.nullcontext),
+    "shape": (torch.randn(5, 8), w, "tpu", contextlib.nullcontext),
+    "strides": (torch.randn(8, 4).t(), w, "tpu", contextlib.nullcontext),
+    "requires_grad": (x, w.clone().requires_grad_(), "tpu", contextlib.nullcontext),
+    "device": (x, w, "tpu:1", contextlib.nullcontext),
+    "autocast": (x, w, "tpu", lambda: torch.autocast("tpu", dtype=torch.bfloat16)),
+    "precision": (x, w, "tpu", lambda: _precision("medium")),
+    "eager_mode": (x, w, "tpu", lambda: torch_tpu.eager_mode("fused")),
+}
+reference_context = {"autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}
+
+@contextlib.contextmanager
+def _precision(name):
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(name)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+f = lambda x, w: (x @ w).relu() * 2
+results = {}
+for name in sys.argv[1:]:
+    x, w, device, context = variants[name]
+    torch._dynamo.reset()  # (Dynamo and AOTAutograd run again: their cache is on disk)
+    before = dict(counters["aot_autograd"])
+    with context():
+        got = torch.compile(f, backend="tpu")(x.to(device), w.to(device))
+        got = got.detach().cpu()
+    with reference_context.get(name, contextlib.nullcontext)():
+        expected = f(x, w).detach()
+    torch.testing.assert_close(got, expected)
+    after = counters["aot_autograd"]
+    results[name] = {k: after[k] - before.get(k, 0) for k in ("autograd_cache_hit", "autograd_cache_saved")}
+print(json.dumps(results))
+"""
+#: (the precision last: setting it back leaves PyTorch's CUDA matmul setting, part of its keys,
+#: different from never having set it)
+_OTHERS = ("dtype", "shape", "strides", "requires_grad", "device", "autocast", "eager_mode", "precision")
+
+
+def test_aotautograd_reuses_a_stored_graph_only_for_the_same_call(tmp_path):
+    """PyTorch's AOTAutograd cache hands a later process our compiled graph (without its
+    executables) for the same call, and never when the inputs' dtype, shape, strides,
+    requires_grad or device, the autocast state, the float32 matmul precision or the eager mode
+    differ; every result equals CPU's."""
+    two_devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    assert _run(_VARIANTS, tmp_path, "same", **two_devices) == {
+        "same": {"autograd_cache_hit": 0, "autograd_cache_saved": 1}
+    }
+    later = _run(_VARIANTS, tmp_path, "same", *_OTHERS, **two_devices)
+    assert later.pop("same") == {"autograd_cache_hit": 1, "autograd_cache_saved": 0}
+    assert later == {name: {"autograd_cache_hit": 0, "autograd_cache_saved": 1} for name in _OTHERS}
+
+
+def test_no_persistent_cache_means_no_aotautograd_entries(tmp_path):
+    """``TORCH_TPU_CACHE_DIR=0``: AOTAutograd's cache is neither read nor written for our graphs."""
+    for _ in range(2):
+        result = _run(_VARIANTS, tmp_path, "same", TORCH_TPU_CACHE_DIR="0")
+        assert result == {"same": {"autograd_cache_hit": 0, "autograd_cache_saved": 0}}
+    assert not (tmp_path / "inductor" / "aotautograd").exists()
 
 
 def test_a_graph_with_value_checks_is_traced_again_not_stored(stored_hits):
@@ -168,7 +251,9 @@ print(torch.tpu.compilation_cache_stats()["disk_hits"], drawn)
 def test_random_ops_still_run_after_a_stored_program_is_read(tmp_path):
     """A read-back executable's argument types are unpickled copies: a typed key among them once
     made the next keys' PRNG implementation a copy, which ``jax.random.poisson`` refuses."""
-    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path))
+    env = dict(
+        os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")
+    )
     for _ in range(2):  # the second process reads the program back, then draws
         out = subprocess.run(
             [sys.executable, "-c", _COMPILE_THEN_POISSON], env=env, capture_output=True, text=True

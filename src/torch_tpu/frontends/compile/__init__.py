@@ -24,14 +24,21 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import hashlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch._inductor.output_code import OutputCode
 
-from ...execution import fused
+from ... import config
+from ...execution import fused, modes
 from ...integrations import dynamo
+from ...runtime import precision
 from ...runtime.lru import LRU
+from . import stored
 from .program import Program, tensor_text
 
 __all__ = ["backend", "Program", "bucket_size", "pad_to_bucket"]
@@ -41,24 +48,76 @@ __all__ = ["backend", "Program", "bucket_size", "pad_to_bucket"]
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def _boxed(program: Program) -> Callable:
-    """AOTAutograd's calling convention: one list of arguments, which the callee empties so the
-    caller's references (saved activations) die as early as possible."""
+class CompiledGraph(OutputCode):
+    """One of AOTAutograd's graphs (forward, backward or inference) compiled for tpu, in the form
+    PyTorch's AOTAutograd cache stores: it pickles as its graph (:meth:`Program.__reduce__`), so a
+    later process reads AOTAutograd's work back instead of tracing the model again, and finds the
+    executables in our own store (:mod:`.stored`)."""
 
-    def run(args: list) -> Any:
+    def __init__(self, program: Program, kind: str):
+        self.program = program
+        self.kind = kind
+        # AOTAutograd's calling convention: one list of arguments, which the callee empties so
+        # the caller's references (saved activations) die as early as possible. (Set on the
+        # instance: the wrapper Dynamo puts around a backward copies only the instance's dict.)
+        self._boxed_call = True
+
+    def __call__(self, args: list) -> Any:
         values = list(args)
         args.clear()
-        return program(*values)
+        return self.program(*values)
 
-    run._boxed_call = True
-    return run
+    def prepare_for_serialization(self) -> None:
+        """Nothing to drop: the program pickles without its executables."""
+
+    def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
+        """Read back from the cache: named after the Dynamo graph compiled now."""
+        self.program.name = f"{_naming.name} ({self.kind})"
+
+
+#: the name of the Dynamo graph being compiled (for graphs read back from AOTAutograd's cache)
+_naming = threading.local()
 
 
 def _compiler(name: str, kind: str) -> Callable:
-    def compile_graph(graph_module: torch.fx.GraphModule, example_inputs) -> Callable:
-        return _boxed(Program(graph_module, f"{name} ({kind})"))
+    def compile_graph(graph_module: torch.fx.GraphModule, example_inputs) -> CompiledGraph:
+        return CompiledGraph(Program(graph_module, f"{name} ({kind})"), kind)
 
-    return compile_graph
+    if not config.cache_dir:  # no persistent cache: AOTAutograd's is not asked either
+        return compile_graph
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+
+    return SerializableAOTDispatchCompiler(CompiledGraph, compile_graph)
+
+
+@contextlib.contextmanager
+def _aot_cache() -> Iterator[None]:
+    """AOTAutograd's cache, set up for our graphs: entries that hold the graphs themselves
+    ("bundled"; unbundled ones point into Inductor's FX graph cache), the backward compiled
+    with the forward (so the entry is written while these settings hold), and keys that also
+    cover what our programs depend on (:func:`cache_key`)."""
+    with (
+        torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True),
+        torch.compiler.config.patch(cache_key_tag=f"{torch.compiler.config.cache_key_tag}|{cache_key()}"),
+    ):
+        yield
+
+
+def cache_key() -> str:
+    """Ours in AOTAutograd's cache keys (PyTorch's covers the graph, the inputs' shapes, strides,
+    dtypes, devices and requires_grad, grad mode, and its own versions and configs): torch_tpu's
+    sources and versions (:func:`.stored.environment`), the float32 matmul precision, the tpu
+    autocast state and the eager mode."""
+    text = repr(
+        (
+            stored.environment(),
+            precision.current(),
+            torch.is_autocast_enabled("tpu"),
+            torch.get_autocast_dtype("tpu"),
+            modes.get_eager_mode().value,
+        )
+    )
+    return "torch_tpu " + hashlib.sha256(text.encode()).hexdigest()
 
 
 # Dynamo frame id -> the placeholders (name, shape, dtype) of its last compiled graph
@@ -118,13 +177,15 @@ def backend(
     if options:
         raise RuntimeError(f"torch.compile(backend='tpu') takes no options; got {sorted(options)}")
     dynamo.refresh()  # (this module and the program's loaded after the device started)
-    name = _graph_name(graph_module)
-    return aot_autograd(
+    name = _naming.name = _graph_name(graph_module)
+    compile_graphs = aot_autograd(
         fw_compiler=_compiler(name, "forward"),
         bw_compiler=_compiler(name, "backward"),
         inference_compiler=_compiler(name, "inference"),
         keep_inference_input_mutations=True,
-    )(graph_module, example_inputs)
+    )
+    with _aot_cache() if config.cache_dir else contextlib.nullcontext():
+        return compile_graphs(graph_module, example_inputs)
 
 
 # ----------------------------------------------------------------------------- static shapes

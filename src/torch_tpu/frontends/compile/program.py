@@ -17,6 +17,7 @@ stored back, their old buffers donated to XLA so the update does not hold two co
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import sys
 import time
@@ -185,18 +186,27 @@ class Program:
     tpu tensors (CPU where the graph computed a CPU tensor).
     """
 
-    def __init__(self, graph_module: torch.fx.GraphModule, name: str = "graph"):
+    def __init__(
+        self, graph_module: torch.fx.GraphModule, name: str = "graph", host_outputs: list | None = None
+    ):
         self.graph_module = graph_module
         self.name = name
         self._traces = LRU()  # (layout, matmul precision) -> _Trace
         self._executables = LRU()  # (layout, matmul precision), donated inputs -> _Executable
         self._last_layout: tuple | None = None
         outputs = next(n for n in graph_module.graph.nodes if n.op == "output").args[0]
-        self._host_outputs = [
-            _meta_device_is_host(getattr(o, "meta", {}).get("val"))
-            for o in torch.utils._pytree.tree_leaves(outputs)
-        ]
+        if host_outputs is None:
+            host_outputs = [
+                _meta_device_is_host(getattr(o, "meta", {}).get("val"))
+                for o in torch.utils._pytree.tree_leaves(outputs)
+            ]
+        self._host_outputs = host_outputs
         self._out_tree = torch.utils._pytree.tree_structure(outputs)
+
+    def __reduce__(self) -> tuple:
+        """Pickled as its graph (PyTorch's AOTAutograd cache stores it), node for node: the
+        executables are not, a process finds them in :mod:`.stored` under the graph's code."""
+        return _unpickle, (*_graph_state(self.graph_module), self.name, self._host_outputs)
 
     # ------------------------------------------------------------------ inputs
     def _gather(self, args) -> tuple[tuple, list, list]:
@@ -356,6 +366,66 @@ class Program:
         program = self._traceable(key[0], _Traced(), key[2])
         with precision.current_scope():
             return jax.jit(program).lower(_unused_key(), *values).as_text()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ref:
+    """A node's argument that is an earlier node (by position), in a pickled graph. (Not a
+    tuple: ``map_aggregate`` would take it apart.)"""
+
+    position: int
+
+
+class _Op(NamedTuple):
+    """An operator target in a pickled graph, by name (operators do not pickle)."""
+
+    name: str  # "aten::add.Tensor", "aten::sum" (default overload), "run_and_save_rng_state"
+
+
+def _graph_state(graph_module: torch.fx.GraphModule) -> tuple[list, dict]:
+    """The graph as picklable data: each node's op, name, target, arguments and source line, and
+    the attributes the graph reads. (``GraphModule`` pickles as its code, which is traced again
+    on loading: factory calls then become constants, and the graph, its code and its key in
+    :mod:`.stored` differ from the process that compiled it.)"""
+    position: dict[torch.fx.Node, int] = {}
+    nodes = []
+    for node in graph_module.graph.nodes:
+        target = node.target
+        if isinstance(target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+            target = _Op(target.name())
+        arguments = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: _Ref(position[n]))
+        nodes.append((node.op, node.name, target, arguments, node.meta.get("stack_trace")))
+        position[node] = len(position)
+    attributes = {}
+    for node in graph_module.graph.find_nodes(op="get_attr"):
+        value = graph_module
+        for name in node.target.split("."):
+            value = getattr(value, name)
+        attributes[node.target] = value
+    return nodes, attributes
+
+
+def _operator(op: _Op) -> Callable:
+    namespace, _, name = op.name.rpartition("::")
+    if not namespace:
+        return getattr(torch.ops.higher_order, name)
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+
+
+def _unpickle(nodes: list, attributes: dict, name: str, host_outputs: list) -> Program:
+    graph = torch.fx.Graph()
+    made: list[torch.fx.Node] = []
+    for op, node_name, target, arguments, stack_trace in nodes:
+        args, kwargs = torch.fx.node.map_aggregate(
+            arguments, lambda a: made[a.position] if isinstance(a, _Ref) else a
+        )
+        target = _operator(target) if isinstance(target, _Op) else target
+        node = graph.create_node(op, target, tuple(args), dict(kwargs), name=node_name)
+        if stack_trace:
+            node.meta["stack_trace"] = stack_trace
+        made.append(node)
+    return Program(torch.fx.GraphModule(attributes, graph), name, host_outputs)
 
 
 def _lower(staged: jax.stages.Traced, values: list, donated: tuple[int, ...]) -> jax.stages.Lowered:

@@ -87,6 +87,22 @@ def _graph_text(graph_module: torch.fx.GraphModule) -> str:
     return "\n".join(parts)
 
 
+def environment() -> tuple:
+    """What every compiled program depends on besides its graph and its call: torch_tpu's
+    sources, the versions, the XLA device, the switches that change lowerings."""
+    return (
+        FORMAT,
+        _sources(),
+        torch.__version__,
+        jax.__version__,
+        jaxlib.__version__,
+        str(platform.device().platform),
+        getattr(platform.device(), "device_kind", ""),
+        jax.config.jax_enable_x64,
+        config.check_meta,
+    )
+
+
 def key(
     graph_module: torch.fx.GraphModule, host_outputs: list, layout: tuple, args: tuple, matmul: Any
 ) -> str | None:
@@ -95,15 +111,7 @@ def key(
         return None
     text = repr(
         (
-            FORMAT,
-            _sources(),
-            torch.__version__,
-            jax.__version__,
-            jaxlib.__version__,
-            str(platform.device().platform),
-            getattr(platform.device(), "device_kind", ""),
-            jax.config.jax_enable_x64,
-            config.check_meta,
+            *environment(),
             matmul,
             layout,
             tuple(a.requires_grad if isinstance(a, torch.Tensor) else None for a in args),

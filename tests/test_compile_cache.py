@@ -260,3 +260,20 @@ def test_random_ops_still_run_after_a_stored_program_is_read(tmp_path):
         )
         assert out.returncode == 0, out.stderr[-2000:]
     assert int(out.stdout.split()[0]) > 0  # the program did come from the store
+
+
+def _with_subgraph(body) -> torch.fx.GraphModule:
+    """A graph reading a nested GraphModule attribute (as ``torch.cond``'s branches are held)."""
+    root = torch.nn.Module()
+    root.branch = torch.fx.symbolic_trace(body)
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(torch.add, (graph.get_attr("branch"), x)))
+    return torch.fx.GraphModule(root, graph)
+
+
+def test_subgraphs_with_other_bodies_are_other_programs():
+    doubled = stored._graph_text(_with_subgraph(lambda t: t * 2))
+    tripled = stored._graph_text(_with_subgraph(lambda t: t * 3))
+    assert doubled != tripled
+    assert doubled == stored._graph_text(_with_subgraph(lambda t: t * 2))

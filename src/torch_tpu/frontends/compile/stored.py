@@ -82,6 +82,10 @@ def _graph_text(graph_module: torch.fx.GraphModule) -> str:
             parts.append(
                 f"{node.target}: {value.dtype}{list(value.shape)} {hashlib.sha256(data).hexdigest()}"
             )
+        elif isinstance(value, torch.fx.GraphModule):  # a subgraph (``torch.cond``'s branches)
+            parts.append(f"{node.target}: {{\n{_graph_text(value)}\n}}")
+        elif isinstance(value, torch.nn.Module):  # its repr omits its state: this process only
+            parts.append(f"{node.target}: {type(value).__qualname__} at {id(value)}")
         else:
             parts.append(f"{node.target}: {value!r}")
     return "\n".join(parts)

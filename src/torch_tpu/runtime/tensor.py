@@ -374,7 +374,7 @@ def read(t: torch.Tensor) -> jax.Array:
 def _addressing_strides(shape: tuple, strides: tuple) -> tuple:
     """``strides`` with those of size-1 dims, which address nothing, made row-major's: the last
     token of a growing sequence, ``ids[:, -1:]``, is then one view geometry at every length."""
-    return tuple(r if n == 1 else s for n, s, r in zip(shape, strides, _row_major(shape)))
+    return tuple(r if n == 1 else s for n, s, r in zip(shape, strides, row_major_strides(shape)))
 
 
 # ----------------------------------------------------------------------------- appends
@@ -384,8 +384,7 @@ SMALLEST_CAPACITY = 64
 
 @functools.partial(jax.jit, static_argnums=1)
 def _append(buf: jax.Array, capacity: int, length: jax.Array, *tails: jax.Array) -> jax.Array:
-    flat = buf.reshape(-1)
-    flat = flat[:capacity] if flat.size >= capacity else jnp.pad(flat, (0, capacity - flat.size))
+    flat = _resized(buf, capacity)
     tail = jnp.concatenate([cast(t, flat.dtype).reshape(-1) for t in tails])
     return lax.dynamic_update_slice(flat, tail, (length,))
 
@@ -405,12 +404,13 @@ def append(head: torch.Tensor, tails: list[torch.Tensor], shape: list[int]) -> t
     return _new_tensor(shape, head.dtype, value)  # (the storage's size: all its room)
 
 
-def _row_major(shape) -> list[int]:
+def row_major_strides(shape) -> tuple:
+    """PyTorch's contiguous strides for ``shape`` (see :func:`is_row_major`)."""
     strides, step = [], 1
     for n in reversed(shape):
         strides.append(step)
         step *= max(n, 1)
-    return strides[::-1]
+    return tuple(reversed(strides))
 
 
 def read_resolved(t: torch.Tensor) -> jax.Array:

@@ -466,7 +466,8 @@ def _arguments(layout: tuple, storages: list) -> list:
             args.append(t._neg_view() if neg else t)
         elif spec[0] == _HOST:
             _, index, shape, dtype = spec
-            args.append(tensor.over_storage(storages[index], shape, _contiguous(shape), 0, dtype))
+            strides = tensor.row_major_strides(shape)
+            args.append(tensor.over_storage(storages[index], shape, strides, 0, dtype))
         else:
             args.append(spec[1])
     return args
@@ -495,14 +496,6 @@ def _outputs(flat: list, host_outputs: list, storages: list) -> tuple[list, list
             _Output(kind, index, tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, host)
         )
     return specs, values
-
-
-def _contiguous(shape) -> tuple:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 #: References to a storage value while a program is called: the storage's attribute, the list

@@ -14,6 +14,8 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Generator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice_ops.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/GeneratorImpl.h>
@@ -438,7 +440,25 @@ void install(py::object callbacks, int device_count) {
   c10::SetAllocator(kTpu, &g_allocator);
 }
 
+// scaled_dot_product_attention asks this stub which kernel runs; the answer is the tpu kernel of
+// aten::_fused_sdp_choice, in Python (ops/nn.py)
+int64_t fusedSdpChoice(
+    const at::Tensor& query,
+    const at::Tensor& key,
+    const at::Tensor& value,
+    const std::optional<at::Tensor>& attn_mask,
+    double dropout_p,
+    bool is_causal,
+    std::optional<double> scale,
+    bool enable_gqa) {
+  return at::_ops::_fused_sdp_choice::call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
 }  // namespace
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &fusedSdpChoice)
+}  // namespace at::native
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_tpu's C++ runtime core (hooks, device guard, device allocator)";

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..runtime import tensor
+from ..runtime import platform, tensor
 from ..runtime.buffer import apply
 from ..runtime.precision import matmul_precision
 from ..runtime.random import next_key
@@ -779,11 +779,32 @@ def native_dropout_backward(grad, mask, scale, *, types):
 def fused_sdp_choice(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
 ) -> int:
-    """The fused kernel below whenever the user leaves it enabled, else PyTorch's math path."""
+    """The fused kernel below whenever the user leaves it enabled and it computes what the math
+    path would; PyTorch's math path for the rest, which raises PyTorch's errors for bad input
+    (heads that do not match, a mask of another shape, integer inputs)."""
     backend = torch.nn.attention.SDPBackend
-    if torch._C._get_overrideable_sdp_enabled():
-        return int(backend.OVERRIDEABLE)
-    return int(backend.MATH)
+    fused = torch._C._get_overrideable_sdp_enabled() and _fused_attention_fits(
+        query, key, value, attn_mask, enable_gqa
+    )
+    return int(backend.OVERRIDEABLE if fused else backend.MATH)
+
+
+def _fused_attention_fits(query, key, value, attn_mask, enable_gqa: bool) -> bool:
+    if not query.is_floating_point() or query.dim() < 2 or not query.dim() == key.dim() == value.dim():
+        return False
+    if query.dim() >= 3:
+        heads = query.shape[-3]
+        for t in (key, value):
+            if t.shape[-3] != heads and not (enable_gqa and heads % t.shape[-3] == 0):
+                return False
+    if attn_mask is None:
+        return True
+    try:
+        batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+        scores = batch + (query.shape[-2], key.shape[-2])
+        return torch.broadcast_shapes(attn_mask.shape, scores) == scores
+    except RuntimeError:
+        return False
 
 
 @jax.jit
@@ -795,9 +816,10 @@ def _pack_key(key) -> jax.Array:
 
 
 @functools.cache
-def _zero_offset() -> jax.Array:
-    """``philox_offset``: always 0 (each call draws a fresh key instead)."""
-    return jnp.zeros((), jnp.int64)
+def _zero(index: int) -> jax.Array:
+    """``philox_offset`` (always 0: each call draws a fresh key instead), and the seed of a call
+    without dropout, which draws none; committed to ``tpu:index``, as every value we hold."""
+    return jax.device_put(jnp.zeros((), jnp.int64), platform.jax_device(index))
 
 
 def _unpack_key(seed):
@@ -807,10 +829,10 @@ def _unpack_key(seed):
 def _attention(q, k, v, bias, seed, dropout_p, is_causal, scale):
     """(output, logsumexp). Grouped-query attention (fewer key/value heads) repeats the
     key/value heads; fully masked rows give zeros, as PyTorch's math path does."""
-    compute = compute_dtype(q.dtype)
+    dtype, compute = q.dtype, compute_dtype(q.dtype)
     matmul = matmul_precision(compute)
     q, k, v = (t.astype(compute) for t in (q, k, v))
-    if q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
+    if q.ndim >= 3:
         k, v = (jnp.repeat(t, q.shape[-3] // t.shape[-3], axis=-3) for t in (k, v))
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = jnp.einsum("...ld,...sd->...ls", q, k, precision=matmul) * scale
@@ -829,7 +851,7 @@ def _attention(q, k, v, bias, seed, dropout_p, is_causal, scale):
         weights = _dropout(weights, dropout_p, _unpack_key(seed))[0]
     out = jnp.einsum("...ls,...sd->...ld", weights, v, precision=matmul)
     logsumexp = (jnp.log(sums) + row_max)[..., 0]
-    return out.astype(q.dtype), logsumexp.astype(jnp.float32)
+    return out.astype(dtype), logsumexp.astype(jnp.float32)
 
 
 _attention_forward = jax.jit(_attention, static_argnums=(5, 6, 7))
@@ -840,7 +862,8 @@ def scaled_dot_product_fused_attention(
     query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None
 ):
     """A runtime entry only because the schema also returns ints (max_q, max_k)."""
-    seed = apply(_pack_key, next_key())
+    index = tensor.device_index(query)
+    seed = apply(_pack_key, next_key(None, index)) if dropout_p > 0 else _zero(index)
     bias = None if attn_bias is None else tensor.read(attn_bias)
     out, logsumexp = apply(
         _attention_forward,
@@ -861,7 +884,7 @@ def scaled_dot_product_fused_attention(
         query.shape[-2],
         key.shape[-2],
         tensor.wrap(seed),
-        tensor.wrap(_zero_offset()),
+        tensor.wrap(_zero(index)),
         None,
     )
 

@@ -289,14 +289,24 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         if runs is Runs.TRACED
         else (lambda f: f)
     )
-    fn = jit(entry.fn)
+    # Scalars left at their schema default (``alpha=1``) reach the lowering as a constant of
+    # its program, not as a device scalar input: one input less to convert, pass and record
+    defaulted = [
+        (i, d)
+        for i, (k, d) in enumerate(zip(kinds, binder.defaults))
+        if k == _SCALAR and i not in static_pos and type(d) in (int, float) and d != 0
+    ]
+    if entry.check is not None or entry.runs is not Runs.TRACED:  # (a check sees the values)
+        defaulted = []
+    lowering = _with_defaults(entry.fn, defaulted) if defaulted else entry.fn
+    fn = jit(lowering)
     by_types: dict[Types, Callable] = {}
 
     def fn_for(types: Types) -> Callable:
         # one jitted function per promoted dtype pair: cheaper than a static keyword per call
         typed = by_types.get(types)
         if typed is None:
-            typed = by_types[types] = jit(functools.partial(entry.fn, types=types))
+            typed = by_types[types] = jit(functools.partial(lowering, types=types))
         return typed
 
     promote_pos = None
@@ -357,6 +367,10 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             generator, values[i] = values[i], None
         if draws_key:
             extra["key"] = random.next_key(generator, index)
+        for i, default in defaulted:
+            value = values[i]
+            if type(value) is type(default) and value == default:
+                values[i] = None  # (what ``_with_defaults`` puts back, in the trace)
         for i, convert in converters:
             values[i] = convert(values[i], index)
         ctx = context
@@ -394,6 +408,19 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             raise translated from e
 
     return compute, binder
+
+
+def _with_defaults(fn: Callable, defaulted: list[tuple[int, Any]]) -> Callable:
+    """``fn`` given ``default`` for each positional argument passed as None."""
+
+    def run(*values, **kwargs):
+        values = list(values)
+        for i, default in defaulted:
+            if values[i] is None:
+                values[i] = default
+        return fn(*values, **kwargs)
+
+    return functools.wraps(fn)(run)
 
 
 def _common_dtype(kind, promote_pos) -> Callable:

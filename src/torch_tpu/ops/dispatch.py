@@ -843,10 +843,14 @@ def _kernel(entry: Lowering, compute: Callable) -> Callable:
     return checked(entry.op, _routed_by_device(entry.op, _functional_kernel(entry, compute)))
 
 
-def kernel_of(entry: Lowering) -> Callable:
+def kernel_of(entry: Lowering, check_meta: bool = True) -> Callable:
     """The tpu kernel of a lowering that is not in the table: a user's op
-    (``torch_tpu.pallas.jax_op``), which then runs, records and traces like an ATen op."""
-    return _kernel(entry, _compute_fn(entry)[0])
+    (``torch_tpu.pallas.jax_op``), which then runs, records and traces like an ATen op.
+    (``check_meta=False`` for an op that reaches it from its meta call: one with no tensors.)"""
+    compute = _compute_fn(entry)[0]
+    if not check_meta:
+        return _routed_by_device(entry.op, _functional_kernel(entry, compute))
+    return _kernel(entry, compute)
 
 
 def install() -> None:

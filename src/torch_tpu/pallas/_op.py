@@ -326,7 +326,9 @@ def _define(name: str, schema: str, lowering: Callable, donate: tuple[str, ...] 
     late: dict = {}
     op_def = torch.library.custom_op(name, _refusing(name, late), mutates_args=(), schema=schema)
     op = op_def._opoverload
-    tpu = dispatch.kernel_of(Lowering(op, lowering, donate=donate, custom=True, family="pallas"))
+    takes_tensors = any("Tensor" in str(a.type) for a in op._schema.arguments)
+    entry = Lowering(op, lowering, donate=donate, custom=True, family="pallas")
+    tpu = dispatch.kernel_of(entry, check_meta=takes_tensors)
     if not op._schema.returns:
         run = tpu
 
@@ -334,7 +336,7 @@ def _define(name: str, schema: str, lowering: Callable, donate: tuple[str, ...] 
             run(*args, **kwargs)
 
     late.update(names=[a.name for a in op._schema.arguments], kernel=tpu)
-    if any("Tensor" in str(a.type) for a in op._schema.arguments):  # (else the default runs it)
+    if takes_tensors:  # (else the default kernel runs it)
         op_def.register_kernel("tpu", tpu)
     op_def.register_fake(_fake(op, lowering))
     return op_def

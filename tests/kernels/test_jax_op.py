@@ -4,6 +4,7 @@ the same computation in PyTorch on CPU."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -219,3 +220,8 @@ def test_custom_jax_kernel_still_works_but_is_deprecated():
     result = aliased(x, y)
     torch.testing.assert_close(x.cpu(), torch.arange(3.0) + 1)
     assert result is x
+
+
+def test_the_worked_example_in_docs_runs():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "kernels.md").read_text()
+    exec(compile(text.split("```python\n", 1)[1].split("```", 1)[0], "docs/kernels.md", "exec"), {})

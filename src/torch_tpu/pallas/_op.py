@@ -382,6 +382,9 @@ def _vjp_lowering(name: str, lowering: Callable, tensor_pos: list[int]) -> Calla
     return backward
 
 
+_SAVED = object()  # (in the backward's statics: a tensor input, among None and other values)
+
+
 def _register_vjp(op_def, sig: _Signature, lowering: Callable) -> None:
     """The op's backward: a second op whose lowering is ``jax.vjp`` of this one's (so compiled
     programs trace it like any op). ``register_autograd`` called later replaces it."""
@@ -398,14 +401,14 @@ def _register_vjp(op_def, sig: _Signature, lowering: Callable) -> None:
     )
 
     def setup_context(ctx, inputs, output):
-        ctx.statics = [None if isinstance(x, torch.Tensor) else x for x in inputs]
+        ctx.statics = [_SAVED if isinstance(x, torch.Tensor) else x for x in inputs]
         ctx.save_for_backward(*(x for x in inputs if isinstance(x, torch.Tensor)))
         outputs = output if isinstance(output, (tuple, list)) else (output,)
         ctx.outputs = [(o.shape, o.dtype, o.device) for o in outputs]
 
     def backward(ctx, *grads):
         saved = iter(ctx.saved_tensors)
-        inputs = [next(saved) if s is None else s for s in ctx.statics]
+        inputs = [next(saved) if s is _SAVED else s for s in ctx.statics]
         if len(grads) == 1 and isinstance(grads[0], (list, tuple)):  # (a Tensor[] output)
             grads = grads[0]
         grad_outputs = [

@@ -46,6 +46,8 @@ RUNTIME_PATHS = (
     "frontends/",
     "integrations/",
     "distributed/",
+    "pallas/",
+    "_internal/",
 )
 
 #: Runtime functions (qualified names) that call back into user code: ``backward()`` runs the

@@ -284,8 +284,9 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     runs = entry.runs
     # keep_unused: an op's result lives on its inputs' device even when it ignores their values
     # (``zeros_like``), as XLA would otherwise place a program with no used inputs on tpu:0
+    donate_pos = tuple(binder.names.index(n) for n in entry.donate)
     jit = (
-        functools.partial(jax.jit, static_argnums=static_pos, keep_unused=True)
+        functools.partial(jax.jit, static_argnums=static_pos, donate_argnums=donate_pos, keep_unused=True)
         if runs is Runs.TRACED
         else (lambda f: f)
     )
@@ -327,14 +328,18 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     ]
     generator_pos = [i for i, k in enumerate(kinds) if k == _GENERATOR]
     tensor_pos = [i for i, k in enumerate(kinds) if k in (_TENSOR, _TENSOR_LIST, _INDICES)]
-    dtype_guard = cpu_dtypes.guard(
-        op,
-        binder.names,
-        tensor_pos=[i for i, k in enumerate(kinds) if k == _TENSOR],
-        list_pos=[i for i, k in enumerate(kinds) if k == _TENSOR_LIST],
-        dtype_pos=[i for i, k in enumerate(kinds) if k == _DTYPE],
-        operand_pos=promote_pos,
-        common_dtype=None if promote_pos is None else _common_dtype(entry.promote, promote_pos),
+    dtype_guard = (
+        None
+        if entry.custom
+        else cpu_dtypes.guard(
+            op,
+            binder.names,
+            tensor_pos=[i for i, k in enumerate(kinds) if k == _TENSOR],
+            list_pos=[i for i, k in enumerate(kinds) if k == _TENSOR_LIST],
+            dtype_pos=[i for i, k in enumerate(kinds) if k == _DTYPE],
+            operand_pos=promote_pos,
+            common_dtype=None if promote_pos is None else _common_dtype(entry.promote, promote_pos),
+        )
     )
 
     def compute(args: tuple, kwargs: dict):
@@ -832,6 +837,18 @@ def current_device() -> int:
     return torch.accelerator.current_device_index()
 
 
+def _kernel(entry: Lowering, compute: Callable) -> Callable:
+    from .meta_check import checked  # TORCH_TPU_CHECK_META (a no-op unless switched on)
+
+    return checked(entry.op, _routed_by_device(entry.op, _functional_kernel(entry, compute)))
+
+
+def kernel_of(entry: Lowering) -> Callable:
+    """The tpu kernel of a lowering that is not in the table: a user's op
+    (``torch_tpu.pallas.jax_op``), which then runs, records and traces like an ATen op."""
+    return _kernel(entry, _compute_fn(entry)[0])
+
+
 def install() -> None:
     """Register every lowering (and its derived variants) on PrivateUse1. Strict: errors on
     lowerings of CompositeImplicitAutograd ops (autograd would bypass them) or of non-ATen ops."""
@@ -850,7 +867,7 @@ def install() -> None:
             continue
         # one compute (and so one set of compiled executables) serves the op and its variants
         compute, _ = _compute_fn(entry)
-        lib.impl(op, checked(op, _routed_by_device(op, _functional_kernel(entry, compute))), "PrivateUse1")
+        lib.impl(op, _kernel(entry, compute), "PrivateUse1")
         for variant, resize in _derived_variants(op):
             if variant in explicit or variant in DERIVED:
                 continue

@@ -97,6 +97,12 @@ class Lowering:
     # A faster way for some calls, tried first on the functional overload's tpu tensors: returns
     # the result, or None for the calls it does not cover (which then run ``fn``)
     shortcut: Callable | None = None
+    # Tensor arguments whose buffers strict eager donates to the computation (``jax.jit``'s
+    # ``donate_argnums``); graphs and compiled programs donate by their own rules
+    donate: tuple[str, ...] = ()
+    # A user's op (``torch_tpu.pallas.jax_op``): not an ATen overload, so no CPU kernel whose
+    # dtype refusals to mirror
+    custom: bool = False
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}

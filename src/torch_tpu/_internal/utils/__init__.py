@@ -1,0 +1,1 @@
+"""Upstream TorchTPU's ``_internal.utils`` (hardware discovery)."""

@@ -46,13 +46,17 @@ def _on_tpu() -> bool:
 
 
 @functools.cache
-def _prepare_interpret() -> None:
-    """Once per process: say so, and give the platform the interpreted chip's hardware facts
-    (``pltpu.get_tpu_info()`` inside a kernel)."""
+def prepare_interpret() -> None:
+    """Once per process off TPU: Pallas' TPU interpret mode becomes JAX's default (kernels built
+    outside a traced op, such as Helion's ``pl.kernel``, read it when they are made; on this
+    platform Pallas TPU kernels run no other way), the platform gets the interpreted chip's
+    hardware facts (``pltpu.get_tpu_info()`` in a kernel), and the log says so."""
     from jax._src.pallas.mosaic import tpu_info
+    from jax.experimental.pallas import tpu as pltpu
 
     from ..runtime import platform
 
+    pltpu.set_tpu_interpret_mode()
     chip = tpu_info.chip_version_from_device_kind(_JAX_INTERPRET_TARGET)
     tpu_info.registry.setdefault(platform.platform(), lambda: tpu_info.get_tpu_info_for_chip(chip, 1))
     _log.warning(
@@ -68,7 +72,7 @@ def interpret_mode() -> contextlib.AbstractContextManager:
     with the platform's own ops (part of JAX's jit cache key)."""
     if _on_tpu():
         return contextlib.nullcontext()
-    _prepare_interpret()
+    prepare_interpret()
     from jax.experimental.pallas import tpu as pltpu
 
     return pltpu.force_tpu_interpret_mode()
@@ -330,7 +334,8 @@ def _define(name: str, schema: str, lowering: Callable, donate: tuple[str, ...] 
             run(*args, **kwargs)
 
     late.update(names=[a.name for a in op._schema.arguments], kernel=tpu)
-    op_def.register_kernel("tpu", tpu)
+    if any("Tensor" in str(a.type) for a in op._schema.arguments):  # (else the default runs it)
+        op_def.register_kernel("tpu", tpu)
     op_def.register_fake(_fake(op, lowering))
     return op_def
 

@@ -72,10 +72,11 @@ def get_tpu_device_name() -> str:
     chips = _tpu_chips()
     if chips:
         return chips[0]
-    from ...pallas._op import INTERPRET_TARGET
+    from ...pallas._op import INTERPRET_TARGET, prepare_interpret
     from ...runtime import platform
 
     if platform.is_initialized() and platform.platform() != "tpu":
+        prepare_interpret()  # (the kernels about to be built for it are interpreted)
         return INTERPRET_TARGET
     return TpuVersion.UNKNOWN.value
 

@@ -138,6 +138,12 @@ def _initialize() -> None:
     from .integrations import dynamo
 
     dynamo.refresh()  # the modules just loaded are runtime too
+    from . import config
+
+    if config.flash_attention:
+        from .kernels import use_flash_attention
+
+        use_flash_attention(True)
 
 
 _register()

@@ -102,8 +102,8 @@ def test_use_flash_attention_routes_sdpa(forced):
         assert _routed(causal(*leaves))
         routed = torch_value_and_grads(causal, tpu, cotangent, wrt)
         assert not _routed(F.scaled_dot_product_attention(*leaves, dropout_p=0.5))  # dropout: math path
-        with pytest.raises(RuntimeError, match="attn_mask"):  # PyTorch's own refusal, unrouted
-            F.scaled_dot_product_attention(*tpu, attn_mask=tpu[0][0, 0, :, :7] > 0, is_causal=True)
+        both = F.scaled_dot_product_attention(*leaves, attn_mask=tpu[0][0, 0, :, :7] > 0, is_causal=True)
+        assert not _routed(both)  # a mask and is_causal: the composite
     assert not _routing.enabled()
     assert not _routed(causal(*leaves))
     assert_matches_composition(routed, causal, [q, k, v], cotangent, wrt)

@@ -1,11 +1,12 @@
 """``use_flash_attention``: ``F.scaled_dot_product_attention`` on tpu through the flash kernel.
 
-PyTorch picks a fused attention backend for a PrivateUse1 device through a C++ stub Python
-cannot register, so tpu's SDPA is the math decomposition (docs/limitations.md). The switch
-instead registers a kernel of ``aten::scaled_dot_product_attention`` itself for tpu (on the
-autograd key, and the plain one for inference mode) while it is on: calls the flash kernel
-covers go to :func:`torch_tpu.kernels.flash_attention`, with its own backward; every other call
-runs PyTorch's composite exactly as without the switch. Off, nothing is registered."""
+Without the switch, tpu's SDPA is one fused XLA kernel (``ops/nn.py``, chosen through PyTorch's
+``_fused_sdp_choice_stub``, which the C++ core registers). The switch registers a kernel of
+``aten::scaled_dot_product_attention`` itself for tpu (on the autograd key, and the plain one
+for inference mode) while it is on: calls the flash kernel covers go to
+:func:`torch_tpu.kernels.flash_attention`, with its own backward; every other call runs
+PyTorch's composite (and so the fused XLA kernel) exactly as without the switch. Off, nothing
+is registered."""
 
 from __future__ import annotations
 

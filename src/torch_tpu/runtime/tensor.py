@@ -341,8 +341,10 @@ def _flat_indices(shape, strides, offset):
 
 # The storage offset is a runtime argument, not part of the compiled program: views that differ
 # only in where they start (``x[i]``, a KV cache read at each position) share one executable.
+# Views at the start (None) need no offset input: most are (reshapes, transposes).
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _strided_read(buf: jax.Array, shape, strides, offset) -> jax.Array:
+    offset = 0 if offset is None else offset
     flat = buf.reshape(-1)
     numel = math.prod(shape)
     if numel == 0:
@@ -367,7 +369,8 @@ def read(t: torch.Tensor) -> jax.Array:
     shape, strides = tuple(shape), t.stride()
     if 1 in shape:
         strides = _addressing_strides(shape, strides)
-    return apply(_strided_read, buf, shape, strides, device_scalar(offset, device_index(t)))
+    start = device_scalar(offset, device_index(t)) if offset else None
+    return apply(_strided_read, buf, shape, strides, start)
 
 
 @cached

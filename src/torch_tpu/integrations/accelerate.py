@@ -61,12 +61,12 @@ def _patch(state_module) -> None:
         chosen, kind = vendor_prepare(self, cpu, sagemaker_dp, backend)
         launched = int(os.environ.get("LOCAL_RANK", -1)) != -1
         if kind == distributed_type.NO and launched and not cpu and _tpu_is_current():
-            self._torch_tpu = True
+            self._torch_tpu_distributed = True  # (in the shared state: set_device reads it)
             return backend or "tpu_dist", distributed_type.MULTI_CPU
         return chosen, kind
 
     def set_device(self) -> None:
-        if self.device is None and self.__dict__.get("_torch_tpu"):
+        if self.device is None and self.__dict__.get("_torch_tpu_distributed"):
             self.device = _tpu_device()
             return
         vendor_set_device(self)

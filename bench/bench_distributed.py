@@ -1,0 +1,279 @@
+"""The ``tpu_dist`` backend against gloo, side by side in one run: collective latency and
+bandwidth, and a DDP training step on one and two processes.
+
+- **collectives**: ``all_reduce`` (SUM), ``all_gather_into_tensor`` and ``reduce_scatter_tensor``
+  of float32 tensors from 4 KB to 64 MB, on ``tpu_dist`` (tpu tensors) and on gloo (the same
+  tensors on CPU), two ranks. Each round times a batch of calls on every rank from a common
+  start (a gloo barrier) to the last result being ready (``torch.tpu.synchronize``; gloo's CPU
+  collectives return done); a round's time is the slowest rank's. The two backends alternate
+  round by round (medians). The size is nccl-tests' (the per-rank buffer of ``all_reduce``, the
+  gathered output, the scattered input); ``busbw`` is nccl-tests' bus bandwidth: size / time,
+  times ``2(n-1)/n`` for ``all_reduce`` and ``(n-1)/n`` for the other two.
+- **DDP step**: one SGD step of the 4-layer GPT of ``bench_eager.py`` (batch 8 x 64 per process)
+  on tpu and on CPU: one process without DDP, then two processes under DDP (``tpu_dist`` /
+  gloo), each with its own batch of 8 (the work per process stays the same: on a machine with a
+  core per process the two-process step would take as long as the one-process step plus the
+  gradient all-reduce; on this 2-core stand-in each process also computes on fewer cores).
+
+Usage (the command launches its own ``torchrun`` jobs)::
+
+    python bench/bench_distributed.py              # everything (a few minutes)
+    python bench/bench_distributed.py --quick      # fewer rounds and sizes
+    python bench/bench_distributed.py --markdown   # the tables as Markdown, for docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+QUICK_SIZES = [4 << 10, 1 << 20, 16 << 20]
+OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"]
+#: bytes per round and backend: small sizes repeat within a round, large ones run once or twice
+BYTES_PER_ROUND = 8 << 20
+DDP_STEPS, DDP_WARMUP = 10, 3
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p + 1 free (torchrun's store, JAX's coordinator)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")
+
+
+# ----------------------------------------------------------------------------- worker side
+
+
+def _slowest(seconds: float, gloo) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, dist.ReduceOp.MAX, group=gloo)
+    return t.item()
+
+
+def _timed(fn, sync, calls: int, gloo) -> float:
+    """Seconds per call, from a common start to the slowest rank's last result."""
+    import torch.distributed as dist
+
+    dist.barrier(group=gloo)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return _slowest((time.perf_counter() - start) / calls, gloo)
+
+
+def _collective(op: str, size: int, device: str, group, world: int):
+    """A call of ``op`` on float32 tensors of ``size`` bytes (nccl-tests' size) on ``device``."""
+    import torch
+    import torch.distributed as dist
+
+    n = size // 4
+    if op == "all_reduce":
+        x = torch.ones(n, device=device)
+        return lambda: dist.all_reduce(x, group=group)
+    if op == "all_gather_into_tensor":
+        x, out = torch.ones(n // world, device=device), torch.empty(n, device=device)
+        return lambda: dist.all_gather_into_tensor(out, x, group=group)
+    x, out = torch.ones(n, device=device), torch.empty(n // world, device=device)
+    return lambda: dist.reduce_scatter_tensor(out, x, group=group)
+
+
+def run_collectives(sizes, rounds: int, gloo, world: int) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+
+    backends = {"tpu_dist": ("tpu", dist.group.WORLD, torch.tpu.synchronize), "gloo": ("cpu", gloo, _no_sync)}
+    rows = []
+    for op in OPS:
+        for size in sizes:
+            calls = max(1, min(50, BYTES_PER_ROUND // size))
+            fns = {
+                name: _collective(op, size, device, group, world)
+                for name, (device, group, _) in backends.items()
+            }
+            for name, fn in fns.items():  # warm up: compile, connect
+                _timed(fn, backends[name][2], 2, gloo)
+            samples: dict[str, list[float]] = {name: [] for name in backends}
+            for _ in range(rounds):
+                for name, fn in fns.items():
+                    samples[name].append(_timed(fn, backends[name][2], calls, gloo))
+            rows.append({"op": op, "size": size, **{n: statistics.median(s) for n, s in samples.items()}})
+    return rows
+
+
+def _no_sync() -> None:
+    pass
+
+
+def run_ddp(device: str, gloo) -> float:
+    """Median seconds per SGD step of the GPT (DDP when there are several processes)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from torch_tpu.demo.model import GPT, GPTConfig
+
+    config = GPTConfig(vocab_size=96, block_size=64, n_layer=4, n_head=4, n_embd=128)
+    torch.manual_seed(0)
+    model = GPT(config).to(device)
+    world = dist.get_world_size()
+    if world > 1:
+        model = DDP(model, process_group=None if device == "tpu" else gloo)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    idx = torch.randint(0, config.vocab_size, (8, config.block_size + 1), generator=g).to(device)
+    sync = torch.tpu.synchronize if device == "tpu" else _no_sync
+
+    def step():
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    for _ in range(DDP_WARMUP):
+        step()
+    return statistics.median(_timed(step, sync, 1, gloo) for _ in range(DDP_STEPS))
+
+
+def worker(args) -> None:
+    import warnings
+
+    import torch.distributed as dist
+
+    import torch_tpu  # noqa: F401  (registers tpu and "tpu_dist")
+
+    # torch 2.13 suggests *_single for the two *_tensor collectives (the same calls)
+    warnings.filterwarnings("ignore", category=FutureWarning, message=".*is deprecated. Please use")
+    dist.init_process_group("tpu_dist")
+    gloo = dist.new_group(backend="gloo")
+    world = dist.get_world_size()
+    result: dict = {"world": world}
+    if world > 1:
+        sizes = QUICK_SIZES if args.quick else SIZES
+        result["collectives"] = run_collectives(sizes, 3 if args.quick else 7, gloo, world)
+    result["ddp"] = {device: run_ddp(device, gloo) for device in ("tpu", "cpu")}
+    if dist.get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump(result, f)
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- launcher side
+
+
+def launch(nproc: int, quick: bool) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        command = [
+            sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+            "--master-addr=127.0.0.1", f"--master-port={_free_port_pair()}",
+            os.path.abspath(__file__), "--worker", "--out", out, *(["--quick"] if quick else []),
+        ]  # fmt: skip
+        subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        with open(out) as f:
+            return json.load(f)
+
+
+def _size(b: int) -> str:
+    return f"{b >> 20} MB" if b >= 1 << 20 else f"{b >> 10} KB"
+
+
+def _busbw(op: str, size: int, seconds: float, world: int) -> float:
+    factor = 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
+    return size / seconds * factor / 1e9
+
+
+def _time(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} us"
+
+
+COLLECTIVE_HEADER = [
+    "collective",
+    "size",
+    "tpu_dist",
+    "gloo",
+    "tpu_dist / gloo",
+    "busbw tpu_dist GB/s",
+    "busbw gloo GB/s",
+]
+DDP_HEADER = ["DDP (tpu: tpu_dist, cpu: gloo)", "1 process", "2 processes", "2 / 1"]
+
+
+def tables(one: dict, two: dict) -> list[tuple[list[str], list[list[str]]]]:
+    world = two["world"]
+    collectives = [
+        [
+            r["op"],
+            _size(r["size"]),
+            _time(r["tpu_dist"]),
+            _time(r["gloo"]),
+            f"{r['tpu_dist'] / r['gloo']:.2f}x",
+            f"{_busbw(r['op'], r['size'], r['tpu_dist'], world):.2f}",
+            f"{_busbw(r['op'], r['size'], r['gloo'], world):.2f}",
+        ]
+        for r in two["collectives"]
+    ]
+    ddp = [
+        [
+            f"GPT step, {device}",
+            _time(one["ddp"][device]),
+            _time(two["ddp"][device]),
+            f"{two['ddp'][device] / one['ddp'][device]:.2f}x",
+        ]
+        for device in ("tpu", "cpu")
+    ]
+    return [(COLLECTIVE_HEADER, collectives), (DDP_HEADER, ddp)]
+
+
+def print_tables(parts, markdown: bool) -> None:
+    for header, rows in parts:
+        if markdown:
+            print("| " + " | ".join(header) + " |")
+            print("|" + "---|" * len(header))
+            for r in rows:
+                print("| " + " | ".join(r) + " |")
+        else:
+            widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+            for r in [header, *rows]:
+                print("  ".join(x.ljust(w) for x, w in zip(r, widths)))
+        print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    start = time.time()
+    two = launch(2, args.quick)
+    one = launch(1, args.quick)
+    print(f"# bench_distributed ({time.time() - start:.0f} s, load average {os.getloadavg()[0]:.1f})")
+    print_tables(tables(one, two), args.markdown)
+
+
+if __name__ == "__main__":
+    main()

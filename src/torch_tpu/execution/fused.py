@@ -122,9 +122,25 @@ def _typed(x: Any) -> Any:
     kind = type(x)
     if kind is float:
         return (kind, repr(x))
-    if kind in (tuple, list):
-        return (kind, tuple(_typed(v) for v in x))
+    if kind is tuple or kind is list:
+        if set(map(type, x)) <= _INT:  # (shapes, strides, dims: ints are their own key)
+            return (kind, tuple(x))
+        return (kind, tuple(map(_typed, x)))
     return (kind, x)
+
+
+_INT = {int}
+
+
+#: Types of static arguments (shapes, dims, flags), told apart from arrays without isinstance
+_PLAIN = frozenset({int, float, bool, str, type(None)})
+_taints = checks._taints
+
+
+def _is_value(x: Any) -> bool:
+    """Whether ``x`` is an array or a deferred value (an input of the graph), not a static."""
+    kind = type(x)
+    return kind is Deferred or kind is _ARRAY or (kind not in _PLAIN and isinstance(x, jax.Array))
 
 
 def _abstract(spec: tuple, signature_iter) -> Any:
@@ -324,18 +340,20 @@ class Graph:
         self.index = index if continuing is None else continuing.index
 
     # ------------------------------------------------------------------ recording
-    def _spec(self, x: Any, signature: list, depends: set) -> tuple:
+    def _spec(self, x: Any, signature: list, depends: list) -> tuple:
         """How a node argument enters the graph; appends its abstract signature, and adds the
         checks its value depends on to ``depends``."""
         kind = type(x)
         if kind is Deferred:
             if x.value is None:  # (another graph's were computed first: _computed_elsewhere)
                 signature.append((x.shape, x.dtype, x.weak_type))
-                depends.update(self.taints[x.node])
+                taints = self.taints[x.node]
+                if taints:
+                    depends.extend(taints)
                 return (_NODE, x.node, x.index)
             x = x.value
             kind = type(x)
-        if kind is _ARRAY or isinstance(x, jax.Array):  # (the type test first: isinstance is slow)
+        if kind is _ARRAY or (kind not in _PLAIN and isinstance(x, jax.Array)):
             index = self.leaf_ids.get(id(x))
             # Scalars get a leaf per use: most are cached numbers (``transfer.device_scalar``,
             # one array per value), and sharing leaves would make the graph's structure depend
@@ -345,10 +363,11 @@ class Graph:
                 self.leaves.append(x)
             weak = x.weak_type if kind is _ARRAY else getattr(x, "weak_type", False)
             signature.append((x.shape, x.dtype, weak))
-            depends.update(checks.taint_of(x))
+            if _taints:  # (mostly empty: no array depends on a pending check)
+                depends.extend(checks.taint_of(x))
             return (_LEAF, index)
-        if kind in (list, tuple) and any(type(v) is Deferred or isinstance(v, jax.Array) for v in x):
-            return (_SEQ, kind, tuple(self._spec(v, signature, depends) for v in x))
+        if (kind is list or kind is tuple) and any(map(_is_value, x)):
+            return (_SEQ, kind, tuple([self._spec(v, signature, depends) for v in x]))
         key = _typed(x)
         signature.append(key)
         return (_STATIC, x, key)
@@ -373,11 +392,13 @@ class Graph:
             self.churned |= churning
             self.seen += 1
             signature: list = []
-            depends: set = set(self._unclaimed)
+            depends = list(self._unclaimed)
             known = len(self.leaves)
             try:
-                arg_specs = tuple(self._spec(a, signature, depends) for a in args)
-                kw_specs = tuple((k, self._spec(v, signature, depends)) for k, v in kwargs.items())
+                arg_specs = tuple([self._spec(a, signature, depends) for a in args])
+                kw_specs = (
+                    tuple([(k, self._spec(v, signature, depends)) for k, v in kwargs.items()]) if kwargs else ()
+                )
                 signature_key = (fn, tuple(signature))
                 shapes = _shapes.get(signature_key)
                 if shapes is None:
@@ -387,7 +408,8 @@ class Graph:
                     out = jax.eval_shape(fn, *abstract_args, **abstract_kwargs)
                     leaves, treedef = jax.tree_util.tree_flatten(out)
                     single = treedef == jax.tree_util.tree_structure(0)  # one array: no unflattening
-                    shapes = _shapes[signature_key] = (None if single else treedef, leaves)
+                    avals = [buffer.aval_of(leaf) for leaf in leaves]
+                    shapes = _shapes[signature_key] = (None if single else treedef, avals)
             except BaseException:  # not recorded (run alone, or an error): leaves no input behind
                 for x in self.leaves[known:]:
                     self.leaf_ids.pop(id(x), None)

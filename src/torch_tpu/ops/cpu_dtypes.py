@@ -252,20 +252,18 @@ def table_guard(op, names, operand_pos=None, common_dtype=None) -> Callable | No
         if (ds := _dtypes(spelled_dtypes) - runs)
     ]
 
-    def check(values, types):
+    def check(values, types):  # (the dtype first: the conditions cost more, and rarely matter)
         for i, dtypes, jax_dtypes, applies in entries:
-            if not applies(values):
-                continue
             if i is None:
                 common = common_dtype(values, types)
-                if common in jax_dtypes:
+                if common in jax_dtypes and applies(values):
                     raise _refusal(op, common, operand_pos)
                 continue
             value = values[i]
             for t in value if isinstance(value, (list, tuple)) else (value,):
                 # a tensor's dtype, or the ``dtype=`` the kernel runs in (cumsum's)
                 dtype = t.dtype if isinstance(t, torch.Tensor) else t
-                if dtype in dtypes:
+                if dtype in dtypes and applies(values):
                     raise _refusal(op, dtype, (i,))
 
     return check

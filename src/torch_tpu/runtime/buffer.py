@@ -52,6 +52,12 @@ class Uninitialized:
         return jnp.zeros((self.size,), self.dtype, device=platform.jax_device(self.index))
 
 
+def aval_of(struct) -> tuple:
+    """What a :class:`Deferred` is made from: a ``jax.ShapeDtypeStruct``'s shape, dtype, element
+    count and weak type (computed once per recorded signature, not per value)."""
+    return struct.shape, struct.dtype, math.prod(struct.shape), struct.weak_type
+
+
 class Deferred:
     """One output of an op recorded in a fused graph: shape and dtype known; ``value`` is set
     when the graph has run, ``error`` if it failed (the value then never exists).
@@ -73,9 +79,9 @@ class Deferred:
         "__weakref__",
     )
 
-    def __init__(self, aval, graph, node: int, index: int):
-        self.shape, self.dtype, self.size = aval.shape, aval.dtype, math.prod(aval.shape)
-        self.weak_type = aval.weak_type
+    def __init__(self, aval: tuple, graph, node: int, index: int):
+        """``aval``: (shape, dtype, size, weak type) (see :func:`aval_of`)."""
+        self.shape, self.dtype, self.size, self.weak_type = aval
         self.graph, self.node, self.index = graph, node, index
         self.value: jax.Array | None = None
         self.error: str | None = None

@@ -15,6 +15,9 @@ from typing import Any
 from .. import config
 
 
+_ABSENT = object()
+
+
 class LRU:
     """A mapping that forgets its least recently used entries past ``maxsize``."""
 
@@ -25,11 +28,15 @@ class LRU:
         self.maxsize = config.cache_entries if maxsize is None else maxsize
 
     def get(self, key: Hashable, default: Any = None) -> Any:
-        try:
-            self._entries.move_to_end(key)
-            return self._entries[key]
-        except KeyError:  # (absent, or dropped meanwhile by another thread)
+        entries = self._entries
+        value = entries.get(key, _ABSENT)  # (a miss without raising: many lookups miss)
+        if value is _ABSENT:
             return default
+        try:
+            entries.move_to_end(key)
+        except KeyError:  # (dropped meanwhile by another thread)
+            pass
+        return value
 
     def __setitem__(self, key: Hashable, value: Any) -> None:
         entries = self._entries

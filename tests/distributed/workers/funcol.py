@@ -53,10 +53,6 @@ def check(got: list, got_avg: torch.Tensor, what: str) -> None:
     w.same(got_avg, want_avg, f"{what}: avg")
 
 
-def meetings() -> int:
-    return world_group._handshake._sequence.get(tuple(range(world)), 0)
-
-
 for mode in ("strict", "fused"):
     with torch_tpu.eager_mode(mode):
         check(collectives(x.to("tpu"), y.to("tpu"), world_group), averaged(x.to("tpu"), world_group), mode)
@@ -73,9 +69,9 @@ for mode in ("strict", "fused"):
 compiled = torch.compile(lambda x, y: collectives(x, y, world_group), backend="tpu")
 compiled_avg = torch.compile(lambda x: averaged(x, world_group), backend="tpu")
 for call in range(2):  # (the second call runs the stored executable)
-    before = meetings()
+    before = w.meetings()
     got = compiled(x.to("tpu"), y.to("tpu"))
-    assert meetings() == before + 1, f"rank {rank}: {meetings() - before} meetings for one compiled call"
+    assert w.meetings() == before + 1, f"rank {rank}: {w.meetings() - before} meetings for one compiled call"
     check(got, compiled_avg(x.to("tpu")), f"compiled (call {call})")
 
 # ranks that call a compiled graph with different shapes: every rank raises, the group survives

@@ -68,9 +68,10 @@ def graph_group(graph_module: torch.fx.GraphModule) -> dist.ProcessGroup | None:
 
 class Spmd:
     """A compiled graph's program over the devices of ``group`` (one block per rank), for one
-    layout of its inputs (``avals``)."""
+    layout of its inputs (``avals``). ``code``: the graph's code, which every rank's must match
+    (its ``name`` counts Dynamo frames, which ranks may compile in other orders)."""
 
-    def __init__(self, group: dist.ProcessGroup, name: str, avals: tuple) -> None:
+    def __init__(self, group: dist.ProcessGroup, name: str, code: str, avals: tuple) -> None:
         # (c10d makes the backend's own object the group: the extended API returns it whole)
         backend = group
         if not isinstance(backend, ProcessGroupTPU):
@@ -83,7 +84,7 @@ class Spmd:
         self.mesh = Mesh(np.array(backend._devices), (programs.AXIS,))
         self._sharding = NamedSharding(self.mesh, P(programs.AXIS))
         self._what = f"compiled graph {name}"
-        self._agree = hashlib.sha256(repr((name, avals)).encode()).hexdigest()[:16]
+        self._agree = hashlib.sha256(repr((code, avals)).encode()).hexdigest()[:16]
         self.scalar_outputs: Any = None  # which outputs are scalars (found by the trace)
 
     def wrap(self, program: Callable, values: Sequence[jax.Array]) -> Callable:

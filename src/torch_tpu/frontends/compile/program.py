@@ -310,7 +310,9 @@ class Program:
         program = self._traceable(key[0], traced, key[2])
         args = [_unused_key(), *values]
         if self._collectives:
-            traced.spmd = collectives.Spmd(collectives.graph_group(self.graph_module), self.name, key[1])
+            traced.spmd = collectives.Spmd(
+                collectives.graph_group(self.graph_module), self.name, self.graph_module.code, key[1]
+            )
             program, args = traced.spmd.wrap(program, args), traced.spmd.arguments(args)
         with precision.current_scope():
             staged = jax.jit(program).trace(*args)

@@ -28,6 +28,7 @@ import jax
 import torch
 from jax.extend.core import jaxpr_as_fun
 
+from ...distributed import traced as collectives
 from ...execution import fused, tracing
 from ...runtime import buffer, checks, memory, platform, precision, random, tensor, transfer
 from ...runtime.context import context
@@ -71,6 +72,7 @@ class _Traced:
         self.written: tuple[int, ...] = ()
         self.checks: list[tuple[Callable, str]] = []
         self.random = False
+        self.spmd: collectives.Spmd | None = None  # the program of a graph with collectives
 
 
 class _Trace(NamedTuple):
@@ -139,6 +141,8 @@ class Interpreter(torch.fx.Interpreter):
     def call_function(self, target, args, kwargs):
         args, kwargs = torch.utils._pytree.tree_map(_host_device, (args, kwargs))
         target = _VALUE_SEMANTICS.get(target, target)
+        if collectives.is_collective(target):
+            target = collectives.lowering(target)
         try:
             return target(*args, **kwargs)
         except tracing.NEEDS_VALUES as error:
@@ -202,6 +206,7 @@ class Program:
             ]
         self._host_outputs = host_outputs
         self._out_tree = torch.utils._pytree.tree_structure(outputs)
+        self._collectives = any(collectives.is_collective(n.target) for n in graph_module.graph.nodes)
 
     def __reduce__(self) -> tuple:
         """Pickled as its graph (PyTorch's AOTAutograd cache stores it), node for node: the
@@ -285,7 +290,12 @@ class Program:
             )
             fused.explain(f"recompiling compiled graph {self.name}: {why}")
         self._last_layout = key
-        graph = stored.key(self.graph_module, self._host_outputs, key, args, precision.current())
+        # (a program with collectives is one process's part of a multi-process program: not stored)
+        graph = (
+            None
+            if self._collectives
+            else stored.key(self.graph_module, self._host_outputs, key, args, precision.current())
+        )
         findings = stored.load_findings(graph)
         if findings is not None:
             return _Trace(None, _from_findings(findings), graph)
@@ -297,8 +307,15 @@ class Program:
     def _staged(self, key: tuple, values: list, graph: str | None) -> _Trace:
         started = time.perf_counter()
         traced = _Traced()
+        program = self._traceable(key[0], traced, key[2])
+        args = [_unused_key(), *values]
+        if self._collectives:
+            traced.spmd = collectives.Spmd(
+                collectives.graph_group(self.graph_module), self.name, self.graph_module.code, key[1]
+            )
+            program, args = traced.spmd.wrap(program, args), traced.spmd.arguments(args)
         with precision.current_scope():
-            staged = jax.jit(self._traceable(key[0], traced, key[2])).trace(_unused_key(), *values)
+            staged = jax.jit(program).trace(*args)
         fused.stats.compile_seconds += time.perf_counter() - started
         return _Trace(staged, traced, graph)
 
@@ -311,7 +328,9 @@ class Program:
                 trace = self._traces[traced_key] = self._staged(traced_key[0], values, trace.stored)
             started = time.perf_counter()
             with precision.current_scope(), stored.compiling(trace.stored) as compiled:
-                run = _lower(trace.staged, values, donated).compile()
+                args = [_unused_key(), *values]
+                args = trace.traced.spmd.arguments(args) if trace.traced.spmd else args
+                run = _lower(trace.staged, args, donated).compile()
             fused.stats.compile_seconds += time.perf_counter() - started
             if compiled():
                 stored.save_executable(trace.stored, donated, run)
@@ -338,7 +357,12 @@ class Program:
         inherited = checks.inherited(values)
         with fused.interrupts_held():  # the written inputs get their new values, whatever comes
             try:
-                fresh, written, results = executable.run(random_key, *values)
+                if traced.spmd is None:
+                    fresh, written, results = executable.run(random_key, *values)
+                else:  # (every rank calls it: they meet first)
+                    traced.spmd.meet()
+                    outputs = executable.run(*traced.spmd.arguments([random_key, *values]))
+                    fresh, written, results = traced.spmd.results(outputs)
             except Exception as error:
                 translated = memory.translate(error)
                 if translated is error:
@@ -428,9 +452,10 @@ def _unpickle(nodes: list, attributes: dict, name: str, host_outputs: list) -> P
     return Program(torch.fx.GraphModule(attributes, graph), name, host_outputs)
 
 
-def _lower(staged: jax.stages.Traced, values: list, donated: tuple[int, ...]) -> jax.stages.Lowered:
-    """The traced graph lowered with ``donated`` inputs' buffers given to XLA; a donating variant
-    is rebuilt from the trace's jaxpr, not by tracing the graph again."""
+def _lower(staged: jax.stages.Traced, args: list, donated: tuple[int, ...]) -> jax.stages.Lowered:
+    """The traced graph lowered with ``donated`` inputs' buffers given to XLA (``args``: the
+    key and the storage values); a donating variant is rebuilt from the trace's jaxpr, not by
+    tracing the graph again."""
     if not donated:
         return staged.lower()
     flat, out_tree = jaxpr_as_fun(staged.jaxpr), staged.out_tree
@@ -439,7 +464,7 @@ def _lower(staged: jax.stages.Traced, values: list, donated: tuple[int, ...]) ->
         return jax.tree.unflatten(out_tree, flat(*args))
 
     # positions shift by one: the key is the program's first argument
-    return jax.jit(program, donate_argnums=tuple(i + 1 for i in donated)).lower(_unused_key(), *values)
+    return jax.jit(program, donate_argnums=tuple(i + 1 for i in donated)).lower(*args)
 
 
 def _findings(traced: _Traced) -> tuple:

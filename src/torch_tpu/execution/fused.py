@@ -353,7 +353,9 @@ class Graph:
                 return (_NODE, x.node, x.index)
             x = x.value
             kind = type(x)
-        if kind is _ARRAY or (kind not in _PLAIN and isinstance(x, jax.Array)):
+        if kind is _ARRAY or (
+            kind not in _PLAIN and kind is not tuple and kind is not list and isinstance(x, jax.Array)
+        ):
             index = self.leaf_ids.get(id(x))
             # Scalars get a leaf per use: most are cached numbers (``transfer.device_scalar``,
             # one array per value), and sharing leaves would make the graph's structure depend
@@ -397,7 +399,9 @@ class Graph:
             try:
                 arg_specs = tuple([self._spec(a, signature, depends) for a in args])
                 kw_specs = (
-                    tuple([(k, self._spec(v, signature, depends)) for k, v in kwargs.items()]) if kwargs else ()
+                    tuple([(k, self._spec(v, signature, depends)) for k, v in kwargs.items()])
+                    if kwargs
+                    else ()
                 )
                 signature_key = (fn, tuple(signature))
                 shapes = _shapes.get(signature_key)

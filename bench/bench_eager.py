@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from bench_hf import NEW_TOKENS
 from bench_ops import compare, no_sync
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_tpu
 from torch_tpu import execution
@@ -96,21 +97,39 @@ def _dispatch_rows(rounds: int) -> list[tuple]:
 
 
 # ----------------------------------------------------------------------------- GPT step
+class _CountOps(TorchDispatchMode):
+    """Counts the ATen ops a forward dispatches (views included), as PyTorch counts ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
 def _fused_split(model, idx, targets, step, steps: int) -> dict[str, float]:
-    """Per recorded op of a fused training step: recording (the forward and loss recorded with
-    the device idle, so no XLA work competes for the cores), and per step the flushes (each
-    graph's fingerprint, lookup and dispatch) and the wait for the device at the step's end."""
+    """Per op of a fused training step: recording (the forward and loss recorded with the device
+    idle, so no XLA work competes for the cores), per ATen op the forward dispatches and per
+    graph node it records (views are read inside their consumers' nodes: fewer nodes than
+    ops); and per step's node the flushes (each graph's fingerprint, lookup and dispatch) and
+    the wait for the device at the step's end."""
     replica = copy.deepcopy(model).to("tpu")
     idx, targets = idx.to("tpu"), targets.to("tpu")
-    recording = []
+    recording, nodes = [], 0
     with torch_tpu.eager_mode("fused"):
         for _ in range(steps):
             torch.tpu.synchronize()
             started = time.perf_counter()
             _, loss = replica(idx, targets)
-            recording.append((time.perf_counter() - started) / execution.pending_ops())
+            recording.append(time.perf_counter() - started)
+            nodes = execution.pending_ops()
             del loss
             torch_tpu.sync()
+        with _CountOps() as counted:
+            replica(idx, targets)
+        torch_tpu.sync()
     torch.tpu.synchronize()
     torch.tpu.reset_compilation_cache_stats()
     wait = 0.0
@@ -122,11 +141,15 @@ def _fused_split(model, idx, targets, step, steps: int) -> dict[str, float]:
     stats = torch.tpu.compilation_cache_stats()
     assert stats["misses"] == 0, "the fused step recompiled while timed"
     ops = stats["ops_run"] / steps
+    record = statistics.median(recording)
     return {
-        "record": statistics.median(recording),
+        "record per ATen op": record / counted.count,
+        "per node": record / nodes,
         "flush": stats["flush_seconds"] / steps / ops,
         "wait": wait / steps / ops,
         "ops": ops,
+        "aten": counted.count,
+        "nodes": nodes,
     }
 
 
@@ -148,7 +171,7 @@ def _gpt_rows(rounds: int) -> list[tuple]:
         wait()
     split = _fused_split(model, idx, targets, contenders["fused"][0], 3 * rounds)
     times = compare(contenders, 2, rounds)
-    ops = split.pop("ops")
+    ops, aten, nodes = split.pop("ops"), split.pop("aten"), split.pop("nodes")
     per_op = ", ".join(f"{part} {seconds * 1e6:.1f} us" for part, seconds in split.items())
     return [
         _row(
@@ -158,9 +181,9 @@ def _gpt_rows(rounds: int) -> list[tuple]:
             "jax.jit",
         ),
         (
-            f"fused: per recorded op ({ops:.0f} ops/step)",
+            f"fused: recording ({aten} ATen ops, {nodes} nodes a forward; {ops:.0f} nodes a step)",
             per_op,
-            "record: the forward's Python, device idle; flush, wait: per step's op",
+            "record: the forward's Python, device idle; flush, wait: per step's node",
         ),
     ]
 

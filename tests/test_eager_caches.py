@@ -170,3 +170,40 @@ def test_a_growing_sequence_reuses_its_executables_until_it_outgrows_its_room():
         ids = torch.cat([ids, ids[:, -1:] + 1], dim=-1)
     assert _executables_built() == before
     assert ids.cpu().tolist() == [[0] * 9 + list(range(1, 44))]
+
+
+def _views(base: torch.Tensor) -> list[torch.Tensor]:
+    """Views of one (4, 6) storage of one op's program: the whole, transposed, offset slices, a
+    strided (non-dense) one, an expanded one, a size-1 dim."""
+    return [
+        base[:, :4],
+        base.t()[:4],
+        base[1:, 2:6],
+        base[::2, 1::2],
+        base[1, 2:6].expand(3, 4),
+        base[3:4, 1:5].expand(3, 4),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_views_read_inside_programs_are_keyed_by_their_geometry(mode):
+    """A view reaches its op's program as the storage's array and its geometry: every geometry
+    and start gets its own right answer from the same op, strict or recorded (one node each)."""
+    base_cpu = torch.arange(24.0).reshape(4, 6)
+    base = base_cpu.to("tpu")
+    other = torch.full((3, 4), 0.5)
+    with torch_tpu.eager_mode(mode):
+        for view, expected in zip(_views(base), _views(base_cpu)):
+            shape = expected.shape
+            rows = min(shape[0], 3)
+            got = view[:rows] * other[:rows, : shape[1]].to("tpu")
+            torch.testing.assert_close(got.cpu(), expected[:rows] * other[:rows, : shape[1]])
+
+
+def test_a_view_adds_no_node_to_a_fused_graph():
+    x, w = torch.randn(5, 4, device="tpu"), torch.randn(3, 4, device="tpu")
+    torch_tpu.sync()
+    with torch_tpu.eager_mode("fused"):
+        y = torch.nn.functional.linear(x, w) + w[1:2, :3]  # w.t() and a slice: views
+        assert torch_tpu.execution.pending_ops() == 2  # the matmul and the add
+    torch.testing.assert_close(y.cpu(), torch.nn.functional.linear(x.cpu(), w.cpu()) + w.cpu()[1:2, :3])

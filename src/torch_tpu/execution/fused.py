@@ -110,7 +110,8 @@ def explain(message: str) -> None:
 
 
 # ----------------------------------------------------------------------------- node specs
-_LEAF, _NODE, _STATIC, _SEQ = range(4)
+_LEAF, _NODE, _STATIC, _SEQ, _VIEW = range(5)
+_STRIDED = buffer.StridedView
 _ARRAY = buffer.ARRAY_TYPE
 #: (fn, input signature) -> (output treedef, output avals)
 _shapes = LRU()
@@ -150,6 +151,10 @@ def _abstract(spec: tuple, signature_iter) -> Any:
         return spec[1]
     if kind is _SEQ:
         return spec[1](_abstract(s, signature_iter) for s in spec[2])
+    if kind is _VIEW:
+        next(signature_iter)  # (its geometry)
+        buf = _abstract(spec[1], signature_iter)
+        return _STRIDED(buf, spec[2] and _abstract(spec[2], signature_iter), spec[3], spec[4])
     shape, dtype, weak = next(signature_iter)
     return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
 
@@ -162,6 +167,9 @@ def _resolve(spec: tuple, env: list, leaves: tuple) -> Any:
         return leaves[spec[1]]
     if kind is _SEQ:
         return spec[1](_resolve(s, env, leaves) for s in spec[2])
+    if kind is _VIEW:
+        start = spec[2] and _resolve(spec[2], env, leaves)
+        return _STRIDED(_resolve(spec[1], env, leaves), start, spec[3], spec[4])
     return spec[1]
 
 
@@ -197,7 +205,9 @@ def _difference(new: tuple, old: tuple) -> str:
 
 def _uses_leaf(specs, leaf: int) -> bool:
     return any(
-        (spec[0] is _LEAF and spec[1] == leaf) or (spec[0] is _SEQ and _uses_leaf(spec[2], leaf))
+        (spec[0] is _LEAF and spec[1] == leaf)
+        or (spec[0] is _SEQ and _uses_leaf(spec[2], leaf))
+        or (spec[0] is _VIEW and _uses_leaf([s for s in spec[1:3] if s], leaf))
         for spec in specs
     )
 
@@ -211,6 +221,8 @@ def _computed_elsewhere(args, graph: Graph) -> None:
                 a.concrete()
         elif type(a) in (list, tuple):
             _computed_elsewhere(a, graph)
+        elif type(a) is _STRIDED:
+            _computed_elsewhere((a.buf,), graph)
 
 
 # ----------------------------------------------------------------------------- interrupts
@@ -344,6 +356,11 @@ class Graph:
         """How a node argument enters the graph; appends its abstract signature, and adds the
         checks its value depends on to ``depends``."""
         kind = type(x)
+        if kind is _STRIDED:  # a view its op's program reads: the storage's array and its geometry
+            signature.append(x.geometry)
+            buf = self._spec(x.buf, signature, depends)
+            start = None if x.start is None else self._spec(x.start, signature, depends)
+            return (_VIEW, buf, start, x.shape, x.strides)
         if kind is Deferred:
             if x.value is None:  # (another graph's were computed first: _computed_elsewhere)
                 signature.append((x.shape, x.dtype, x.weak_type))
@@ -439,6 +456,8 @@ class Graph:
     def _computes(self, value: Any) -> bool:
         """Whether ``value`` (or an element of a list of them) is one this graph computes."""
         for v in value if type(value) in (list, tuple) else (value,):
+            if type(v) is _STRIDED:
+                v = v.buf
             if type(v) is Deferred and v.value is None and v.graph is self:
                 return True
         return False
@@ -703,6 +722,8 @@ def _index_of(values: Any, found: int | None = None) -> int | None:
             index = platform.index_of(value.sharding._device)
         elif kind in (list, tuple, dict):
             index = _index_of(x, found)
+        elif kind is _STRIDED:
+            index = _index_of((x.buf,), found)
         else:
             continue
         if found is None:

@@ -122,6 +122,14 @@ def _to_jax_arg(x: Any, index: int = 0) -> Any:
     return tensor.read(x)
 
 
+def _to_program_arg(x: Any, index: int = 0) -> Any:
+    """:func:`_to_jax_arg`, a view left for the op's program to read
+    (``tensor.read_in_program``)."""
+    if isinstance(x, torch.Tensor) and not (x.is_cpu or x.is_meta) and x.dtype not in _COMPLEX:
+        return tensor.read_in_program(x)
+    return _to_jax_arg(x, index)
+
+
 def _host_scalars(x: Any, index: int = 0) -> list:
     """The ``scalars`` tensor of a ``_foreach_*.Tensor`` op, read on the host as CUDA does: it
     must be a CPU tensor; a device one is refused with CUDA's error."""
@@ -300,6 +308,17 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     if entry.check is not None or entry.runs is not Runs.TRACED:  # (a check sees the values)
         defaulted = []
     lowering = _with_defaults(entry.fn, defaulted) if defaulted else entry.fn
+    # Tensor arguments that are views reach the op's program as their storage's array and
+    # geometry, for the program to read (one program a call, one graph node when fused); not
+    # where a check or a host computation sees the values, nor for donated buffers
+    donated = {binder.names.index(n) for n in entry.donate}
+    in_program = (
+        [i for i, k in enumerate(kinds) if k == _TENSOR and i not in donated]
+        if entry.check is None and runs is Runs.TRACED
+        else []
+    )
+    if in_program:
+        lowering = tensor.reading_views(lowering, in_program)
     fn = jit(lowering)
     by_types: dict[Types, Callable] = {}
 
@@ -332,7 +351,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         _HOST_SCALARS: _host_scalars,
     }
     converters = [
-        (i, convert_by_kind[k])
+        (i, _to_program_arg if i in in_program else convert_by_kind[k])
         for i, k in enumerate(kinds)
         if k in convert_by_kind and not (k == _SCALAR and i in static_pos)
     ]

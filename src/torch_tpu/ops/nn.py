@@ -854,7 +854,7 @@ def _attention(q, k, v, bias, seed, dropout_p, is_causal, scale):
     return out.astype(dtype), logsumexp.astype(jnp.float32)
 
 
-_attention_forward = jax.jit(_attention, static_argnums=(5, 6, 7))
+_attention_forward = jax.jit(tensor.reading_views(_attention, range(4)), static_argnums=(5, 6, 7))
 
 
 @runtime(aten._scaled_dot_product_fused_attention_overrideable.default)
@@ -864,12 +864,12 @@ def scaled_dot_product_fused_attention(
     """A runtime entry only because the schema also returns ints (max_q, max_k)."""
     index = tensor.device_index(query)
     seed = apply(_pack_key, next_key(None, index)) if dropout_p > 0 else _zero(index)
-    bias = None if attn_bias is None else tensor.read(attn_bias)
+    bias = None if attn_bias is None else tensor.read_in_program(attn_bias)
     out, logsumexp = apply(
         _attention_forward,
-        tensor.read(query),
-        tensor.read(key),
-        tensor.read(value),
+        tensor.read_in_program(query),
+        tensor.read_in_program(key),
+        tensor.read_in_program(value),
         bias,
         seed,
         dropout_p,

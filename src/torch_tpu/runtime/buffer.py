@@ -168,6 +168,37 @@ Deferred.__hash__ = object.__hash__
 Value = jax.Array | Uninitialized | Deferred
 
 
+# ----------------------------------------------------------------------------- views into programs
+@jax.tree_util.register_pytree_node_class
+class StridedView:
+    """A tensor argument handed to an op's program as its storage's array and the view's
+    geometry, for the program to read the view itself: a view then costs no program (strict
+    eager) or graph node (fused eager) of its own. A pytree: the array and the start offset (a
+    device scalar, or None for a view at the storage's start) are its leaves, the shape and
+    strides its static part (see ``tensor.read_in_program``)."""
+
+    __slots__ = ("buf", "start", "shape", "strides")
+
+    def __init__(self, buf: Any, start: Any, shape: tuple, strides: tuple):
+        self.buf, self.start, self.shape, self.strides = buf, start, shape, strides
+
+    def tree_flatten(self) -> tuple:
+        return (self.buf, self.start), (self.shape, self.strides)
+
+    @classmethod
+    def tree_unflatten(cls, geometry: tuple, leaves: tuple) -> StridedView:
+        return cls(*leaves, *geometry)
+
+    def resolved(self) -> StridedView:
+        """The view over its storage's array (a deferred one computed)."""
+        buf = self.buf
+        return self if type(buf) is not Deferred else StridedView(buf.concrete(), self.start, *self.geometry)
+
+    @property
+    def geometry(self) -> tuple:
+        return self.shape, self.strides
+
+
 # ----------------------------------------------------------------------------- deferred values
 def is_pending(x: Any) -> bool:
     """Whether ``x`` (a value or a list of them) holds a deferred value not computed yet."""
@@ -180,6 +211,8 @@ def resolved(x: Any) -> Any:
     """``x`` with any deferred value replaced by its array (running its graph if needed)."""
     if type(x) is Deferred:
         return x.concrete()
+    if type(x) is StridedView:
+        return x.resolved()
     if isinstance(x, (list, tuple)) and any(type(v) is Deferred for v in x):
         return type(x)(v.concrete() if type(v) is Deferred else v for v in x)
     return x

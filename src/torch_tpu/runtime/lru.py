@@ -14,7 +14,6 @@ from typing import Any
 
 from .. import config
 
-
 _ABSENT = object()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -339,11 +340,9 @@ def _flat_indices(shape, strides, offset):
     return index
 
 
-# The storage offset is a runtime argument, not part of the compiled program: views that differ
-# only in where they start (``x[i]``, a KV cache read at each position) share one executable.
-# Views at the start (None) need no offset input: most are (reshapes, transposes).
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _strided_read(buf: jax.Array, shape, strides, offset) -> jax.Array:
+def _read_view(buf: jax.Array, shape, strides, offset) -> jax.Array:
+    """The elements of a view (``shape``, ``strides``, starting at ``offset`` or 0 for None) of
+    the flat storage array ``buf``."""
     offset = 0 if offset is None else offset
     flat = buf.reshape(-1)
     numel = math.prod(shape)
@@ -357,20 +356,62 @@ def _strided_read(buf: jax.Array, shape, strides, offset) -> jax.Array:
     return flat[_flat_indices(shape, strides, offset)]
 
 
-def read(t: torch.Tensor) -> jax.Array:
-    """The value of a tpu tensor (any view of any storage) as a JAX array."""
+def reading_views(fn: Callable, positions: Sequence[int] | None = None) -> Callable:
+    """``fn`` (a function traced into a program) first reading the views
+    (:func:`read_in_program`) among its positional arguments (those at ``positions``; None:
+    any)."""
+
+    def run(*values, **kwargs):
+        values = list(values)
+        for i in range(len(values)) if positions is None else positions:
+            view = values[i]
+            if type(view) is buffer.StridedView:
+                values[i] = _read_view(view.buf, view.shape, view.strides, view.start)
+        return fn(*values, **kwargs)
+
+    return functools.wraps(fn)(run)
+
+
+# The storage offset is a runtime argument, not part of the compiled program: views that differ
+# only in where they start (``x[i]``, a KV cache read at each position) share one executable.
+# Views at the start (None) need no offset input: most are (reshapes, transposes).
+_strided_read = jax.jit(_read_view, static_argnums=(1, 2))
+
+
+def _view(t: torch.Tensor) -> tuple:
+    """(storage array, None) for a tensor that is its whole storage in order, else (storage
+    array, (shape, strides, start)): the read a view needs."""
     storage = t.untyped_storage()
-    dtype = to_jax(t.dtype)
-    buf = storage_array(storage, dtype)
+    buf = storage_array(storage, to_jax(t.dtype))
     shape = t.shape
     offset = t.storage_offset()
     if buf.shape == shape and offset == 0 and t.is_contiguous():
-        return buf
+        return buf, None
     shape, strides = tuple(shape), t.stride()
     if 1 in shape:
         strides = _addressing_strides(shape, strides)
-    start = device_scalar(offset, device_index(t)) if offset else None
-    return apply(_strided_read, buf, shape, strides, start)
+    return buf, (shape, strides, device_scalar(offset, device_index(t)) if offset else None)
+
+
+def read(t: torch.Tensor) -> jax.Array:
+    """The value of a tpu tensor (any view of any storage) as a JAX array."""
+    buf, view = _view(t)
+    return buf if view is None else apply(_strided_read, buf, *view)
+
+
+def read_in_program(t: torch.Tensor) -> jax.Array | buffer.StridedView:
+    """:func:`read` for an op's own program to finish: a view comes as a
+    :class:`~torch_tpu.runtime.buffer.StridedView`, read inside the op's program (see
+    :func:`reading_views`)."""
+    if context.trace is not None:  # (a compiled program's trace reads as it goes)
+        return read(t)
+    buf, view = _view(t)
+    if view is None:
+        return buf
+    shape, strides, start = view
+    if context.recorder is None:  # (strict eager: a pending value of an earlier graph, computed)
+        buf = buffer.resolved(buf)
+    return buffer.StridedView(buf, start, shape, strides)
 
 
 @cached

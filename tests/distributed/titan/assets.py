@@ -42,6 +42,50 @@ def build_dataset(folder: Path) -> Path:
     return folder
 
 
+STEPS = 4
+
+
+def jobs(folder: Path) -> dict[str, Path]:
+    """The tokenizer and dataset under ``folder``, and three jobs' tomls: ``seed`` (one process
+    writes the initial weights: TorchTitan's seed checkpoint, so that both runs start from the
+    same weights, which tpu's and CPU's random generators would not draw alike), then ``cpu``
+    and ``tpu``: the llama3 debugmodel, FSDP over 2 ranks (``dp_shard=2``), float32 throughout,
+    ``STEPS`` AdamW steps of 2 x 64 tokens per rank, no compile, no activation checkpointing,
+    the seed loaded and nothing saved, metrics to TensorBoard every step."""
+    tokenizer, data = build_tokenizer(folder / "tokenizer"), build_dataset(folder / "data")
+    common = {
+        "metrics": {"log_freq": 1, "enable_tensorboard": True, "disable_color_printing": True},
+        "model": {"name": "llama3", "flavor": "debugmodel", "hf_assets_path": str(tokenizer)},
+        "optimizer": {"name": "AdamW", "lr": 8e-4},
+        "lr_scheduler": {"warmup_steps": 2},
+        "training": {
+            "local_batch_size": 2,
+            "seq_len": 64,
+            "steps": STEPS,
+            "dataset": "c4_test",
+            "dataset_path": str(data),
+            "mixed_precision_param": "float32",
+        },
+        "parallelism": {"data_parallel_shard_degree": 2},
+        "activation_checkpoint": {"mode": "none"},
+        "compile": {"enable": False},
+        "debug": {"seed": 0},
+    }
+    seed = folder / "seed"
+    configs = {"seed": {"parallelism": {"data_parallel_shard_degree": 1}}}
+    configs["seed"]["checkpoint"] = {"enable": True, "create_seed_checkpoint": True}
+    for run in ("cpu", "tpu"):
+        load = {"enable": True, "initial_load_path": str(seed / "checkpoint" / "step-0"), "load_only": True}
+        configs[run] = {"checkpoint": load}
+    paths = {}
+    for run, overrides in configs.items():
+        sections = {"job": {"dump_folder": str(folder / run)}}
+        sections |= {k: {**v, **overrides.get(k, {})} for k, v in common.items()}
+        sections |= {k: v for k, v in overrides.items() if k not in common}
+        paths[run] = write_config(folder / f"{run}.toml", sections)
+    return paths
+
+
 def _toml_value(value) -> str:
     return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
 

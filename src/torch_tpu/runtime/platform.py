@@ -179,9 +179,9 @@ def check_index(index: int) -> int:
     count = known_device_count()
     if not 0 <= index < count:
         count = device_count()
-    if index == host_index() and count == 1:
-        return 0
     if not 0 <= index < count:
+        if count == 1 and index == host_index():
+            return 0
         drives = "1 device, tpu:0" if count == 1 else f"{count} devices, tpu:0 to tpu:{count - 1}"
         raise RuntimeError(
             f"tpu error: invalid device ordinal: tpu:{index} (this process drives {drives}; "

@@ -265,10 +265,15 @@ def max_memory_reserved(device: _DeviceLike = None) -> int:
 
 def memory_stats(device: _DeviceLike = None) -> dict[str, Any]:
     index = _get_device_index(device)
+    peak = memory.max_allocated(index)
     return {
         "allocated_bytes.all.current": memory.allocated(index),
-        "allocated_bytes.all.peak": memory.max_allocated(index),
+        "allocated_bytes.all.peak": peak,
+        # (CUDA's "active" bytes also count freed blocks a stream still uses; XLA frees a buffer
+        # once its last use ran, so every allocated byte is active)
+        "active_bytes.all.peak": peak,
         "reserved_bytes.all.current": memory.reserved(index),
+        "reserved_bytes.all.peak": memory.max_reserved(index),
         "num_live_buffers": memory.live_buffers(index),
         **{f"xla.{k}": v for k, v in memory.device_stats(index).items()},
     }

@@ -30,12 +30,14 @@ def _free_port_pair() -> int:
 
 
 def torchrun(worker: str, *args: str, nproc: int = 2, timeout: int = 240, **env: str):
-    """Run ``workers/<worker>`` on ``nproc`` ranks (killed after ``timeout`` s: a hang fails)."""
+    """Run ``workers/<worker>`` (a ``.py`` file; else a module, as ``-m worker``) on ``nproc``
+    ranks (killed after ``timeout`` s: a hang fails)."""
+    target = [str(WORKERS / worker)] if worker.endswith(".py") else ["-m", worker]
     command = [
         "timeout", "-k", "10", str(timeout),
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
         "--master-addr=127.0.0.1", f"--master-port={_free_port_pair()}", "--monitor-interval=0.2",
-        str(WORKERS / worker), *args,
+        *target, *args,
     ]  # fmt: skip
     return subprocess.run(
         command,

@@ -82,3 +82,27 @@ def test_several_processes_need_the_runtime_joined_before_the_device_starts():
     with pytest.raises(RuntimeError, match="before this process joined JAX's multi-process runtime"):
         dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=2)
     assert not dist.is_initialized()
+
+
+def test_a_launched_rank_answers_to_its_local_rank(run_python):
+    """Under ``torchrun``, CUDA code names a rank's device ``cuda:LOCAL_RANK`` (TorchTitan's
+    trainer, PyTorch's ``DeviceMesh``); a rank that drives one tpu answers to ``tpu:LOCAL_RANK``
+    as to ``tpu:0``, and refuses any other index."""
+    code = """
+        import torch
+        torch.tpu.set_device("tpu:{rank}")
+        x = torch.arange(3.0).to("tpu:{rank}")
+        made = [x, torch.ones(2, device="tpu:{rank}"), torch.tensor([1], device=torch.device("tpu", {rank}))]
+        print([str(t.device) for t in made], torch.tpu.current_device(), x.cpu().tolist())
+        print(torch.tpu.memory_stats("tpu:{rank}")["allocated_bytes.all.current"] >= 0)
+        with torch.tpu.device({rank}):
+            print(torch.zeros(1, device="tpu").device)
+        try:
+            torch.ones(1, device="tpu:{other}")
+        except RuntimeError as e:
+            print("invalid device ordinal: tpu:{other}" in str(e))
+    """
+    want = ["['tpu:0', 'tpu:0', 'tpu:0'] 0 [0.0, 1.0, 2.0]", "True", "tpu:0", "True"]
+    for rank, other in ((1, 2), (0, 1)):
+        out = run_python(code.format(rank=rank, other=other), LOCAL_RANK=str(rank), TORCH_TPU_DISTRIBUTED="0")
+        assert out.splitlines() == want, (rank, out)

@@ -95,6 +95,9 @@ def test_reset_peak_memory_stats():
     after = torch.accelerator.max_memory_allocated()
     assert after < peak and after == torch.tpu.max_memory_allocated()
     assert torch.accelerator.memory_stats()["allocated_bytes.all.peak"] == after
+    stats = torch.tpu.memory_stats()  # (CUDA's peak keys, which trainers such as TorchTitan log)
+    assert stats["active_bytes.all.peak"] == stats["allocated_bytes.all.peak"] == after
+    assert stats["reserved_bytes.all.peak"] == torch.tpu.max_memory_reserved() >= after
 
 
 def test_memory_info_and_empty_cache():

@@ -184,8 +184,9 @@ def to_copy(
     target = torch.device(device) if device is not None else self.device
     if target.type == "tpu":
         _discards_imaginary(self, dtype)  # (the cast keeps the real part)
-        index = target.index
-        if index is None:
+        if target.index is not None:
+            index = platform.check_index(target.index)  # (tpu:LOCAL_RANK is a rank's tpu:0)
+        else:
             index = tensor.device_index(self) if tensor.is_tpu(self) else _current_index()
         value = _on_device(self, index) if tensor.is_tpu(self) else _host_to_device(self, dtype, index)
         target_dtype = to_jax(dtype)

@@ -847,16 +847,18 @@ def _routed_by_device(op: torch._ops.OpOverload, kernel: Callable, lowered: bool
 
     def routed(*args, **kwargs):
         device = args[position] if position < len(args) else kwargs.get("device")
+        index = None  # (the driven device a "tpu:i" names; None: the current one)
         if device is not None:
             if device.type != "tpu":
                 if composite:
                     return op.redispatch(_CPU_KEYS, *args, **kwargs)
-            elif device.index:
-                platform.use(platform.check_index(device.index))
+            elif device.index is not None:
+                index = platform.check_index(device.index)
+                platform.use(index)
         if not platform.others_used:
             return kernel(*args, **kwargs)
         if device is not None and device.type == "tpu":
-            index = current_device() if device.index is None else device.index
+            index = current_device() if index is None else index
         else:  # (a tensor-taking one: its tensor's device)
             index = _first_index(args) if takes_tensor else current_device()
         if index == context.index:

@@ -173,18 +173,32 @@ def known_device_count() -> int:
 
 
 def check_index(index: int) -> int:
-    """``index`` if this process drives ``tpu:index``; else CUDA's error for the same request
-    ("invalid device ordinal", in the C++ device guard's words), never a silent ``tpu:0``."""
+    """The index of the device this process drives that ``tpu:index`` names: ``index`` itself,
+    or ``0`` for :func:`host_index`; else CUDA's error for the same request ("invalid device
+    ordinal", in the C++ device guard's words), never a silent ``tpu:0``."""
     count = known_device_count()
     if not 0 <= index < count:
         count = device_count()
     if not 0 <= index < count:
+        if count == 1 and index == host_index():
+            return 0
         drives = "1 device, tpu:0" if count == 1 else f"{count} devices, tpu:0 to tpu:{count - 1}"
         raise RuntimeError(
             f"tpu error: invalid device ordinal: tpu:{index} (this process drives {drives}; "
             "launch one process per device)"
         )
     return index
+
+
+def host_index() -> int | None:
+    """The host-wide number of this process's device under a launcher of one process per device
+    (``LOCAL_RANK``, set by ``torchrun``): CUDA code names its device ``cuda:LOCAL_RANK``, and
+    PyTorch's ``DeviceMesh`` makes ``LOCAL_RANK`` current, where JAX gives each such process its
+    own device as local device 0. A process that drives one device therefore also answers to
+    ``tpu:LOCAL_RANK``, which :func:`check_index` resolves to ``tpu:0`` (tensors report
+    ``tpu:0``)."""
+    local_rank = os.environ.get("LOCAL_RANK", "")
+    return int(local_rank) if local_rank.isdigit() else None
 
 
 def is_initialized() -> bool:

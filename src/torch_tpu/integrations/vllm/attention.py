@@ -178,13 +178,8 @@ class TpuAttentionImpl(AttentionImpl):
             slots = attn_metadata.slot_mapping
             kv_cache[slots // block_size, :, slots % block_size] = torch.cat([key[:n], value[:n]], -1)
 
-        requests, pages = attn_metadata.block_table.shape
-        # [requests, pages, kv_heads, block, 2d] -> [requests, kv_heads, pages * block, 2d]
-        kv = (
-            kv_cache[attn_metadata.block_table]
-            .transpose(1, 2)
-            .reshape(requests, self.num_kv_heads, -1, 2 * d)
-        )
+        pages = kv_cache[attn_metadata.block_table]  # [requests, pages, kv_heads, block, 2d]
+        kv = pages.transpose(1, 2).flatten(2, 3)  # [requests, kv_heads, pages * block, 2d]
         q = query[attn_metadata.query_index].transpose(1, 2)  # [requests, heads, longest, d]
         out = torch.nn.functional.scaled_dot_product_attention(
             q,

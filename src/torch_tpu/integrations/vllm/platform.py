@@ -2,8 +2,9 @@
 
 vLLM's model code, scheduler, sampler and model runner are used as they are. This class tells them
 which device to use ("tpu", kernels registered on PrivateUse1), which worker, attention backend and
-distributed backend to use, and what graph capture means here: vLLM's compilation becomes one
-``torch.compile(backend="tpu")`` trace of the model (XLA compiles it), and there are no CUDA graphs.
+distributed backend to use, and what graph capture means here: no CUDA graphs and no Dynamo trace;
+the worker runs each step in fused eager, so the step's ops become one XLA program, compiled once
+per batch shape and cached.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ class TpuPlatform(Platform):
         compilation.cudagraph_mode = CUDAGraphMode.NONE
         compilation.cudagraph_capture_sizes = []
         if compilation.mode != CompilationMode.NONE:
-            # One Dynamo trace of the model, compiled by torch_tpu's backend into one XLA program
-            # per input shape (vLLM's Inductor passes and piecewise splitting are CUDA-specific).
-            compilation.mode = CompilationMode.DYNAMO_TRACE_ONCE
-            compilation.backend = "tpu"
+            # Graph capture here is the worker's fused eager: each step's ops run as one XLA
+            # program, cached per batch shape. vLLM's own torch.compile of the model (Dynamo with
+            # guards dropped, AOT-serialized) does not run through torch_tpu's backend yet.
+            logger.info("tpu runs vLLM's model in fused eager (one XLA program per step).")
+            compilation.mode = CompilationMode.NONE

@@ -2,8 +2,9 @@
 
 The model runner's host-side work (batching, block tables, sampling bookkeeping) is vLLM's own;
 its device tensors simply live on tpu. What differs from a CUDA device: no CUDA streams, events or
-graphs (the runner is built with tpu's streams and events in their place), device memory comes
-from ``torch.tpu``, and sampled tokens are read back with a plain ``tolist()``.
+graphs (the runner is built with tpu's streams and events in their place; a step runs in fused
+eager instead, as a few XLA programs), device memory comes from ``torch.tpu``, and sampled tokens
+are read back with a plain ``tolist()``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes
+
+import torch_tpu
 
 logger = init_logger(__name__)
 
@@ -55,6 +58,11 @@ class TpuModelRunner(GPUModelRunner):
 class TpuWorker(Worker):
     def init_device(self) -> None:
         self.device = torch.device("tpu", self.local_rank)
+        # The engine's thread runs in fused eager: a step's ops (input preparation, the model,
+        # sampling) are recorded and run as one XLA program when the sampled tokens are read,
+        # compiled once per batch shape (docs/execution.md). With vLLM's engine in the caller's
+        # process (VLLM_ENABLE_V1_MULTIPROCESSING=0) that is the caller's thread.
+        torch_tpu.set_eager_mode("fused")
         torch.tpu.set_device(self.device)
         current_platform.check_if_supports_dtype(self.model_config.dtype)
         init_worker_distributed_environment(

@@ -1,13 +1,11 @@
-"""vLLM on tpu: the fixtures. The tests skip when vLLM is not installed (it lives in its own
-environment: the ``serve`` extra, docs/serving.md)."""
+"""vLLM on tpu: the fixtures (imported lazily: vLLM lives in its own environment, the ``serve``
+extra of docs/serving.md, and the tests skip without it)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
-
-pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[serve]')")
 
 
 @pytest.fixture(scope="session")

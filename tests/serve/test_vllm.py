@@ -15,6 +15,8 @@ import urllib.request
 import pytest
 import torch
 
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[serve]', docs/serving.md)")
+
 PROMPTS = [
     "Once upon a time",
     "The little cat",

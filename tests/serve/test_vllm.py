@@ -58,12 +58,15 @@ def test_greedy_batch_matches_hugging_face_on_cpu(llm, model_path):
         assert list(output.outputs[0].token_ids) == hf_greedy(model_path, prompt, MAX_TOKENS), prompt
 
 
-def test_one_prompt_alone_equals_it_in_a_batch(llm):
+def test_a_prompt_again_alone_reads_its_cached_prefix_and_gives_the_same_tokens(llm):
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     batched = llm.generate(PROMPTS, params)
     alone = llm.generate(PROMPTS[2], params)
+    # Its first full page (16 tokens) comes from vLLM's prefix cache: attention then starts the
+    # prompt's queries after a context already in the KV cache.
+    assert alone[0].num_cached_tokens == 16
     assert alone[0].outputs[0].token_ids == batched[2].outputs[0].token_ids
 
 

@@ -45,6 +45,7 @@ def measure(model: str, concurrency: tuple[int, ...], rounds: int) -> dict:
         max_model_len=256,
         max_num_seqs=max(concurrency),
         kv_cache_memory_bytes=64 << 20,
+        enable_prefix_caching=False,  # every run prefills its prompts (the runs repeat them)
         seed=0,
     )
     results = {"device": current_platform.get_device_name(), "rows": {}}

@@ -8,9 +8,10 @@ import os
 import pytest
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def plugin_path(tmp_path_factory) -> str | None:
-    """The plugin's entry point, declared for a source checkout (None when installed)."""
+    """The plugin's entry point, declared for a source checkout (None when installed), before any
+    test imports vLLM: vLLM picks its platform once per process, at the first use of it."""
     from torch_tpu.testing import vllm_plugin
 
     return vllm_plugin.declare(tmp_path_factory.mktemp("entry_point"))

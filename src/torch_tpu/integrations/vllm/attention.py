@@ -8,8 +8,9 @@ with a mask that combines causality (a query at position p sees keys up to p) an
 length. Queries are packed per request into a ``[requests, longest query]`` grid.
 
 The per-step indices are built once per step on the host from vLLM's CPU copies of the batch
-layout, and shared by every layer. Their sizes are rounded up to powers of two so that decoding
-steps reuse a few compiled shapes instead of compiling one per length.
+layout, and shared by every layer. Their sizes do not follow the sequences' lengths (keys: the
+block table's full width; queries: the longest rounded up to a power of two), so decoding steps
+of one batch size run one compiled program.
 """
 
 from __future__ import annotations
@@ -100,8 +101,10 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
         seq_lens = (seq_lens if seq_lens is not None else m.seq_lens.cpu())[:num_reqs].numpy()
         query_lens = np.diff(starts)
         longest = _bucket(int(query_lens.max()))
-        width = m.block_table_tensor.shape[1]
-        pages = min(_bucket(-(-int(seq_lens.max()) // self.block_size)), width)
+        # Every request reads the block table's full width (max_model_len tokens): one key length
+        # for every step, so a batch size keeps one program while its sequences grow (lengths
+        # rounded up instead are new shapes every few steps, which fused eager then runs alone).
+        pages = m.block_table_tensor.shape[1]
 
         rows = np.arange(longest)
         query_index = np.minimum(starts[:-1, None] + rows, max(num_tokens - 1, 0))

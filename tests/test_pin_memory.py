@@ -38,3 +38,10 @@ def test_dataloader_batches_are_pinned():
     data = torch.utils.data.TensorDataset(torch.arange(8.0), torch.arange(8))
     for x, y in torch.utils.data.DataLoader(data, batch_size=4, pin_memory=True):
         assert x.is_pinned() and y.is_pinned()
+
+
+def test_empty_host_cache_keeps_pinned_blocks():
+    # vLLM calls it at every shutdown; PyTorch's version crashed on tpu (no caching host allocator).
+    pinned = torch.arange(4.0).pin_memory()
+    torch.accelerator.empty_host_cache()
+    assert torch.equal(pinned, torch.arange(4.0))

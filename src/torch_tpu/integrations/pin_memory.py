@@ -27,13 +27,29 @@ _COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutog
 _host_library = None
 
 
+def _empty_host_cache(original):
+    """``torch.accelerator.empty_host_cache()``: nothing to release on tpu (its pinned host blocks
+    are freed with their tensors, never cached). PyTorch's own version looks up a caching host
+    allocator for the accelerator, which the C++ runtime core does not register, and crashes on
+    the missing one; vLLM calls it at every engine shutdown."""
+
+    def empty_host_cache() -> None:
+        accelerator = torch.accelerator.current_accelerator()
+        if accelerator is None or accelerator.type != "tpu":
+            original()
+
+    return empty_host_cache
+
+
 def install() -> None:
     """Route CPU ``_pin_memory`` through :func:`_pin_memory` (PyTorch's kernel asks the
     PrivateUse1 hooks for a pinned allocator, which a Python backend cannot provide), so
-    ``DataLoader(pin_memory=True)`` -- the Trainer's default -- works."""
+    ``DataLoader(pin_memory=True)`` -- the Trainer's default -- works; make
+    ``torch.accelerator.empty_host_cache()`` safe on tpu."""
     global _host_library
     from ..runtime import native
 
+    torch.accelerator.empty_host_cache = _empty_host_cache(torch.accelerator.empty_host_cache)
     if native.available():
         return
     _host_library = torch.library.Library("aten", "IMPL")

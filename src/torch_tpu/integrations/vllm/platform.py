@@ -1,0 +1,129 @@
+"""The tpu as a vLLM platform: what vLLM asks of a device, answered from ``torch.tpu``.
+
+vLLM's model code, scheduler, sampler and model runner are used as they are. This class tells them
+which device to use ("tpu", kernels registered on PrivateUse1), which worker, attention backend and
+distributed backend to use, and what graph capture means here: no CUDA graphs and no Dynamo trace;
+the worker runs each step in fused eager, so the step's ops become one XLA program, compiled once
+per batch shape and cached.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from vllm.logger import init_logger
+from vllm.platforms.interface import Platform, PlatformEnum
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+logger = init_logger(__name__)
+
+#: Paged attention as plain torch ops on tpu tensors (``attention.py``).
+ATTENTION_BACKEND = "torch_tpu.integrations.vllm.attention.TpuAttentionBackend"
+#: The block size (tokens per KV-cache page) when the user sets none.
+DEFAULT_BLOCK_SIZE = 16
+
+
+class TpuPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device_name: str = "tpu"
+    device_type: str = "tpu"
+    # vLLM registers its custom ops (attention among them) for this dispatch key.
+    dispatch_key: str = "PrivateUse1"
+    dist_backend: str = "tpu_dist"
+    # Standalone functions vLLM compiles on its own (outside the model) go to XLA too.
+    simple_compile_backend: str = "tpu"
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float32, torch.float16]
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
+        if dtype not in cls().supported_dtypes:
+            raise ValueError(f"{dtype} is not supported on tpu (supported: {cls().supported_dtypes})")
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return torch.tpu.get_device_name(device_id)
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return torch.tpu.get_device_properties(device_id).total_memory
+
+    @classmethod
+    def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
+        return float(torch.tpu.memory_allocated(device))
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        torch.tpu.set_device(device)
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        torch.tpu.manual_seed_all(seed)
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        # Host buffers vLLM stages inputs in are plain CPU tensors; a copy to tpu is one transfer.
+        return False
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        # Attention runs as vLLM's custom op, so a compiled model sees one node per layer and the
+        # per-step metadata never becomes part of a traced graph.
+        return True
+
+    @classmethod
+    def get_attn_backend_cls(
+        cls,
+        selected_backend: AttentionBackendEnum,
+        attn_selector_config: AttentionSelectorConfig,
+        num_heads: int | None = None,
+    ) -> str:
+        if attn_selector_config.use_mla or attn_selector_config.use_sparse:
+            raise NotImplementedError("MLA and sparse attention are not supported on tpu.")
+        if selected_backend is not None:
+            logger.info("Attention backend %s is not available on tpu; using TPU_ATTN.", selected_backend)
+        return ATTENTION_BACKEND
+
+    @classmethod
+    def get_punica_wrapper(cls) -> str:
+        raise NotImplementedError("LoRA is not supported on tpu.")
+
+    @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        from vllm.triton_utils.dispatcher import register_kernels
+
+        from .kernels import OVERRIDES
+
+        register_kernels(OVERRIDES)
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        from vllm.config import CompilationMode, CUDAGraphMode
+
+        cache_config = vllm_config.cache_config
+        if not cache_config.user_specified_block_size:
+            cache_config.block_size = DEFAULT_BLOCK_SIZE
+
+        parallel_config = vllm_config.parallel_config
+        if parallel_config.worker_cls == "auto":
+            parallel_config.worker_cls = "torch_tpu.integrations.vllm.worker.TpuWorker"
+        parallel_config.enable_dbo = False
+        # Steps run one after the other: the worker reads each step's tokens before the next.
+        vllm_config.scheduler_config.async_scheduling = False
+
+        compilation = vllm_config.compilation_config
+        compilation.cudagraph_mode = CUDAGraphMode.NONE
+        compilation.cudagraph_capture_sizes = []
+        if compilation.mode != CompilationMode.NONE:
+            # Graph capture here is the worker's fused eager: each step's ops run as one XLA
+            # program, cached per batch shape. vLLM's own torch.compile of the model (Dynamo with
+            # guards dropped, AOT-serialized) does not run through torch_tpu's backend yet.
+            logger.info("tpu runs vLLM's model in fused eager (one XLA program per step).")
+            compilation.mode = CompilationMode.NONE

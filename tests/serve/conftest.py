@@ -1,0 +1,41 @@
+"""vLLM on tpu: the fixtures (imported lazily: vLLM lives in its own environment, the ``serve``
+extra of docs/serving.md, and the tests skip without it)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def plugin_path(tmp_path_factory) -> str | None:
+    """The plugin's entry point, declared for a source checkout (None when installed), before any
+    test imports vLLM: vLLM picks its platform once per process, at the first use of it."""
+    from torch_tpu.testing import vllm_plugin
+
+    return vllm_plugin.declare(tmp_path_factory.mktemp("entry_point"))
+
+
+@pytest.fixture(scope="session")
+def model_path(tmp_path_factory) -> str:
+    from torch_tpu.testing.tiny_llama import build
+
+    return build(tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def llm(plugin_path, model_path):
+    """One engine for the module, in this process (vLLM's engine core and worker run inline)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import vllm
+
+    engine = vllm.LLM(
+        model=model_path,
+        dtype="float32",
+        max_model_len=256,
+        kv_cache_memory_bytes=16 << 20,
+        seed=0,
+    )
+    yield engine
+    engine.llm_engine.engine_core.shutdown()

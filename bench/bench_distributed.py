@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,21 +39,6 @@ OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"]
 #: bytes per round and backend: small sizes repeat within a round, large ones run once or twice
 BYTES_PER_ROUND = 8 << 20
 DDP_STEPS, DDP_WARMUP = 10, 3
-
-
-def _free_port_pair() -> int:
-    """A port p with p and p + 1 free (torchrun's store, JAX's coordinator)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -181,11 +165,13 @@ def worker(args) -> None:
 
 
 def launch(nproc: int, quick: bool) -> dict:
+    from torch_tpu.distributed.runtime import free_port_pair
+
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         command = [
             sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-            "--master-addr=127.0.0.1", f"--master-port={_free_port_pair()}",
+            "--master-addr=127.0.0.1", f"--master-port={free_port_pair()}",
             os.path.abspath(__file__), "--worker", "--out", out, *(["--quick"] if quick else []),
         ]  # fmt: skip
         subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})

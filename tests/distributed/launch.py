@@ -6,27 +6,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from torch_tpu.distributed.runtime import free_port_pair
+
 WORKERS = Path(__file__).resolve().parent / "workers"
-
-
-def _free_port_pair() -> int:
-    """A port p with p and p + 1 free (torchrun's store, JAX's coordinator)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
 
 
 def torchrun(worker: str, *args: str, nproc: int = 2, timeout: int = 240, **env: str):
@@ -36,7 +22,7 @@ def torchrun(worker: str, *args: str, nproc: int = 2, timeout: int = 240, **env:
     command = [
         "timeout", "-k", "10", str(timeout),
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-        "--master-addr=127.0.0.1", f"--master-port={_free_port_pair()}", "--monitor-interval=0.2",
+        "--master-addr=127.0.0.1", f"--master-port={free_port_pair()}", "--monitor-interval=0.2",
         *target, *args,
     ]  # fmt: skip
     return subprocess.run(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 
 from .. import config
 from ..runtime import platform
@@ -48,6 +49,25 @@ class Environment:
                 "environment (torchrun sets them; with torch.multiprocessing set them yourself)"
             )
         return f"{self.master_addr}:{self.coordinator_port}"
+
+
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A port ``p`` of ``host`` with ``p`` and ``p + 1`` free: a ``--master-port`` for launching
+    on one machine (torchrun's store listens on ``p``, JAX's coordinator on ``p + 1``).
+
+    >>> port = free_port_pair()  # torchrun --master-port=<port> ...
+    """
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        try:
+            with socket.socket() as s:
+                s.bind((host, port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free pair of consecutive ports")
 
 
 def _int(environ, name: str) -> int | None:

@@ -33,7 +33,9 @@ from pathlib import Path
 from .import_hooks import after_import
 
 #: The runtime, as paths inside the package (a folder ends with ``/``). Everything else in the
-#: package (``demo/``, ``testing/``) is traced like user code.
+#: package (``demo/``, ``testing/``, and ``kernels/``, whose wrappers call their custom ops as
+#: user code would: a compiled function calling one keeps it in its graph) is traced like user
+#: code.
 RUNTIME_PATHS = (
     "__init__.py",
     "_autoload.py",

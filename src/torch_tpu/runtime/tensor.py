@@ -400,17 +400,17 @@ def read(t: torch.Tensor) -> jax.Array:
 
 
 def read_in_program(t: torch.Tensor) -> jax.Array | buffer.StridedView:
-    """:func:`read` for an op's own program to finish: a view comes as a
-    :class:`~torch_tpu.runtime.buffer.StridedView`, read inside the op's program (see
-    :func:`reading_views`)."""
-    if context.trace is not None:  # (a compiled program's trace reads as it goes)
+    """:func:`read` for the program of the op that takes ``t``: while a fused graph records, a
+    view comes as a :class:`~torch_tpu.runtime.buffer.StridedView` that the op's node reads
+    itself (:func:`reading_views`), so views add no nodes. Strict eager reads it apart (one
+    executable per view geometry, shared by every op that takes such a view, instead of one per
+    op and geometry), as does a compiled program's trace."""
+    if context.recorder is None or context.trace is not None:
         return read(t)
     buf, view = _view(t)
     if view is None:
         return buf
     shape, strides, start = view
-    if context.recorder is None:  # (strict eager: a pending value of an earlier graph, computed)
-        buf = buffer.resolved(buf)
     return buffer.StridedView(buf, start, shape, strides)
 
 

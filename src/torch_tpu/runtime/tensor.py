@@ -399,13 +399,19 @@ def read(t: torch.Tensor) -> jax.Array:
     return buf if view is None else apply(_strided_read, buf, *view)
 
 
+def views_in_programs() -> bool:
+    """Whether views go into their op's program whole (:func:`read_in_program`): while a fused
+    graph records (outside a compiled program's trace)."""
+    return context.recorder is not None and context.trace is None
+
+
 def read_in_program(t: torch.Tensor) -> jax.Array | buffer.StridedView:
     """:func:`read` for the program of the op that takes ``t``: while a fused graph records, a
     view comes as a :class:`~torch_tpu.runtime.buffer.StridedView` that the op's node reads
     itself (:func:`reading_views`), so views add no nodes. Strict eager reads it apart (one
     executable per view geometry, shared by every op that takes such a view, instead of one per
     op and geometry), as does a compiled program's trace."""
-    if context.recorder is None or context.trace is not None:
+    if not views_in_programs():
         return read(t)
     buf, view = _view(t)
     if view is None:

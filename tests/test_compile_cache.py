@@ -277,3 +277,38 @@ def test_subgraphs_with_other_bodies_are_other_programs():
     tripled = stored._graph_text(_with_subgraph(lambda t: t * 3))
     assert doubled != tripled
     assert doubled == stored._graph_text(_with_subgraph(lambda t: t * 2))
+
+
+def test_a_saved_precompiled_function_loads_in_another_thread_and_computes_the_same(stored_hits, tmp_path):
+    """PyTorch's precompile (``aot_compile``, ``save_compiled_function``,
+    ``torch.compiler.load_compiled_function``; vLLM saves its compiled models this way): the
+    function read back runs our graphs, here loaded in a thread that never compiled (as a
+    server's engine thread), at every size the dynamic trace covers."""
+    import threading
+
+    def f(x, w):
+        return (x @ w).relu().sum(0)
+
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    with torch._dynamo.config.patch(enable_aot_compile=True):
+        compiled = torch.compile(f, fullgraph=True, dynamic=True, backend="tpu").aot_compile(
+            ((x.to("tpu"), w.to("tpu")), {})
+        )
+    compiled.save_compiled_function(str(tmp_path / "f.bin"))
+    results, errors = [], []
+
+    def load():
+        try:
+            with open(tmp_path / "f.bin", "rb") as file:
+                loaded = torch.compiler.load_compiled_function(file, f_globals=f.__globals__)
+            results.extend(loaded(a.to("tpu"), w.to("tpu")).cpu() for a in (x, x[:3]))
+        except Exception as error:  # noqa: BLE001  (raised again in the test's thread)
+            errors.append(error)
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    torch.testing.assert_close(results[0], f(x, w))
+    torch.testing.assert_close(results[1], f(x[:3], w))

@@ -17,6 +17,20 @@ def plugin_path(tmp_path_factory) -> str | None:
     return vllm_plugin.declare(tmp_path_factory.mktemp("entry_point"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def vllm_cache(tmp_path_factory):
+    """vLLM's compile cache (the AOT-compiled model it saves after compiling) in this session's
+    temporary directory, not ``~/.cache/vllm``: the session starts cold, and the server reads back
+    what the in-process engine saved."""
+    saved = os.environ.get("VLLM_CACHE_ROOT")
+    os.environ["VLLM_CACHE_ROOT"] = str(tmp_path_factory.mktemp("vllm_cache"))
+    yield os.environ["VLLM_CACHE_ROOT"]
+    if saved is None:
+        del os.environ["VLLM_CACHE_ROOT"]
+    else:
+        os.environ["VLLM_CACHE_ROOT"] = saved
+
+
 @pytest.fixture(scope="session")
 def model_path(tmp_path_factory) -> str:
     from torch_tpu.testing.tiny_llama import build

@@ -50,6 +50,20 @@ def test_vllm_runs_on_the_tpu_platform(llm):
     assert all(cache.device.type == "tpu" for cache in runner.kv_caches)
 
 
+def test_the_model_runs_as_graphs_compiled_by_torch_tpus_backend(llm):
+    from vllm import SamplingParams
+    from vllm.config import CompilationMode
+
+    from torch_tpu.execution import fused
+
+    assert llm.llm_engine.vllm_config.compilation_config.mode == CompilationMode.VLLM_COMPILE
+    before = fused.stats.compiled_runs
+    llm.generate("A", SamplingParams(temperature=0.0, max_tokens=2))
+    # vLLM splits the model at each attention: the 2 layers' other ops are 3 compiled graphs,
+    # each run once per step (2 steps: the prompt, then one decoding step).
+    assert fused.stats.compiled_runs - before == 3 * 2
+
+
 def test_greedy_batch_matches_hugging_face_on_cpu(llm, model_path):
     from vllm import SamplingParams
 
@@ -93,6 +107,20 @@ def test_unsupported_architecture_is_vllms_error(plugin_path, model_path, tmp_pa
         vllm.LLM(model=str(tmp_path), dtype="float32", enforce_eager=True, kv_cache_memory_bytes=16 << 20)
 
 
+@pytest.mark.parametrize("mode", ["STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE"])
+def test_compiling_the_whole_model_as_one_graph_is_refused(plugin_path, model_path, mode):
+    import vllm
+    from vllm.config import CompilationMode
+
+    with pytest.raises(NotImplementedError, match=f"compilation mode {mode} is not supported on tpu"):
+        vllm.LLM(
+            model=model_path,
+            dtype="float32",
+            compilation_config={"mode": CompilationMode[mode]},
+            kv_cache_memory_bytes=16 << 20,
+        )
+
+
 def _post(url: str, body: dict) -> tuple[int, dict]:
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     try:
@@ -103,8 +131,14 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def server(plugin_path, model_path, tmp_path_factory):
-    """``vllm serve`` on localhost (vLLM's engine core in its own process, as deployed)."""
+def server_log(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("server") / "server.log")
+
+
+@pytest.fixture(scope="module")
+def server(plugin_path, model_path, llm, server_log):
+    """``vllm serve`` on localhost (vLLM's engine core in its own process, as deployed), started
+    after the in-process engine has saved its compiled model to the session's vLLM cache."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -115,7 +149,9 @@ def server(plugin_path, model_path, tmp_path_factory):
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path]
     command += ["--dtype", "float32", "--max-model-len", "256", "--port", str(port)]
     command += ["--kv-cache-memory-bytes", str(16 << 20), "--host", "127.0.0.1"]
-    log = open(tmp_path_factory.mktemp("server") / "server.log", "w+")
+    # (the offline engine's token budget: the same configuration reads the same compiled model)
+    command += ["--max-num-batched-tokens", "8192"]
+    log = open(server_log, "w+")
     process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -158,3 +194,9 @@ def test_server_rejects_a_prompt_longer_than_the_context_and_keeps_serving(serve
     assert status == 400 and "maximum context length" in body["error"]["message"]
     status, body = _post(server + "/v1/completions", {"model": model_path, "prompt": "A", "max_tokens": 2})
     assert status == 200 and body["usage"]["completion_tokens"] == 2
+
+
+def test_the_server_reads_back_the_model_the_engine_compiled(server, server_log):
+    # vLLM saved the compiled model (Dynamo's code and the graphs our backend compiled) once; a
+    # new process with the same configuration loads it instead of tracing the model again.
+    assert "Directly load AOT compilation" in open(server_log).read()

@@ -71,12 +71,28 @@ class CompiledGraph(OutputCode):
         """Nothing to drop: the program pickles without its executables."""
 
     def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
-        """Read back from the cache: named after the Dynamo graph compiled now."""
-        self.program.name = f"{_naming.name} ({self.kind})"
+        """Read back from AOTAutograd's cache: named after the Dynamo graph compiled now. (Read
+        back with a precompiled function, ``torch.compiler.load_compiled_function``, outside any
+        compile: it keeps the name it was saved with.)"""
+        if _naming.name is not None:
+            self.program.name = f"{_naming.name} ({self.kind})"
 
 
-#: the name of the Dynamo graph being compiled (for graphs read back from AOTAutograd's cache)
-_naming = threading.local()
+class _Naming(threading.local):
+    #: the name of the Dynamo graph being compiled on this thread (None outside :func:`backend`)
+    name: str | None = None
+
+
+_naming = _Naming()
+
+
+@contextlib.contextmanager
+def _compiling(name: str) -> Iterator[None]:
+    previous, _naming.name = _naming.name, name
+    try:
+        yield
+    finally:
+        _naming.name = previous
 
 
 def _compiler(name: str, kind: str) -> Callable:
@@ -177,14 +193,14 @@ def backend(
     if options:
         raise RuntimeError(f"torch.compile(backend='tpu') takes no options; got {sorted(options)}")
     dynamo.refresh()  # (this module and the program's loaded after the device started)
-    name = _naming.name = _graph_name(graph_module)
+    name = _graph_name(graph_module)
     compile_graphs = aot_autograd(
         fw_compiler=_compiler(name, "forward"),
         bw_compiler=_compiler(name, "backward"),
         inference_compiler=_compiler(name, "inference"),
         keep_inference_input_mutations=True,
     )
-    with _aot_cache() if config.cache_dir else contextlib.nullcontext():
+    with _compiling(name), _aot_cache() if config.cache_dir else contextlib.nullcontext():
         return compile_graphs(graph_module, example_inputs)
 
 

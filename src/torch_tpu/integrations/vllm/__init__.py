@@ -5,7 +5,8 @@ starts; it returns the qualified name of :class:`~.platform.TpuPlatform`, which 
 and uses instead of its built-in platforms. Nothing here imports vLLM or JAX until vLLM asks.
 Modules: ``platform`` (what vLLM asks of a device), ``worker`` (the worker and model runner),
 ``attention`` (paged attention in plain torch ops), ``kernels`` (the few Triton kernels vLLM's
-model runner launches, in torch ops). See docs/serving.md.
+model runner launches, in torch ops), ``compiler`` (vLLM's compile of the model, through
+``torch.compile(backend="tpu")``). See docs/serving.md.
 """
 
 from __future__ import annotations

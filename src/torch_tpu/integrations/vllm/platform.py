@@ -2,9 +2,9 @@
 
 vLLM's model code, scheduler, sampler and model runner are used as they are. This class tells them
 which device to use ("tpu", kernels registered on PrivateUse1), which worker, attention backend and
-distributed backend to use, and what graph capture means here: no CUDA graphs and no Dynamo trace;
-the worker runs each step in fused eager, so the step's ops become one XLA program, compiled once
-per batch shape and cached.
+distributed backend to use, and what graph capture means here: no CUDA graphs; vLLM's own compile
+of the model runs through ``torch.compile(backend="tpu")`` (``compiler.py``: the pieces between
+attention layers as XLA executables), and the worker runs the rest of each step in fused eager.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ class TpuPlatform(Platform):
     dist_backend: str = "tpu_dist"
     # Standalone functions vLLM compiles on its own (outside the model) go to XLA too.
     simple_compile_backend: str = "tpu"
+
+    @classmethod
+    def get_compile_backend(cls) -> str:
+        # What compiles the model's pieces under vLLM's own compile (``compiler.py``).
+        return "torch_tpu.integrations.vllm.compiler.TpuCompiler"
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
@@ -119,11 +124,22 @@ class TpuPlatform(Platform):
         vllm_config.scheduler_config.async_scheduling = False
 
         compilation = vllm_config.compilation_config
+        if compilation.mode in (CompilationMode.STOCK_TORCH_COMPILE, CompilationMode.DYNAMO_TRACE_ONCE):
+            # These compile the whole model as one graph, attention included; attention reads
+            # its per-step metadata from vLLM's forward context, not from the graph's inputs, so
+            # an XLA program would keep the first step's.
+            raise NotImplementedError(
+                f"compilation mode {compilation.mode.name} is not supported on tpu: use "
+                "VLLM_COMPILE (the default, compiled between attention layers) or NONE"
+            )
         compilation.cudagraph_mode = CUDAGraphMode.NONE
         compilation.cudagraph_capture_sizes = []
-        if compilation.mode != CompilationMode.NONE:
-            # Graph capture here is the worker's fused eager: each step's ops run as one XLA
-            # program, cached per batch shape. vLLM's own torch.compile of the model (Dynamo with
-            # guards dropped, AOT-serialized) does not run through torch_tpu's backend yet.
-            logger.info("tpu runs vLLM's model in fused eager (one XLA program per step).")
-            compilation.mode = CompilationMode.NONE
+        # The sizes vLLM compiles for (none but the full range here: XLA compiles each token
+        # count as it comes); vLLM sets them itself only on platforms with CUDA graphs.
+        compilation.post_init_cudagraph_sizes()
+        # vLLM's fusion passes rewrite Inductor's graphs into CUDA/ROCm kernels (and would import
+        # them); under our backend XLA fuses on its own.
+        passes = compilation.pass_config
+        for name in type(passes).__dataclass_fields__:
+            if name.startswith(("fuse_", "enable_")):
+                setattr(passes, name, False)

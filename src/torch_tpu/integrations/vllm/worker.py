@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from vllm.config import set_current_vllm_config
+from vllm.config import CompilationMode, set_current_vllm_config
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.worker.gpu.cudagraph_utils import has_compiled_submodule
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes
@@ -100,7 +101,15 @@ class TpuWorker(Worker):
         return available
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
-        # No CUDA graphs to capture; a compiled model compiles each shape on first use.
+        # No CUDA graphs to capture. A compiled model is traced by Dynamo at its first call, once
+        # for every token count (a symbolic size), but Dynamo fixes a size of 1 it sees then: a
+        # first request of one token would leave a model that only takes one. So the first call
+        # is a dummy step of two tokens (vLLM's GPU worker uses its largest size; for XLA that is
+        # just one more executable to build); XLA compiles each real size when it first comes.
+        if self.compilation_config.mode == CompilationMode.VLLM_COMPILE and has_compiled_submodule(
+            self.model_runner.get_model()
+        ):
+            self.model_runner._dummy_run(2, skip_eplb=True, remove_lora=False)
         set_random_seed(self.model_config.seed)
         return CompilationTimes(
             language_model=self.compilation_config.compilation_time,

@@ -9,6 +9,7 @@ attention layers as XLA executables), and the worker runs the rest of each step 
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -120,6 +121,12 @@ class TpuPlatform(Platform):
         if parallel_config.worker_cls == "auto":
             parallel_config.worker_cls = "torch_tpu.integrations.vllm.worker.TpuWorker"
         parallel_config.enable_dbo = False
+        if parallel_config.world_size > 1 and torch.tpu.is_initialized():
+            # A worker joins JAX's multi-process runtime before its device starts; a forked copy
+            # of a process whose device (JAX's backend) has started cannot (as for CUDA, vLLM's
+            # own reason to spawn).
+            logger.warning("The tpu device has started in this process: workers are spawned, not forked.")
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         # Steps run one after the other: the worker reads each step's tokens before the next.
         vllm_config.scheduler_config.async_scheduling = False
 

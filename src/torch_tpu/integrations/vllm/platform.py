@@ -27,6 +27,8 @@ logger = init_logger(__name__)
 ATTENTION_BACKEND = "torch_tpu.integrations.vllm.attention.TpuAttentionBackend"
 #: The block size (tokens per KV-cache page) when the user sets none.
 DEFAULT_BLOCK_SIZE = 16
+#: vLLM's collectives (its custom ops) at which a compiled model with several workers is split.
+COLLECTIVE_OPS = ("vllm::all_reduce", "vllm::all_gather", "vllm::reduce_scatter")
 
 
 class TpuPlatform(Platform):
@@ -102,6 +104,12 @@ class TpuPlatform(Platform):
         raise NotImplementedError("LoRA is not supported on tpu.")
 
     @classmethod
+    def use_custom_op_collectives(cls) -> bool:
+        # A collective is one node of a traced model, vLLM's custom op: a compiled model is split
+        # there (``check_and_update_config``) and it runs between the pieces, over ``tpu_dist``.
+        return True
+
+    @classmethod
     def register_triton_kernel_overrides(cls) -> None:
         from vllm.triton_utils.dispatcher import register_kernels
 
@@ -150,3 +158,14 @@ class TpuPlatform(Platform):
         for name in type(passes).__dataclass_fields__:
             if name.startswith(("fuse_", "enable_")):
                 setattr(passes, name, False)
+        if parallel_config.world_size > 1 and compilation.mode == CompilationMode.VLLM_COMPILE:
+            # A graph with collectives compiles as one SPMD program over the ranks' devices, which
+            # every rank's graph must match, but each rank's pieces differ (a vocab-parallel
+            # embedding's shard bounds are constants in the first): the model is split at the
+            # collectives too, each rank compiles its own pieces, and the collectives run
+            # between them through the process group.
+            if compilation.splitting_ops is None:  # (vLLM's default: at attention)
+                compilation.set_splitting_ops_for_v1(
+                    parallel_config.all2all_backend, parallel_config.data_parallel_size
+                )
+            compilation.splitting_ops += [op for op in COLLECTIVE_OPS if op not in compilation.splitting_ops]

@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING
 
 import torch
+import vllm.envs as envs
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
@@ -135,6 +136,8 @@ class TpuPlatform(Platform):
             # own reason to spawn).
             logger.warning("The tpu device has started in this process: workers are spawned, not forked.")
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+            # (vLLM caches its environment once an engine has started; the executor must read this)
+            envs.disable_envs_cache()
         # Steps run one after the other: the worker reads each step's tokens before the next.
         vllm_config.scheduler_config.async_scheduling = False
 

@@ -399,7 +399,7 @@ def create(options, backend_options=None) -> ProcessGroupTPU:
         rank, world_size = dist.get_rank(), dist.get_world_size()
     else:
         rank, world_size = options.group_rank, options.group_size
-    runtime.ensure_joined(rank, world_size, options.timeout)
+    runtime.ensure_joined(rank, world_size, options.timeout, options.store)
     platform.initialize()
     dynamo.refresh()  # (Dynamo skips this package's code: the modules just loaded too)
     return ProcessGroupTPU(options.store, options.group_rank, options.group_size, options.timeout, ranks)

@@ -86,9 +86,10 @@ def is_joined() -> bool:
     return jax_distributed.global_state.client is not None
 
 
-def join(rank: int, world_size: int, timeout: datetime.timedelta = DEFAULT_JOIN_TIMEOUT) -> None:
+def join(rank: int, world_size: int, timeout: datetime.timedelta = DEFAULT_JOIN_TIMEOUT, store=None) -> None:
     """Make this process JAX process ``rank`` of ``world_size`` (once; the device must not have
-    started). Waits up to ``timeout`` for every process to join."""
+    started). Waits up to ``timeout`` for every process to join. The coordinator's address comes
+    from the environment, else (given the group's ``store``) from rank 0 through the store."""
     import jax
     from jax._src import xla_bridge
 
@@ -101,7 +102,7 @@ def join(rank: int, world_size: int, timeout: datetime.timedelta = DEFAULT_JOIN_
             "was used directly before the first tpu use); create the process group, or use tpu, "
             "before any other JAX computation in this process"
         )
-    coordinator = Environment().coordinator()
+    coordinator = _coordinator(rank, store, timeout)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     seconds = max(1, int(timeout.total_seconds()))
     try:
@@ -114,6 +115,24 @@ def join(rank: int, world_size: int, timeout: datetime.timedelta = DEFAULT_JOIN_
             f"with {world_size} processes within {seconds} s (a rank that never started, or the "
             f"coordinator port is taken): {e}"
         ) from e
+
+
+def _coordinator(rank: int, store, timeout: datetime.timedelta) -> str:
+    """JAX's coordinator address: the launcher's (``MASTER_ADDR``, ``MASTER_PORT + 1``) or, when
+    the group met without them (a ``file://`` or ``tcp://`` init method, as vLLM's workers do),
+    a free port of rank 0's host (``MASTER_ADDR``, else this host's loopback: one machine) that
+    rank 0 posts on the store."""
+    env = Environment()
+    if store is None or (env.master_addr and env.coordinator_port is not None):
+        return env.coordinator()
+    key = "tpu_dist/coordinator"
+    if rank == 0:
+        host = env.master_addr or "127.0.0.1"
+        with socket.socket() as s:
+            s.bind((host, 0))
+            store.set(key, f"{host}:{s.getsockname()[1]}")
+    store.wait([key], timeout)
+    return store.get(key).decode()
 
 
 def _check_place(rank: int, world_size: int) -> None:
@@ -135,13 +154,14 @@ def join_from_environment() -> None:
         join(env.rank, env.world_size)
 
 
-def ensure_joined(rank: int, world_size: int, timeout: datetime.timedelta) -> None:
+def ensure_joined(rank: int, world_size: int, timeout: datetime.timedelta, store=None) -> None:
     """For the default ``tpu_dist`` group: this process is JAX process ``rank`` of ``world_size``,
-    joining now if the device has not started (a one-process group needs nothing)."""
+    joining now if the device has not started (a one-process group needs nothing); ``store``: the
+    group's, to agree on the coordinator without the launcher's environment."""
     if world_size == 1 and not platform.is_initialized():
         return
     if not platform.is_initialized():
-        join(rank, world_size, timeout)
+        join(rank, world_size, timeout, store)
         platform.initialize()
         return
     if world_size > 1 and not is_joined():

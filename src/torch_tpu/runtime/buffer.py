@@ -25,11 +25,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src.array import ArrayImpl
 
 from . import platform
 from .context import context
 
-platform.initialize()  # JAX configured (64-bit types, the platform) before any array exists
+platform.configure()  # JAX configured (64-bit types, the platform) before any array exists
 
 _ATTR = "_tpu_value"
 
@@ -249,8 +250,9 @@ def get_array(storage) -> jax.Array | Deferred:
     return value
 
 
-#: The type of concrete device arrays (``jax.Array`` is an abstract base: slow to test against).
-ARRAY_TYPE = type(jnp.zeros(()))
+#: The type of concrete device arrays (``jax.Array`` is an abstract base: slow to test against),
+#: named rather than made (making one would start JAX's backend at import).
+ARRAY_TYPE = ArrayImpl
 
 
 def concrete(storage) -> jax.Array:

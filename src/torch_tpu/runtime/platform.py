@@ -63,6 +63,21 @@ def _mark_forked_child() -> None:
     forked_child = _device is not None
 
 
+def configure() -> None:
+    """Configure JAX (64-bit types, the platform) without starting its backend: what modules that
+    build JAX values need at import. The device, and JAX's backend, start at the first use
+    (:func:`initialize`), so importing torch_tpu's modules (``torch.compile(backend="tpu")``
+    declared at a library's import) leaves a process free to join JAX's multi-process runtime
+    first (``before_start``)."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    if config.platform:
+        if config.platform not in _PLATFORM_ALIASES:
+            raise ValueError(f"TORCH_TPU_PLATFORM must be one of cpu, gpu, tpu; got {config.platform!r}")
+        jax.config.update("jax_platforms", _PLATFORM_ALIASES[config.platform])
+
+
 def initialize() -> None:
     """Import and configure JAX and pick the device (once; later calls return at once)."""
     global _device
@@ -74,11 +89,7 @@ def initialize() -> None:
             return
         import jax
 
-        jax.config.update("jax_enable_x64", True)
-        if config.platform:
-            if config.platform not in _PLATFORM_ALIASES:
-                raise ValueError(f"TORCH_TPU_PLATFORM must be one of cpu, gpu, tpu; got {config.platform!r}")
-            jax.config.update("jax_platforms", _PLATFORM_ALIASES[config.platform])
+        configure()
         for hook in before_start:
             hook()
         if config.cache_dir and not jax.config.jax_compilation_cache_dir:

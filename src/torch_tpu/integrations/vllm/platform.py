@@ -9,9 +9,11 @@ attention layers as XLA executables), and the worker runs the rest of each step 
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
+import vllm.envs as envs
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
@@ -26,6 +28,8 @@ logger = init_logger(__name__)
 ATTENTION_BACKEND = "torch_tpu.integrations.vllm.attention.TpuAttentionBackend"
 #: The block size (tokens per KV-cache page) when the user sets none.
 DEFAULT_BLOCK_SIZE = 16
+#: vLLM's collectives (its custom ops) at which a compiled model with several workers is split.
+COLLECTIVE_OPS = ("vllm::all_reduce", "vllm::all_gather", "vllm::reduce_scatter")
 
 
 class TpuPlatform(Platform):
@@ -101,6 +105,12 @@ class TpuPlatform(Platform):
         raise NotImplementedError("LoRA is not supported on tpu.")
 
     @classmethod
+    def use_custom_op_collectives(cls) -> bool:
+        # A collective is one node of a traced model, vLLM's custom op: a compiled model is split
+        # there (``check_and_update_config``) and it runs between the pieces, over ``tpu_dist``.
+        return True
+
+    @classmethod
     def register_triton_kernel_overrides(cls) -> None:
         from vllm.triton_utils.dispatcher import register_kernels
 
@@ -120,6 +130,14 @@ class TpuPlatform(Platform):
         if parallel_config.worker_cls == "auto":
             parallel_config.worker_cls = "torch_tpu.integrations.vllm.worker.TpuWorker"
         parallel_config.enable_dbo = False
+        if parallel_config.world_size > 1 and torch.tpu.is_initialized():
+            # A worker joins JAX's multi-process runtime before its device starts; a forked copy
+            # of a process whose device (JAX's backend) has started cannot (as for CUDA, vLLM's
+            # own reason to spawn).
+            logger.warning("The tpu device has started in this process: workers are spawned, not forked.")
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+            # (vLLM caches its environment once an engine has started; the executor must read this)
+            envs.disable_envs_cache()
         # Steps run one after the other: the worker reads each step's tokens before the next.
         vllm_config.scheduler_config.async_scheduling = False
 
@@ -143,3 +161,14 @@ class TpuPlatform(Platform):
         for name in type(passes).__dataclass_fields__:
             if name.startswith(("fuse_", "enable_")):
                 setattr(passes, name, False)
+        if parallel_config.world_size > 1 and compilation.mode == CompilationMode.VLLM_COMPILE:
+            # A graph with collectives compiles as one SPMD program over the ranks' devices, which
+            # every rank's graph must match, but each rank's pieces differ (a vocab-parallel
+            # embedding's shard bounds are constants in the first): the model is split at the
+            # collectives too, each rank compiles its own pieces, and the collectives run
+            # between them through the process group.
+            if compilation.splitting_ops is None:  # (vLLM's default: at attention)
+                compilation.set_splitting_ops_for_v1(
+                    parallel_config.all2all_backend, parallel_config.data_parallel_size
+                )
+            compilation.splitting_ops += [op for op in COLLECTIVE_OPS if op not in compilation.splitting_ops]

@@ -10,6 +10,7 @@ are read back with a plain ``tolist()``.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 from vllm.config import CompilationMode, set_current_vllm_config
@@ -58,14 +59,15 @@ class TpuModelRunner(GPUModelRunner):
 
 class TpuWorker(Worker):
     def init_device(self) -> None:
-        self.device = torch.device("tpu", self.local_rank)
-        # The engine's thread runs in fused eager: a step's ops (input preparation, the model,
-        # sampling) are recorded and run as one XLA program when the sampled tokens are read,
-        # compiled once per batch shape (docs/execution.md). With vLLM's engine in the caller's
-        # process (VLLM_ENABLE_V1_MULTIPROCESSING=0) that is the caller's thread.
-        torch_tpu.set_eager_mode("fused")
-        torch.tpu.set_device(self.device)
         current_platform.check_if_supports_dtype(self.model_config.dtype)
+        if self.parallel_config.world_size > 1:
+            # Each worker (a process of its own) drives one device, its own tpu:0, which also
+            # answers to the host-wide number vLLM gives it, ``tpu:local_rank``, as under torchrun
+            # (docs/distributed.md).
+            os.environ["LOCAL_RANK"] = str(self.local_rank)
+        # The process group comes before the device's first use: with several workers it makes
+        # this process one of JAX's multi-process runtime, which only a device not yet started
+        # can join (docs/distributed.md).
         init_worker_distributed_environment(
             self.vllm_config,
             self.rank,
@@ -73,6 +75,13 @@ class TpuWorker(Worker):
             self.local_rank,
             current_platform.dist_backend,
         )
+        self.device = torch.device("tpu", self.local_rank)
+        torch.tpu.set_device(self.device)
+        # The engine's thread runs in fused eager: a step's ops (input preparation, the model,
+        # sampling) are recorded and run as one XLA program when the sampled tokens are read,
+        # compiled once per batch shape (docs/execution.md). With vLLM's engine in the caller's
+        # process (VLLM_ENABLE_V1_MULTIPROCESSING=0) that is the caller's thread.
+        torch_tpu.set_eager_mode("fused")
         set_random_seed(self.model_config.seed)
         self._init_workspace_and_model_runner()
 

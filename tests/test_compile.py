@@ -435,35 +435,6 @@ def test_pad_to_bucket():
         bucket_size(-1)
 
 
-_SECOND_PROCESS = """
-import torch, torch_tpu
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 2)).to("tpu")
-out = torch.compile(model, backend="tpu")(torch.ones(3, 8, device="tpu"))
-out.sum().backward()
-torch.tpu.synchronize()
-stats = torch.tpu.compilation_cache_stats()
-print(stats["compiled_graphs"], stats["xla_compiles"], stats["disk_hits"])
-"""
-
-
-def test_second_process_compiles_nothing(tmp_path):
-    """Compiled graphs persist in the cache directory fused eager uses: a second process running
-    the same model and shapes loads every executable from disk."""
-    env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path))
-
-    def run() -> list[int]:
-        out = subprocess.run(
-            [sys.executable, "-c", _SECOND_PROCESS], env=env, check=True, capture_output=True, text=True
-        ).stdout
-        return [int(v) for v in out.split()]
-
-    graphs, compiles, _ = run()
-    assert graphs == 2 and compiles >= graphs  # forward and backward, compiled by XLA
-    graphs, compiles, disk_hits = run()
-    assert graphs == 2 and compiles == 0 and disk_hits >= graphs
-
-
 def test_transformers_static_cache_generation_compiles_on_tpu():
     """Transformers compiles generation with backend "tpu" for a static KV cache."""
     pytest.importorskip("transformers")

@@ -29,7 +29,6 @@ CASES = {  # name: ((query, key, value) shapes, keyword arguments (a mask given 
     "float mask, broadcast": (_shapes((2, 4, 5, 16), (2, 4, 7, 16)), {"attn_mask": ((1, 1, 5, 7), "float")}),
     "bool mask": (_shapes((2, 4, 5, 16), (2, 4, 7, 16)), {"attn_mask": ((5, 7), "bool")}),
     "three dims": (_shapes((4, 5, 16), (4, 7, 16)), {}),
-    "two dims": (_shapes((5, 16), (7, 16)), {}),
     "batch broadcast": (_shapes((2, 4, 5, 16), (1, 4, 7, 16)), {}),
     "value width": (_shapes((2, 4, 5, 16), (2, 4, 7, 16), (2, 4, 7, 8)), {}),
     "scale": (_shapes((2, 4, 5, 16), (2, 4, 7, 16)), {"scale": 0.3}),
@@ -79,6 +78,35 @@ def test_fused_matches_cpu(case, dtype):
         assert_matches_cpu(g, e, r, f"grad of {name}", **unit)
 
 
+def _overrideable_meta(q, k, v, grad):
+    """The layouts PyTorch's meta kernels give the fused op's output and gradients."""
+    meta = [t.to("meta") for t in (q, k, v)]
+    out = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(*meta)
+    grads = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
+        grad.to("meta"), *meta, None, [True] * 4, *out[:6], 0.0, False, *out[6:8]
+    )
+    return out[0], grads[:3]
+
+
+@pytest.mark.parametrize("value_width", [16, 8])
+def test_output_and_gradients_are_laid_out_as_pytorch_lays_them_out(value_width):
+    """Projections viewed as (batch, heads, length, width) are transposed: the output takes the
+    query's dimension order, each gradient its input's (the meta kernels' layouts)."""
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, n, 4, 16, generator=generator).transpose(1, 2) for n in (5, 7))
+    v = torch.randn(2, 7, 4, value_width, generator=generator).transpose(1, 2)
+    out, grads = _run([q, k, v], {}, "tpu")
+    assert type(out.grad_fn).__name__ == FUSED
+    meta_out, meta_grads = _overrideable_meta(q, k, v, out.detach())
+    assert out.stride() == meta_out.stride() and out.shape == meta_out.shape
+    assert [g.stride() for g in grads] == [g.stride() for g in meta_grads]
+    expected, expected_grads = _run([q, k, v], {}, "cpu")
+    reference, reference_grads = _run([q, k, v], {}, "cpu", torch.float64)
+    assert_matches_cpu(out, expected, reference, "output")
+    for name, g, e, r in zip("qkv", grads, expected_grads, reference_grads):
+        assert_matches_cpu(g, e, r, f"grad of {name}")
+
+
 ERRORS = {  # the math path's own errors, as on CPU
     "heads differ without enable_gqa": (_shapes((2, 8, 5, 16), (2, 2, 5, 16)), {}),
     "heads not a multiple": (_shapes((2, 6, 5, 16), (2, 4, 5, 16)), {"enable_gqa": True}),
@@ -95,6 +123,18 @@ def test_refused_as_on_cpu(case):
     on_tpu = {k: v.to("tpu") if torch.is_tensor(v) else v for k, v in options.items()}
     with pytest.raises(RuntimeError):
         F.scaled_dot_product_attention(*(t.to("tpu") for t in tensors), **on_tpu)
+
+
+def test_two_dimensional_inputs_take_the_math_path():
+    """The fused op takes 3-D and 4-D inputs only (its meta kernel refuses others)."""
+    tensors, _ = _inputs(_shapes((5, 16), (7, 16)), {}, torch.float32)
+    out, grads = _run(tensors, {}, "tpu")
+    assert type(out.grad_fn).__name__ != FUSED
+    expected, expected_grads = _run(tensors, {}, "cpu")
+    reference, reference_grads = _run(tensors, {}, "cpu", torch.float64)
+    assert_matches_cpu(out, expected, reference, "output")
+    for name, g, e, r in zip("qkv", grads, expected_grads, reference_grads):
+        assert_matches_cpu(g, e, r, f"grad of {name}")
 
 
 def test_math_backend_when_asked():

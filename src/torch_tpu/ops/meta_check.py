@@ -131,6 +131,11 @@ UNCHECKED_OUTPUTS: dict[str, tuple[tuple[int, ...], str]] = {
         (tuple(range(1, 6)), _SAVED_STATISTICS),  # all but the normalized output
     ),
     "aten::_linalg_svd": ((2,), "CPU returns Vh column-major like U; meta row-major"),
+    "aten::_scaled_dot_product_fused_attention_overrideable_backward": (
+        (0, 1, 2, 3),
+        "the gradients grad_input_mask leaves out are undefined (autograd's convention); meta "
+        "allocates every one",
+    ),
 }
 
 #: Ops whose meta kernels refuse some arguments CPU's kernels run (tpu runs them as CPU does),

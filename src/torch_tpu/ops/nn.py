@@ -790,7 +790,12 @@ def fused_sdp_choice(
 
 
 def _fused_attention_fits(query, key, value, attn_mask, enable_gqa: bool) -> bool:
-    if not query.is_floating_point() or query.dim() < 2 or not query.dim() == key.dim() == value.dim():
+    # (the fused op takes (heads, length, width) or (batch, heads, length, width), as on MTIA)
+    if (
+        not query.is_floating_point()
+        or query.dim() not in (3, 4)
+        or not query.dim() == key.dim() == value.dim()
+    ):
         return False
     if query.dim() >= 3:
         heads = query.shape[-3]
@@ -851,7 +856,8 @@ def _attention(q, k, v, bias, seed, dropout_p, is_causal, scale):
         weights = _dropout(weights, dropout_p, _unpack_key(seed))[0]
     out = jnp.einsum("...ls,...sd->...ld", weights, v, precision=matmul)
     logsumexp = (jnp.log(sums) + row_max)[..., 0]
-    return out.astype(dtype), logsumexp.astype(jnp.float32)
+    # (batch, heads, length): a 3-D query's batch is 1, as PyTorch's meta kernel has it
+    return out.astype(dtype), logsumexp.reshape((-1, *logsumexp.shape[-2:])).astype(jnp.float32)
 
 
 _attention_forward = jax.jit(tensor.reading_views(_attention, range(4)), static_argnums=(5, 6, 7))
@@ -876,8 +882,9 @@ def scaled_dot_product_fused_attention(
         is_causal,
         scale,
     )
+    strides = _matching_layout(query, out.shape)
     return (
-        tensor.wrap(out),
+        tensor.wrap(out) if strides is None else tensor.wrap_strided(out, strides),
         tensor.wrap(logsumexp),
         None,
         None,
@@ -889,7 +896,20 @@ def scaled_dot_product_fused_attention(
     )
 
 
-@lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default)
+def _matching_layout(query: torch.Tensor, shape) -> tuple | None:
+    """The strides PyTorch's fused attention gives its output (its meta kernel's
+    ``alloc_with_matching_layout``): laid out like the query (heads-major when the query is a
+    transposed (B, T, H, D) projection), or None for contiguous."""
+    if tuple(query.shape) == tuple(shape):
+        return tensor.like_strides(query)
+    order = sorted(range(query.dim()), key=lambda d: query.stride()[d], reverse=True)
+    strides, step = [0] * len(order), 1
+    for d in reversed(order):
+        strides[d], step = step, step * shape[d]
+    return None if tensor.is_row_major(tuple(shape), tuple(strides)) else tuple(strides)
+
+
+@lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default, layout=Layout.META)
 def scaled_dot_product_fused_attention_backward(
     grad,
     query,

@@ -17,9 +17,6 @@ from pathlib import Path
 
 import pytest
 
-#: each module fixture starts a 4-device process: the module's tests share one xdist worker
-pytestmark = pytest.mark.xdist_group("devices")
-
 FOUR_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MIXED = "Expected all tensors to be on the same device, but found at least two devices, tpu:0 and tpu:1!"

@@ -39,17 +39,29 @@ def model_path(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def llm(plugin_path, model_path):
+def new_engine(plugin_path, model_path):
+    """Starts a vLLM engine on the tiny model (float32, a 16 MiB KV cache, seed 0), with the
+    given options on top."""
+
+    def start(**options):
+        import vllm
+
+        return vllm.LLM(
+            model=model_path,
+            dtype="float32",
+            max_model_len=256,
+            kv_cache_memory_bytes=16 << 20,
+            seed=0,
+            **options,
+        )
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def llm(new_engine):
     """One engine for the module, in this process (vLLM's engine core and worker run inline)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    import vllm
-
-    engine = vllm.LLM(
-        model=model_path,
-        dtype="float32",
-        max_model_len=256,
-        kv_cache_memory_bytes=16 << 20,
-        seed=0,
-    )
+    engine = new_engine()
     yield engine
     engine.llm_engine.engine_core.shutdown()

@@ -109,36 +109,21 @@ def test_unsupported_architecture_is_vllms_error(plugin_path, model_path, tmp_pa
 
 
 @pytest.mark.parametrize("mode", ["STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE"])
-def test_compiling_the_whole_model_as_one_graph_is_refused(plugin_path, model_path, mode):
-    import vllm
+def test_compiling_the_whole_model_as_one_graph_is_refused(new_engine, mode):
     from vllm.config import CompilationMode
 
     with pytest.raises(NotImplementedError, match=f"compilation mode {mode} is not supported on tpu"):
-        vllm.LLM(
-            model=model_path,
-            dtype="float32",
-            compilation_config={"mode": CompilationMode[mode]},
-            kv_cache_memory_bytes=16 << 20,
-        )
+        new_engine(compilation_config={"mode": CompilationMode[mode]})
 
 
-def test_tensor_parallel_greedy_matches_hugging_face_on_cpu(plugin_path, model_path, monkeypatch):
+def test_tensor_parallel_greedy_matches_hugging_face_on_cpu(new_engine, model_path, monkeypatch):
     # Two workers, vLLM's multiprocess executor's processes (spawned: this process's device has
     # started), each one JAX process driving its own tpu; every layer is split between them and
     # its collectives run over tpu_dist between the compiled pieces.
-    import vllm
     from vllm import SamplingParams
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    engine = vllm.LLM(
-        model=model_path,
-        dtype="float32",
-        max_model_len=256,
-        kv_cache_memory_bytes=16 << 20,
-        seed=0,
-        tensor_parallel_size=2,
-        distributed_executor_backend="mp",
-    )
+    engine = new_engine(tensor_parallel_size=2, distributed_executor_backend="mp")
     try:
         prompts, max_tokens = PROMPTS[:2], 4
         outputs = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens))

@@ -86,6 +86,7 @@ class CacheStats:
             "disk_hits": disk_hits,
             "donated_buffers": self.donated_buffers,
             "xla_compiles": platform.compile_events["executables_built"] - disk_hits,
+            "cache_trims": platform.compile_events["cache_trims"],
             "compiled_graphs": self.compiled_graphs,
             "compiled_runs": self.compiled_runs,
             "sync_reasons": dict(self.sync_reasons),
@@ -97,6 +98,13 @@ stats = CacheStats()
 
 #: fingerprint -> compiled graph
 _executables = LRU()
+
+
+def forget_executables() -> None:
+    """Drop the compiled graphs kept for reuse (``runtime.executable_budget`` trims them)."""
+    _executables.clear()
+
+
 log_recompiles = os.environ.get("TORCH_TPU_LOG_RECOMPILES", "0").lower() in ("1", "true", "on")
 _log = logging.getLogger("torch_tpu")
 

@@ -377,8 +377,8 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     )
 
     def compute(args: tuple, kwargs: dict):
-        if platform.forked_child:
-            platform.check_not_forked()
+        if platform.attention_needed:
+            platform.attend()
         if recorded_ops is not None:
             recorded_ops.add(op)
         values = binder.bind(args, kwargs)
@@ -766,8 +766,8 @@ def _recording(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
     dtype_guard = cpu_dtypes.table_guard(op, binder.names)
 
     def recorded(*args, **kwargs):
-        if platform.forked_child:
-            platform.check_not_forked()
+        if platform.attention_needed:
+            platform.attend()
         if recorded_ops is not None:
             recorded_ops.add(op)
         if dtype_guard is not None:

@@ -22,9 +22,11 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from .. import config
+from . import executable_budget
 
 _PLATFORM_ALIASES = {"gpu": "cuda", "cuda": "cuda", "tpu": "tpu", "cpu": "cpu"}
 _lock = threading.Lock()
@@ -37,6 +39,11 @@ _indices: dict = {}
 others_used = False
 #: True in a child process forked after the device had started in its parent.
 forked_child = False
+#: Whether the per-op path has something to do before its next op (:func:`attend`): refuse a
+#: forked child, or run a job that must wait for a safe point (:func:`request_attention`). One
+#: flag, so that the common case costs the per-op path one test.
+attention_needed = False
+_jobs: list[Callable[[], None]] = []
 #: "executables_built" (every executable JAX builds: compiled by XLA or read from the persistent
 #: cache) and "disk_hits" (read from the cache), counted from the device's start.
 compile_events: collections.Counter = collections.Counter()
@@ -58,9 +65,29 @@ def check_not_forked() -> None:
         raise RuntimeError(FORKED_MESSAGE)
 
 
+def request_attention(job: Callable[[], None]) -> None:
+    """Run ``job`` before the next op (:func:`attend`): for work that cannot run where it is
+    found to be due, such as clearing JAX's caches from inside a JAX compilation."""
+    global attention_needed
+    if job not in _jobs:
+        _jobs.append(job)
+    attention_needed = True
+
+
+def attend() -> None:
+    """What the per-op path does when :data:`attention_needed`: refuse a forked child, then run
+    the jobs asked for."""
+    global attention_needed
+    check_not_forked()
+    attention_needed = False
+    while _jobs:
+        _jobs.pop(0)()
+
+
 def _mark_forked_child() -> None:
-    global forked_child
+    global forked_child, attention_needed
     forked_child = _device is not None
+    attention_needed = attention_needed or forked_child
 
 
 def configure() -> None:
@@ -121,6 +148,7 @@ def _count_disk_hit(event: str, **_: object) -> None:
 def _count_executable(event: str, duration: float, **_: object) -> None:
     if event == "/jax/core/compile/backend_compile_duration":
         compile_events["executables_built"] += 1
+        executable_budget.executable_loaded()
 
 
 def keep_interrupts() -> None:

@@ -91,6 +91,58 @@ def test_index_ops_stay_in_the_fused_graph():
             torch.testing.assert_close(result.cpu(), expected, msg=name)
 
 
+@pytest.mark.parametrize(
+    ("indices", "nodes"),
+    [
+        (lambda: torch.tensor([[1, 2, 3]], device="tpu"), 1),  # computed already: the batch
+        (lambda: torch.arange(3, device="tpu"), 1),  # a few of the graph's ops: positions
+        (lambda: torch.tensor([[1, 2], [3, 0]], device="tpu").t().reshape(-1), 2),  # a view: read, looked up
+    ],
+    ids=["batch", "positions", "view"],
+)
+def test_a_check_over_indices_a_few_ops_compute_runs_apart_from_the_graph(indices, nodes):
+    """The check's program is not a node of the fused graph, so reporting it (at the end of
+    backward()) waits for that program alone, not for the step's forward and backward."""
+    weight = torch.randn(5, 3, device="tpu")
+    with torch_tpu.eager_mode("fused"):
+        index = indices()
+        before = execution.pending_ops()
+        looked_up = F.embedding(index, weight) * 2
+        assert execution.pending_ops() == before + nodes + 1  # (the lookup's nodes, the product)
+        torch.testing.assert_close(looked_up.cpu(), F.embedding(indices().cpu(), weight.cpu()) * 2)
+
+
+@pytest.mark.parametrize(
+    "indices",
+    [
+        lambda: torch.arange(7, device="tpu"),  # past the 5 rows, computed apart
+        lambda: torch.arange(8, device="tpu").reshape(2, 4).t().reshape(-1) + 1,  # a view and an op
+        lambda: (torch.arange(8, device="tpu") * 2 + 1 - 1).reshape(2, 4).sum(0).clamp(0, 9),  # recorded
+    ],
+    ids=["positions", "view", "many-ops"],
+)
+def test_a_failing_check_over_computed_indices_raises_at_the_read_naming_the_op(indices):
+    weight = torch.randn(5, 3, device="tpu")
+    with torch_tpu.eager_mode("fused"):
+        looked_up = F.embedding(indices(), weight)
+        other = weight * 2
+        torch.testing.assert_close(other.cpu(), weight.cpu() * 2)  # unrelated: no error
+        with pytest.raises(IndexError, match=r"index out of range in self \(raised by aten\.embedding"):
+            looked_up.cpu()
+    torch.tpu.synchronize()
+
+
+def test_targets_equal_to_ignore_index_pass_the_bounds_check():
+    logits = torch.randn(4, 3, device="tpu")
+    targets = torch.tensor([0, -100, 2, -100])
+    with torch_tpu.eager_mode("fused"):
+        loss = F.cross_entropy(logits, targets.to("tpu"))
+        torch.testing.assert_close(loss.cpu(), F.cross_entropy(logits.cpu(), targets))
+        bad = F.cross_entropy(logits, torch.tensor([0, 3, 2, -100], device="tpu"))
+        with pytest.raises(IndexError, match="Target 3 is out of bounds"):
+            bad.item()
+
+
 def test_a_failed_step_leaves_the_gradients_as_they_were():
     """The embedding's out-of-range index is reported at the end of backward(); as on CPU (where
     the forward raises), .grad keeps what it had before the step, so stepping on is harmless."""

@@ -198,6 +198,60 @@ def _program(nodes: list, outputs: tuple) -> Callable:
     return run
 
 
+def _specs_of(node: tuple) -> Iterator[tuple]:
+    _, arg_specs, kw_specs, _ = node
+    yield from arg_specs
+    for _, spec in kw_specs:
+        yield spec
+
+
+def _refs(spec: tuple, kind: int) -> Iterator[int]:
+    """The node (or leaf) indices a spec reads."""
+    if spec[0] is kind:
+        yield spec[1]
+    elif spec[0] is _SEQ:
+        for s in spec[2]:
+            yield from _refs(s, kind)
+    elif spec[0] is _VIEW:
+        yield from _refs(spec[1], kind)
+        if spec[2]:
+            yield from _refs(spec[2], kind)
+
+
+def _renumbered(spec: tuple, nodes: dict, leaves: dict) -> tuple:
+    """``spec`` reading node ``nodes[n]`` for node ``n`` and leaf ``leaves[i]`` for leaf ``i``."""
+    kind = spec[0]
+    if kind is _NODE:
+        return (kind, nodes[spec[1]], spec[2])
+    if kind is _LEAF:
+        return (kind, leaves[spec[1]])
+    if kind is _SEQ:
+        return (kind, spec[1], tuple(_renumbered(s, nodes, leaves) for s in spec[2]))
+    if kind is _VIEW:
+        start = spec[2] and _renumbered(spec[2], nodes, leaves)
+        return (kind, _renumbered(spec[1], nodes, leaves), start, spec[3], spec[4])
+    return spec
+
+
+#: most nodes a value check's inputs may take to compute apart from their graph
+APART_NODES = 4
+#: (the nodes computing a check's inputs, where its arguments come from, the check) -> program
+_apart = LRU()
+
+
+def _apart_program(key: tuple) -> Callable:
+    nodes, outputs, plan, fn = key
+    compute = _program(list(nodes), outputs)
+
+    def run(*leaves):
+        computed = compute(*leaves)
+        return fn(
+            *[computed[e[1]] if e[0] is _NODE else leaves[e[1]] if e[0] is _LEAF else e[1] for e in plan]
+        )
+
+    return jax.jit(run)
+
+
 def _difference(new: tuple, old: tuple) -> str:
     """What differs between two recorded nodes: the op, or which static argument."""
     if new[0] is not old[0]:
@@ -461,6 +515,64 @@ class Graph:
             self.outputs.extend(weakref.ref(d) for d in outs)
             return jax.tree_util.tree_unflatten(treedef, outs)
 
+    def computed_apart(self, fn: Callable, args: tuple) -> Any:
+        """``fn(*args)`` computed now, as a small program of its own, when the arguments this
+        graph computes take at most :data:`APART_NODES` of its nodes over inputs that are ready
+        (a value check over ``torch.arange``'s positions, or over a view of a batch): its
+        result is then ready without running, or waiting for, the whole graph. None when they
+        are not (the caller records ``fn``)."""
+        with self.lock:
+            if self.state is not _OPEN:
+                return None
+            wanted, plan, extra = [], [], []
+            for a in args:
+                if type(a) is Deferred and a.value is None:
+                    if a.graph is not self:
+                        return None
+                    plan.append((_NODE, len(wanted)))
+                    wanted.append((a.node, a.index))
+                elif type(a) is Deferred or type(a) is _ARRAY:
+                    plan.append((_LEAF, len(extra)))
+                    extra.append(buffer.resolved(a))
+                elif type(a) in _PLAIN:
+                    plan.append((_STATIC, a, _typed(a)))  # (1 and True: different programs)
+                else:
+                    return None
+            cone, stack = set(), [n for n, _ in wanted]
+            while stack:
+                n = stack.pop()
+                if n not in cone:
+                    cone.add(n)
+                    stack.extend(r for spec in _specs_of(self.nodes[n]) for r in _refs(spec, _NODE))
+                    if len(cone) > APART_NODES:
+                        return None
+            order = sorted(cone)
+            node_at = {n: i for i, n in enumerate(order)}
+            used = sorted({i for n in order for spec in _specs_of(self.nodes[n]) for i in _refs(spec, _LEAF)})
+            leaves = [self.leaves[i] for i in used] + extra
+            if not all(x.is_ready() for x in leaves):
+                return None
+            leaf_at = {i: j for j, i in enumerate(used)}
+            nodes = tuple(
+                (
+                    f,
+                    tuple(_renumbered(x, node_at, leaf_at) for x in a),
+                    tuple((k, _renumbered(x, node_at, leaf_at)) for k, x in kw),
+                    p,
+                )
+                for f, a, kw, p in (self.nodes[n] for n in order)
+            )
+            plan = tuple((_LEAF, e[1] + len(used)) if e[0] is _LEAF else e for e in plan)
+            key = (nodes, tuple((node_at[n], i) for n, i in wanted), plan, fn)
+        try:
+            program = _apart.get(key)
+            if program is None:
+                program = _apart[key] = _apart_program(key)
+        except TypeError:  # an unhashable static argument
+            return None
+        with jax.default_device(platform.jax_device(self.index)):
+            return program(*leaves)
+
     def _computes(self, value: Any) -> bool:
         """Whether ``value`` (or an element of a list of them) is one this graph computes."""
         for v in value if type(value) in (list, tuple) else (value,):
@@ -674,12 +786,7 @@ class Recorder:
         if platform.others_used:
             self._on_device(_index_of((args, kwargs)))
         while True:
-            graph = self.graph
-            if graph.state is not _OPEN:
-                graph = self.graph = Graph(index=graph.index)
-            elif len(graph.nodes) >= max_nodes:
-                graph.run("the graph reached max_nodes")
-                continue
+            graph = self.open_graph()
             try:
                 outs = graph.record(fn, args, kwargs or {}, name)
             except TypeError:  # an unhashable static argument: run this op eagerly
@@ -690,6 +797,16 @@ class Recorder:
                 continue
             if outs is not None:
                 return outs
+
+    def open_graph(self) -> Graph:
+        """The graph the next op is recorded into (a new one if the last has run or is full)."""
+        graph = self.graph
+        if graph.state is not _OPEN:
+            graph = self.graph = Graph(index=graph.index)
+        elif len(graph.nodes) >= max_nodes:
+            graph.run("the graph reached max_nodes")
+            graph = self.graph = Graph(index=graph.index)
+        return graph
 
     def _on_device(self, index: int | None) -> None:
         """Record the next op into a graph on ``tpu:index``: a graph holds one device's ops (one

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..runtime import checks
-from ..runtime.buffer import apply
+from ..runtime.buffer import ARRAY_TYPE, Deferred, StridedView, apply
 from ..runtime.context import context
 from ..runtime.dtypes import item_name, to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
 from .registry import OutDtype, Promote, lower
@@ -115,6 +115,30 @@ def has_values(array) -> bool:
     return context.trace is not None or not isinstance(array, jax.core.Tracer)
 
 
+def apply_check(fn: Callable, *args: Any) -> Any:
+    """``apply`` for the small program of a value check. While a fused graph records, a check
+    whose inputs are computed already (a batch of indices from the host), or take a few of the
+    graph's ops over such inputs (``torch.arange``'s positions, a view of the batch), runs at
+    once (``Graph.computed_apart``). It is still reported with the graph
+    (``checks.when_ready``), but reporting it waits for this program alone. Recorded, its
+    result would come with the whole graph: the end of ``backward()``, which reports the
+    step's checks, would wait for the forward and backward to finish computing, instead of
+    the optimizer's ops being recorded while they run."""
+    recorder = context.recorder
+    if recorder is not None and context.trace is None:
+        if all(map(_computed, args)):
+            return fn(*args)
+        result = recorder.graph.computed_apart(fn, args)
+        if result is not None:
+            return result
+    return apply(fn, *args)
+
+
+def _computed(x: Any) -> bool:
+    """Whether ``x`` is not an array, or one whose value is ready on the device."""
+    return type(x) is ARRAY_TYPE and x.is_ready() or not isinstance(x, (jax.Array, Deferred, StridedView))
+
+
 def report_values(results, report: Callable[[Any], None]) -> None:
     """Call ``report`` with the host values of ``results`` (small arrays a value check computed
     with ``apply``), which raises PyTorch's error if they show one: at once in strict eager; in
@@ -127,19 +151,23 @@ def report_values(results, report: Callable[[Any], None]) -> None:
 
 
 @jax.jit
-def _first_out_of_bounds(index: jax.Array, low, high) -> tuple[jax.Array, jax.Array]:
+def _first_out_of_bounds(index: jax.Array, low, high, ignore=None) -> tuple[jax.Array, jax.Array]:
     flat = index.reshape(-1)
+    if ignore is not None:
+        flat = jnp.where(flat == ignore, low, flat)
     bad = (flat < low) | (flat >= high)
     return jnp.any(bad), flat[jnp.argmax(bad)]
 
 
 def check_bounds(
-    checks: Sequence[tuple[jax.Array, int, bool]], error: Callable[[int, int, int], Exception]
+    checks: Sequence[tuple[jax.Array, int, bool]],
+    error: Callable[[int, int, int], Exception],
+    ignore: int | None = None,
 ) -> None:
     """Raise ``error(position, value, size)`` for the first index outside its dimension.
 
     ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync
-    (:func:`report_values`).
+    (:func:`report_values`). Indices equal to ``ignore`` (a loss's ``ignore_index``) pass.
     """
     pending = [
         (position, index, size, negative_ok)
@@ -147,7 +175,7 @@ def check_bounds(
         if index.size and has_values(index)
     ]
     results = [
-        apply(_first_out_of_bounds, index, -size if negative_ok else 0, size)
+        apply_check(_first_out_of_bounds, index, -size if negative_ok else 0, size, ignore)
         for _, index, size, negative_ok in pending
     ]
 

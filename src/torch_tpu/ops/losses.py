@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..runtime.buffer import apply
 from ..runtime.dtypes import type_name
 from ._helpers import check_bounds, host_number
 from ._nn_helpers import REDUCTIONS, compute_dtype, vjp
@@ -55,16 +54,12 @@ def _nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_w
     return picked * jnp.expand_dims(values, class_axis)
 
 
-@jax.jit
-def _ignored_as_zero(target, ignore_index):
-    return jnp.where(target == ignore_index, 0, target)
-
-
 def _check_targets(x, target, weight, reduction, ignore_index, *_):
     classes = x.shape[0 if x.ndim == 1 else 1]
     check_bounds(
-        [(apply(_ignored_as_zero, target, ignore_index), classes, False)],
+        [(target, classes, False)],
         lambda _, value, size: IndexError(f"Target {value} is out of bounds."),
+        ignore=ignore_index,
     )
 
 

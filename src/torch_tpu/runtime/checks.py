@@ -103,15 +103,22 @@ def user_line() -> str:
 
 
 def when_ready(values: Any, callback: Callable[[Any], None]) -> None:
-    """Call ``callback`` with the host copy of ``values`` (a pytree of result arrays): now if
-    they are concrete (strict eager), else with the fused graph that computes them (reported as
-    the module docstring says). An exception from ``callback`` is PyTorch's error for the op."""
+    """Call ``callback`` with the host copy of ``values`` (a pytree of result arrays): now in
+    strict eager; while a fused graph records, with that graph (reported as the module
+    docstring says), even if ``values`` are computed already. An exception from ``callback`` is
+    PyTorch's error for the op."""
     leaves = jax.tree_util.tree_leaves(values)
     pending = [v for v in leaves if type(v) is Deferred and v.value is None]
-    if not pending:
+    if pending:
+        graph = pending[0].graph
+    elif context.recorder is not None and context.trace is None:
+        # computed at once from inputs that were ready (``apply_check``), reported as if the
+        # graph had computed it: with the outputs of the op being recorded
+        graph = context.recorder.open_graph()
+    else:
         callback(jax.device_get(jax.tree_util.tree_map(resolved, values)))
         return
-    pending[0].graph.add_check(Check(values, callback, f"{context.op or 'an op'} at {user_line()}"))
+    graph.add_check(Check(values, callback, f"{context.op or 'an op'} at {user_line()}"))
 
 
 def deferred(values: Any, callback: Callable[[Any], None], origin: str) -> Check:

@@ -112,6 +112,18 @@ def test_a_check_over_indices_a_few_ops_compute_runs_apart_from_the_graph(indice
         torch.testing.assert_close(looked_up.cpu(), F.embedding(indices().cpu(), weight.cpu()) * 2)
 
 
+def test_a_check_over_indices_computed_from_large_inputs_stays_in_the_graph():
+    """Computing the indices apart would compute them twice: not for a product of 2 MB inputs."""
+    x, w = torch.randn(512, 512, device="tpu"), torch.randn(512, 512, device="tpu")
+    weight = torch.randn(512, 3, device="tpu")
+    with torch_tpu.eager_mode("fused"):
+        index = (x @ w).argmax(-1)
+        before = execution.pending_ops()
+        looked_up = F.embedding(index, weight)
+        assert execution.pending_ops() == before + 2  # the check's node, the lookup
+        torch.testing.assert_close(looked_up.cpu(), F.embedding(index.cpu(), weight.cpu()))
+
+
 @pytest.mark.parametrize(
     "indices",
     [

@@ -233,8 +233,10 @@ def _renumbered(spec: tuple, nodes: dict, leaves: dict) -> tuple:
     return spec
 
 
-#: most nodes a value check's inputs may take to compute apart from their graph
+#: most nodes a value check's inputs may take to compute apart from their graph, and most bytes
+#: those nodes may read (computing them apart computes them twice: never a model's matmul)
 APART_NODES = 4
+APART_BYTES = 1 << 20
 #: (the nodes computing a check's inputs, where its arguments come from, the check) -> program
 _apart = LRU()
 
@@ -517,10 +519,10 @@ class Graph:
 
     def computed_apart(self, fn: Callable, args: tuple) -> Any:
         """``fn(*args)`` computed now, as a small program of its own, when the arguments this
-        graph computes take at most :data:`APART_NODES` of its nodes over inputs that are ready
-        (a value check over ``torch.arange``'s positions, or over a view of a batch): its
-        result is then ready without running, or waiting for, the whole graph. None when they
-        are not (the caller records ``fn``)."""
+        graph computes take at most :data:`APART_NODES` of its nodes, reading at most
+        :data:`APART_BYTES` of inputs that are ready (a value check over ``torch.arange``'s
+        positions, or over a view of a batch): its result is then ready without running, or
+        waiting for, the whole graph. None when they are not (the caller records ``fn``)."""
         with self.lock:
             if self.state is not _OPEN:
                 return None
@@ -550,6 +552,8 @@ class Graph:
             node_at = {n: i for i, n in enumerate(order)}
             used = sorted({i for n in order for spec in _specs_of(self.nodes[n]) for i in _refs(spec, _LEAF)})
             leaves = [self.leaves[i] for i in used] + extra
+            if sum(buffer.nbytes(self.leaves[i]) for i in used) > APART_BYTES:
+                return None
             if not all(x.is_ready() for x in leaves):
                 return None
             leaf_at = {i: j for j, i in enumerate(used)}

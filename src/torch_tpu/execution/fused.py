@@ -518,18 +518,18 @@ class Graph:
             return jax.tree_util.tree_unflatten(treedef, outs)
 
     def computed_apart(self, fn: Callable, args: tuple) -> Any:
-        """``fn(*args)`` computed now, as a small program of its own, when the arguments this
-        graph computes take at most :data:`APART_NODES` of its nodes, reading at most
-        :data:`APART_BYTES` of inputs that are ready (a value check over ``torch.arange``'s
-        positions, or over a view of a batch): its result is then ready without running, or
-        waiting for, the whole graph. None when they are not (the caller records ``fn``)."""
+        """``fn(*args)`` computed now, apart from the graph: at once when its arguments are
+        computed already (a batch from the host), or as a small program of its own when the
+        arguments this graph computes take at most :data:`APART_NODES` of its nodes, reading
+        at most :data:`APART_BYTES` of inputs that are ready (a value check over
+        ``torch.arange``'s positions, or over a view of a batch): its result is then ready
+        without running, or waiting for, the whole graph. None when they are not (the caller
+        records ``fn``)."""
         with self.lock:
-            if self.state is not _OPEN:
-                return None
             wanted, plan, extra = [], [], []
             for a in args:
                 if type(a) is Deferred and a.value is None:
-                    if a.graph is not self:
+                    if a.graph is not self or self.state is not _OPEN:
                         return None
                     plan.append((_NODE, len(wanted)))
                     wanted.append((a.node, a.index))
@@ -540,6 +540,10 @@ class Graph:
                     plan.append((_STATIC, a, _typed(a)))  # (1 and True: different programs)
                 else:
                     return None
+            if not wanted:  # all computed already: no node to compute again
+                if not all(x.is_ready() for x in extra):
+                    return None
+                return fn(*[extra[e[1]] if e[0] is _LEAF else e[1] for e in plan])
             cone, stack = set(), [n for n, _ in wanted]
             while stack:
                 n = stack.pop()

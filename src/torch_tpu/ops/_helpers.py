@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..runtime import checks
-from ..runtime.buffer import ARRAY_TYPE, Deferred, StridedView, apply
+from ..runtime.buffer import apply
 from ..runtime.context import context
 from ..runtime.dtypes import item_name, to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
 from .registry import OutDtype, Promote, lower
@@ -126,17 +126,10 @@ def apply_check(fn: Callable, *args: Any) -> Any:
     the optimizer's ops being recorded while they run."""
     recorder = context.recorder
     if recorder is not None and context.trace is None:
-        if all(map(_computed, args)):
-            return fn(*args)
         result = recorder.graph.computed_apart(fn, args)
         if result is not None:
             return result
     return apply(fn, *args)
-
-
-def _computed(x: Any) -> bool:
-    """Whether ``x`` is not an array, or one whose value is ready on the device."""
-    return type(x) is ARRAY_TYPE and x.is_ready() or not isinstance(x, (jax.Array, Deferred, StridedView))
 
 
 def report_values(results, report: Callable[[Any], None]) -> None:

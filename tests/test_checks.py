@@ -144,6 +144,47 @@ def test_a_failing_check_over_computed_indices_raises_at_the_read_naming_the_op(
     torch.tpu.synchronize()
 
 
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_indices_copied_from_the_host_are_checked_on_the_host(mode, monkeypatch):
+    """No program runs for the bounds check of a batch copied from the host: its host copy is
+    read. Indices computed on the device (or changed there) are checked by a program."""
+    from torch_tpu.ops import _helpers
+
+    device_checks = []
+    checked_on_device = _helpers._first_out_of_bounds
+    monkeypatch.setattr(
+        _helpers,
+        "_first_out_of_bounds",
+        lambda *a: device_checks.append(1) or checked_on_device(*a),
+    )
+    weight = torch.randn(5, 3, device="tpu")
+    with torch_tpu.eager_mode(mode):
+        host = torch.tensor([4, 0])
+        index = host.to("tpu")
+        host[0] = 9  # the host tensor changes after the copy, the device value does not
+        torch.testing.assert_close(F.embedding(index, weight).cpu(), weight.cpu()[[4, 0]])
+        assert not device_checks
+        with pytest.raises(IndexError, match="index out of range in self"):
+            F.embedding(torch.tensor([[1, 5]], device="tpu"), weight).cpu()
+        assert not device_checks
+        index.add_(1)  # now 5 and 1, computed on the device: its old host copy is not used
+        with pytest.raises(IndexError, match="index out of range in self"):
+            F.embedding(index, weight).cpu()
+        assert device_checks
+    torch.tpu.synchronize()
+
+
+def test_host_copies_are_kept_for_small_integer_arrays_only():
+    from torch_tpu.runtime import transfer
+
+    def kept(t):
+        return transfer.host_copy(torch_tpu.to_jax(t.to("tpu"))) is not None
+
+    assert kept(torch.tensor([1, 2])) and kept(torch.tensor([True, False]))
+    assert not kept(torch.tensor([1.0, 2.0]))
+    assert not kept(torch.zeros(transfer.HOST_COPY_BYTES // 8 + 1, dtype=torch.int64))
+
+
 def test_targets_equal_to_ignore_index_pass_the_bounds_check():
     logits = torch.randn(4, 3, device="tpu")
     targets = torch.tensor([0, -100, 2, -100])

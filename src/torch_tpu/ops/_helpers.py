@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..runtime import checks
+from ..runtime import checks, transfer
 from ..runtime.buffer import apply
 from ..runtime.context import context
 from ..runtime.dtypes import item_name, to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
@@ -143,13 +143,26 @@ def report_values(results, report: Callable[[Any], None]) -> None:
         checks.when_ready(results, report)
 
 
-@jax.jit
-def _first_out_of_bounds(index: jax.Array, low, high, ignore=None) -> tuple[jax.Array, jax.Array]:
+def _first_out_of_bounds_in(xp, index, low, high, ignore=None) -> tuple:
+    """(whether an entry of ``index`` other than ``ignore`` lies outside [low, high), the first
+    such entry), computed by ``xp`` (``jnp`` on the device, ``np`` on the host)."""
     flat = index.reshape(-1)
     if ignore is not None:
-        flat = jnp.where(flat == ignore, low, flat)
+        flat = xp.where(flat == ignore, low, flat)
     bad = (flat < low) | (flat >= high)
-    return jnp.any(bad), flat[jnp.argmax(bad)]
+    return xp.any(bad), flat[xp.argmax(bad)]
+
+
+_first_out_of_bounds = jax.jit(functools.partial(_first_out_of_bounds_in, jnp))
+
+
+def _out_of_bounds(index, low: int, high: int, ignore: int | None) -> tuple:
+    """:func:`_first_out_of_bounds_in` of ``index``: on its host copy if it was copied from the
+    host (no program, no wait), else as a small program on the device."""
+    host = transfer.host_copy(index)
+    if host is not None:
+        return _first_out_of_bounds_in(np, host, low, high, ignore)
+    return apply_check(_first_out_of_bounds, index, low, high, ignore)
 
 
 def check_bounds(
@@ -168,7 +181,7 @@ def check_bounds(
         if index.size and has_values(index)
     ]
     results = [
-        apply_check(_first_out_of_bounds, index, -size if negative_ok else 0, size, ignore)
+        _out_of_bounds(index, -size if negative_ok else 0, size, ignore)
         for _, index, size, negative_ok in pending
     ]
 

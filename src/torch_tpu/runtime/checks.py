@@ -48,9 +48,10 @@ class Check:
 
     def ready(self) -> bool:
         leaves = jax.tree_util.tree_leaves(self.values)
-        return all(type(v) is not Deferred or v.value is not None for v in leaves) and all(
-            resolved(v).is_ready() for v in leaves
-        )
+        if not all(type(v) is not Deferred or v.value is not None for v in leaves):
+            return False
+        arrays = (resolved(v) for v in leaves)  # (host values, ``transfer.host_copy``'s, are)
+        return all(a.is_ready() for a in arrays if isinstance(a, jax.Array))
 
     def settle(self) -> int:
         """Run the callback on the results (waiting for them); remember how it went."""
@@ -115,8 +116,11 @@ def when_ready(values: Any, callback: Callable[[Any], None]) -> None:
         # computed at once from inputs that were ready (``apply_check``), reported as if the
         # graph had computed it: with the outputs of the op being recorded
         graph = context.recorder.open_graph()
-    else:
+    elif any(isinstance(v, jax.Array) for v in leaves):
         callback(jax.device_get(jax.tree_util.tree_map(resolved, values)))
+        return
+    else:  # computed on the host (``transfer.host_copy``)
+        callback(values)
         return
     graph.add_check(Check(values, callback, f"{context.op or 'an op'} at {user_line()}"))
 

@@ -117,6 +117,37 @@ def test_view_matches_cpu(name):
     assert_same_view(fn(tpu_base), tpu_base, fn(cpu_base), cpu_base)
 
 
+@pytest.mark.parametrize(
+    ("call", "reads_apart"),
+    [
+        (lambda x, w: torch.nn.functional.linear(x, w), 0),  # w.t(): the matmul reads it transposed
+        (lambda x, w: w.t() * 2 + w.t(), 0),
+        (lambda x, w: x.reshape(4, 2, 8).transpose(0, 1).sum(0), 0),
+        (lambda x, w: w.t().mul_(3), 0),  # written through the transposed view
+        (lambda x, w: w[1:].t() * 2, 1),  # a slice: not the whole storage, read apart in strict
+        (lambda x, w: x.reshape(8, 8) * 2, 1),  # a reshape: read apart, shared by every op
+    ],
+    ids=["linear", "elementwise", "reduction", "inplace", "slice", "reshape"],
+)
+def test_strict_ops_read_a_permuted_storage_in_their_program(call, reads_apart, monkeypatch):
+    """Strict eager reads a view that is its whole storage transposed inside the op's program
+    (no copy of a linear layer's weight), other views apart; results and aliasing as on CPU."""
+    from torch_tpu.runtime import tensor
+
+    x, w = torch.randn(4, 16), torch.randn(32, 16)
+    tx, tw = x.to(TPU), w.to(TPU)
+    strict = torch_tpu.get_eager_mode() == torch_tpu.EagerMode.STRICT  # (fused reads all in nodes)
+    reads = []
+    if strict:
+        read = tensor._strided_read
+        monkeypatch.setattr(tensor, "_strided_read", lambda *a: reads.append(1) or read(*a))
+    result = call(tx, tw)
+    assert not strict or len(reads) == reads_apart
+    monkeypatch.undo()
+    torch.testing.assert_close(result.cpu(), call(x, w))
+    torch.testing.assert_close(tw.cpu(), w)  # (written through its view as on CPU)
+
+
 def test_view_as_real_and_complex():
     cpu = torch.complex(_base(), -_base())
     tpu = cpu.to(TPU)

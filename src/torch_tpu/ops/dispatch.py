@@ -123,14 +123,9 @@ def _to_jax_arg(x: Any, index: int = 0) -> Any:
 
 
 def _to_program_arg(x: Any, index: int = 0) -> Any:
-    """:func:`_to_jax_arg`; while a fused graph records, a view left for the op's node to read
-    (``tensor.read_in_program``). Strict eager takes :func:`_to_jax_arg` at once (hot path)."""
-    if (
-        tensor.views_in_programs()
-        and isinstance(x, torch.Tensor)
-        and not (x.is_cpu or x.is_meta)
-        and x.dtype not in _COMPLEX
-    ):
+    """:func:`_to_jax_arg`, a view perhaps left for the op's program to read
+    (``tensor.read_in_program``)."""
+    if isinstance(x, torch.Tensor) and not (x.is_cpu or x.is_meta) and x.dtype not in _COMPLEX:
         return tensor.read_in_program(x)
     return _to_jax_arg(x, index)
 

@@ -400,24 +400,45 @@ def read(t: torch.Tensor) -> jax.Array:
 
 
 def views_in_programs() -> bool:
-    """Whether views go into their op's program whole (:func:`read_in_program`): while a fused
-    graph records (outside a compiled program's trace)."""
+    """Whether every view goes into its op's program whole (:func:`read_in_program`): while a
+    fused graph records (outside a compiled program's trace)."""
     return context.recorder is not None and context.trace is None
 
 
 def read_in_program(t: torch.Tensor) -> jax.Array | buffer.StridedView:
-    """:func:`read` for the program of the op that takes ``t``: while a fused graph records, a
-    view comes as a :class:`~torch_tpu.runtime.buffer.StridedView` that the op's node reads
-    itself (:func:`reading_views`), so views add no nodes. Strict eager reads it apart (one
-    executable per view geometry, shared by every op that takes such a view, instead of one per
-    op and geometry), as does a compiled program's trace."""
-    if not views_in_programs():
-        return read(t)
+    """:func:`read` for the program of the op that takes ``t``: a view may come as a
+    :class:`~torch_tpu.runtime.buffer.StridedView` that the op's program reads itself
+    (:func:`reading_views`), costing no program or graph node of its own:
+
+    - while a fused graph records, every view;
+    - in strict eager, its whole storage with axes permuted (``w.t()``, ``x.transpose(1, 2)``):
+      the op reads it transposed (a matmul of ``w.t()`` needs no copy of ``w``), and there are
+      few such geometries per shape. Other views (reshapes, slices) are read apart, by one
+      executable per view geometry shared by every op that takes such a view (reading each
+      inside every op's program would compile one per op and geometry).
+
+    A compiled program's trace reads every view inline."""
     buf, view = _view(t)
     if view is None:
         return buf
-    shape, strides, start = view
-    return buffer.StridedView(buf, start, shape, strides)
+    if context.trace is None and (context.recorder is not None or _permutes_whole(buf.shape, *view)):
+        shape, strides, start = view
+        return buffer.StridedView(buf, start, shape, strides)
+    return apply(_strided_read, buf, *view)
+
+
+def _permutes_whole(storage_shape: tuple, shape: tuple, strides: tuple, start) -> bool:
+    return start is None and _is_whole_permutation(storage_shape, shape, strides)
+
+
+@cached
+def _is_whole_permutation(storage_shape: tuple, shape: tuple, strides: tuple) -> bool:
+    """Whether the view is its whole storage with axes permuted, not merely reshaped (reshapes
+    are read apart: one executable per shape, shared by every op)."""
+    if math.prod(storage_shape) != math.prod(shape):
+        return False
+    order = _permutation_of_dense(shape, strides)
+    return order is not None and order != sorted(order)
 
 
 @cached

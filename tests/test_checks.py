@@ -146,8 +146,9 @@ def test_a_failing_check_over_computed_indices_raises_at_the_read_naming_the_op(
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_indices_copied_from_the_host_are_checked_on_the_host(mode, monkeypatch):
-    """No program runs for the bounds check of a batch copied from the host: its host copy is
-    read. Indices computed on the device (or changed there) are checked by a program."""
+    """No program runs for the bounds check of a batch copied from the host, a view of one or
+    an integer ``arange``: their host copy is read. Indices computed on the device (or changed
+    there) are checked by a program."""
     from torch_tpu.ops import _helpers
 
     device_checks = []
@@ -166,6 +167,12 @@ def test_indices_copied_from_the_host_are_checked_on_the_host(mode, monkeypatch)
         assert not device_checks
         with pytest.raises(IndexError, match="index out of range in self"):
             F.embedding(torch.tensor([[1, 5]], device="tpu"), weight).cpu()
+        batch = torch.tensor([[0, 1], [2, 3]], device="tpu")
+        for view in (batch.view(-1), batch.t(), batch[1:, 1]):
+            F.embedding(view, weight).cpu()  # a view of a batch from the host: its copy's view
+        F.embedding(torch.arange(1, 5, device="tpu"), weight).cpu()  # positions
+        with pytest.raises(IndexError, match="index out of range in self"):
+            F.embedding(torch.arange(6, device="tpu").view(2, 3).t(), weight).cpu()
         assert not device_checks
         index.add_(1)  # now 5 and 1, computed on the device: its old host copy is not used
         with pytest.raises(IndexError, match="index out of range in self"):
@@ -175,14 +182,14 @@ def test_indices_copied_from_the_host_are_checked_on_the_host(mode, monkeypatch)
 
 
 def test_host_copies_are_kept_for_small_integer_arrays_only():
-    from torch_tpu.runtime import transfer
+    from torch_tpu.runtime import buffer
 
     def kept(t):
-        return transfer.host_copy(torch_tpu.to_jax(t.to("tpu"))) is not None
+        return buffer.host_copy(torch_tpu.to_jax(t.to("tpu"))) is not None
 
     assert kept(torch.tensor([1, 2])) and kept(torch.tensor([True, False]))
     assert not kept(torch.tensor([1.0, 2.0]))
-    assert not kept(torch.zeros(transfer.HOST_COPY_BYTES // 8 + 1, dtype=torch.int64))
+    assert not kept(torch.zeros(buffer.HOST_COPY_BYTES // 8 + 1, dtype=torch.int64))
 
 
 def test_targets_equal_to_ignore_index_pass_the_bounds_check():

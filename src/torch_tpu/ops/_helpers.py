@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..runtime import checks, transfer
-from ..runtime.buffer import apply
+from ..runtime import checks
+from ..runtime.buffer import apply, host_copy
 from ..runtime.context import context
 from ..runtime.dtypes import item_name, to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
 from .registry import OutDtype, Promote, lower
@@ -159,7 +159,7 @@ _first_out_of_bounds = jax.jit(functools.partial(_first_out_of_bounds_in, jnp))
 def _out_of_bounds(index, low: int, high: int, ignore: int | None) -> tuple:
     """:func:`_first_out_of_bounds_in` of ``index``: on its host copy if it was copied from the
     host (no program, no wait), else as a small program on the device."""
-    host = transfer.host_copy(index)
+    host = host_copy(index)
     if host is not None:
         return _first_out_of_bounds_in(np, host, low, high, ignore)
     return apply_check(_first_out_of_bounds, index, low, high, ignore)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from jax.scipy.special import i0
 
-from ..runtime.buffer import apply
+from ..runtime.buffer import HOST_COPY_BYTES, apply, keep_host_copy
 from ..runtime.context import context
 from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
 from ..runtime.tensor import fill
@@ -57,7 +57,10 @@ def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=
         length = math.ceil((float(end) - float(start)) / float(step))
     dtype = np.dtype(dtype)
     if jnp.issubdtype(accumulate, jnp.integer):
-        return apply(_jitted_arange, first, stride, length, dtype, accumulate)
+        value = apply(_jitted_arange, first, stride, length, dtype, accumulate)
+        if length * dtype.itemsize <= HOST_COPY_BYTES:  # (positions: checked on the host)
+            keep_host_copy(value, (first + stride * np.arange(length, dtype=np.int64)).astype(dtype))
+        return value
     # op by op: compiled as one program, XLA would contract the emulated roundings (FMA)
     return _cpu_arange(first, stride, length, dtype, accumulate)
 

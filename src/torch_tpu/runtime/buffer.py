@@ -19,6 +19,7 @@ everyone runs a jitted helper on such values: recorded in fused eager, called ot
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -265,6 +266,40 @@ def concrete(storage) -> jax.Array:
     return value.concrete() if type(value) is Deferred else value
 
 
+# ----------------------------------------------------------------------------- host copies
+#: Integer and boolean arrays up to this size copied from the host (a batch of token ids, a
+#: loss's targets, ``torch.tensor([0, 2])``), views read from them and integer ``arange``s keep
+#: their host copy: a value check over them (index bounds) reads it instead of running a
+#: program on the device and waiting for it. A value changed on the device is a new array,
+#: without one: a host copy is never stale.
+HOST_COPY_BYTES = 1 << 20
+#: id(array) -> (weak reference to it, its host copy)
+_host_copies: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+
+
+def keep_host_copy(value: Any, array: np.ndarray) -> None:
+    """Remember ``array``, the host's copy of ``value`` (an array, or a deferred one), for
+    :func:`host_copy`, if it is a small integer or boolean array."""
+    if array.dtype.kind not in "biu" or array.nbytes > HOST_COPY_BYTES:
+        return
+    copy = array.copy()  # its own: the device value may alias ``array`` (and be donated)
+    copy.flags.writeable = False
+    key = id(value)
+    # (the callback runs while ``value`` is freed, before its id can be reused)
+    _host_copies[key] = (weakref.ref(value, lambda _: _host_copies.pop(key, None)), copy)
+
+
+def host_copy(value: Any) -> np.ndarray | None:
+    """The host copy kept of ``value`` (read-only), or None: ``value`` was computed on the
+    device, or is not a small integer or boolean array copied from the host
+    (``transfer.to_device``), a view read from one, or an integer ``arange``."""
+    entry = _host_copies.get(id(value))
+    if entry is None or entry[0]() is not value:
+        return None
+    return entry[1]
+
+
+# ----------------------------------------------------------------------------- storage values
 def put(storage, value: Value) -> None:
     """Give ``storage`` a new value. A value a fused graph has yet to compute replaces the old
     one only tentatively: the graph keeps the old value, to put back if it fails.
@@ -274,9 +309,13 @@ def put(storage, value: Value) -> None:
     factory) would compile every later op that reads it a second time."""
     if type(value) is ARRAY_TYPE:
         if not value.committed:  # (committed where it was made: a factory's device)
+            made = value
             value = jax.device_put(
-                value, value.sharding._device if platform.others_used else platform.device()
+                value, made.sharding._device if platform.others_used else platform.device()
             )
+            host = host_copy(made)
+            if host is not None:
+                keep_host_copy(value, host)
     elif type(value) is Deferred and value.value is None:
         old = getattr(storage, _ATTR, None)
         if old is not None and not (type(old) is Deferred and old.graph is value.graph):

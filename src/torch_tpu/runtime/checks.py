@@ -50,7 +50,7 @@ class Check:
         leaves = jax.tree_util.tree_leaves(self.values)
         if not all(type(v) is not Deferred or v.value is not None for v in leaves):
             return False
-        arrays = (resolved(v) for v in leaves)  # (host values, ``transfer.host_copy``'s, are)
+        arrays = (resolved(v) for v in leaves)  # (host values, ``buffer.host_copy``'s, are)
         return all(a.is_ready() for a in arrays if isinstance(a, jax.Array))
 
     def settle(self) -> int:
@@ -119,7 +119,7 @@ def when_ready(values: Any, callback: Callable[[Any], None]) -> None:
     elif any(isinstance(v, jax.Array) for v in leaves):
         callback(jax.device_get(jax.tree_util.tree_map(resolved, values)))
         return
-    else:  # computed on the host (``transfer.host_copy``)
+    else:  # computed on the host (``buffer.host_copy``)
         callback(values)
         return
     graph.add_check(Check(values, callback, f"{context.op or 'an op'} at {user_line()}"))

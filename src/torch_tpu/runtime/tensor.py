@@ -18,7 +18,7 @@ import torch
 from jax import lax
 
 from . import buffer, memory, native, platform
-from .buffer import Deferred, apply
+from .buffer import Deferred, apply, host_copy, keep_host_copy
 from .context import context
 from .dtypes import JAX_TO_TORCH, cast, to_jax, unsupported
 from .lru import cached
@@ -396,7 +396,16 @@ def _view(t: torch.Tensor) -> tuple:
 def read(t: torch.Tensor) -> jax.Array:
     """The value of a tpu tensor (any view of any storage) as a JAX array."""
     buf, view = _view(t)
-    return buf if view is None else apply(_strided_read, buf, *view)
+    if view is None:
+        return buf
+    value = apply(_strided_read, buf, *view)
+    host = host_copy(buf)
+    if host is not None:  # (a view of a batch from the host: bounds checks read its host copy)
+        strides = tuple(s * host.itemsize for s in t.stride())
+        keep_host_copy(
+            value, np.lib.stride_tricks.as_strided(host.reshape(-1)[t.storage_offset() :], t.shape, strides)
+        )
+    return value
 
 
 def views_in_programs() -> bool:

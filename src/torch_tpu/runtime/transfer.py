@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import warnings
-import weakref
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +11,7 @@ import torch
 from jax import lax
 
 from . import checks, platform
+from .buffer import keep_host_copy
 from .lru import LRU
 
 _scalar_arrays = LRU()  # tpu:0's
@@ -47,7 +46,7 @@ def _host_array(host: torch.Tensor) -> np.ndarray:
 
 def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
     """A copy of a CPU tensor on ``tpu:index`` (never aliasing it: torch may mutate the host
-    tensor later). A small integer or boolean one keeps its host copy (:func:`host_copy`)."""
+    tensor later). A small integer or boolean one keeps its host copy (``buffer.host_copy``)."""
     host = host.detach().resolve_conj().resolve_neg().contiguous()
     device = platform.jax_device(index)
     if host.dtype == torch.bfloat16:
@@ -55,34 +54,8 @@ def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
         return lax.bitcast_convert_type(bits, jnp.bfloat16)
     array = _host_array(host)
     value = jax.device_put(array, device)
-    if array.dtype.kind in "biu" and array.nbytes <= HOST_COPY_BYTES:
-        _keep_host_copy(value, array)
+    keep_host_copy(value, array)
     return value
-
-
-#: Integer and boolean arrays up to this size copied from the host (a batch of token ids, a
-#: loss's targets, ``torch.tensor([0, 2])``) keep their host copy: a value check over them
-#: (index bounds) reads it instead of running a program on the device and waiting for it.
-HOST_COPY_BYTES = 1 << 20
-#: id(array) -> (weak reference to it, its host copy)
-_host_copies: dict[int, tuple[weakref.ref, np.ndarray]] = {}
-
-
-def _keep_host_copy(value: jax.Array, array: np.ndarray) -> None:
-    copy = array.copy()  # its own: the device value may alias ``array`` (and be donated)
-    copy.flags.writeable = False
-    key = id(value)
-    # (the callback runs while ``value`` is freed, before its id can be reused)
-    _host_copies[key] = (weakref.ref(value, lambda _: _host_copies.pop(key, None)), copy)
-
-
-def host_copy(value: Any) -> np.ndarray | None:
-    """The host copy :func:`to_device` kept of ``value`` (read-only), or None: ``value`` was
-    computed on the device, or is not a small integer or boolean array from the host."""
-    entry = _host_copies.get(id(value))
-    if entry is None or entry[0]() is not value:
-        return None
-    return entry[1]
 
 
 def between_devices(value: jax.Array, index: int) -> jax.Array:

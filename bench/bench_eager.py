@@ -7,9 +7,10 @@ helpers of ``bench_ops.py``), so read the ratios; absolute times on a shared 2-c
   indexing with an index tensor) against PyTorch CPU, ``jnp`` eager and a ``jax.jit`` call;
 - **fused recording**: a 4-layer GPT (d=128, batch 8 x 64, where Python dominates) in fused
   eager, per recorded op: recording its forward with the device idle (on this 2-core stand-in,
-  XLA's compute of the previous graph otherwise competes with Python for the cores), and of a
-  training step the flushes (each graph's fingerprint, cache lookup and dispatch:
-  ``flush_seconds``) and the wait for the device at the step's end;
+  XLA's compute of the previous graph otherwise competes with Python for the cores) and, as in
+  training, while the device computes the previous step; and of a training step the flushes
+  (each graph's fingerprint, cache lookup and dispatch: ``flush_seconds``) and the wait for the
+  device at the step's end;
 - **GPT step**: that step on PyTorch CPU, tpu strict, fused and compiled, and hand-written
   ``jax.jit``;
 - **cold start** (fresh processes, empty caches): the first 32-token greedy ``generate()`` of
@@ -111,13 +112,14 @@ class _CountOps(TorchDispatchMode):
 
 def _fused_split(model, idx, targets, step, steps: int) -> dict[str, float]:
     """Per op of a fused training step: recording (the forward and loss recorded with the device
-    idle, so no XLA work competes for the cores), per ATen op the forward dispatches and per
+    idle, so no XLA work competes for the cores; and while it computes the previous step, as in
+    training), per ATen op the forward dispatches and per
     graph node it records (views are read inside their consumers' nodes: fewer nodes than
     ops); and per step's node the flushes (each graph's fingerprint, lookup and dispatch) and
     the wait for the device at the step's end."""
     replica = copy.deepcopy(model).to("tpu")
     idx, targets = idx.to("tpu"), targets.to("tpu")
-    recording, nodes = [], 0
+    recording, busy, nodes = [], [], 0
     with torch_tpu.eager_mode("fused"):
         for _ in range(steps):
             torch.tpu.synchronize()
@@ -125,6 +127,13 @@ def _fused_split(model, idx, targets, step, steps: int) -> dict[str, float]:
             _, loss = replica(idx, targets)
             recording.append(time.perf_counter() - started)
             nodes = execution.pending_ops()
+            del loss
+            torch_tpu.sync()
+        for _ in range(steps):  # as in training: recorded while the device computes a step
+            step()
+            started = time.perf_counter()
+            _, loss = replica(idx, targets)
+            busy.append(time.perf_counter() - started)
             del loss
             torch_tpu.sync()
         with _CountOps() as counted:
@@ -145,6 +154,7 @@ def _fused_split(model, idx, targets, step, steps: int) -> dict[str, float]:
     return {
         "record per ATen op": record / counted.count,
         "per node": record / nodes,
+        "per ATen op, device busy": statistics.median(busy) / counted.count,
         "flush": stats["flush_seconds"] / steps / ops,
         "wait": wait / steps / ops,
         "ops": ops,
@@ -183,7 +193,8 @@ def _gpt_rows(rounds: int) -> list[tuple]:
         (
             f"fused: recording ({aten} ATen ops, {nodes} nodes a forward; {ops:.0f} nodes a step)",
             per_op,
-            "record: the forward's Python, device idle; flush, wait: per step's node",
+            "record: the forward's Python, device idle (busy: while it computes the previous "
+            "step, as in training); flush, wait: per step's node",
         ),
     ]
 

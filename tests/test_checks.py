@@ -192,6 +192,20 @@ def test_host_copies_are_kept_for_small_integer_arrays_only():
     assert not kept(torch.zeros(buffer.HOST_COPY_BYTES // 8 + 1, dtype=torch.int64))
 
 
+def test_a_view_keeps_a_host_copy_only_inside_its_storage_copy():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from torch_tpu.runtime import buffer, tensor
+
+    geometry = torch.empty(5, dtype=torch.int64)[1:].t()  # (4,), stride 1, offset 1
+    inside, past = jnp.zeros(4, jnp.int64), jnp.zeros(4, jnp.int64)
+    tensor._keep_view_of_host_copy(inside, np.arange(5), geometry)
+    tensor._keep_view_of_host_copy(past, np.arange(4), geometry)  # would read one past the end
+    assert buffer.host_copy(inside).tolist() == [1, 2, 3, 4]
+    assert buffer.host_copy(past) is None
+
+
 def test_targets_equal_to_ignore_index_pass_the_bounds_check():
     logits = torch.randn(4, 3, device="tpu")
     targets = torch.tensor([0, -100, 2, -100])

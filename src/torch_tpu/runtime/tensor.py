@@ -401,11 +401,18 @@ def read(t: torch.Tensor) -> jax.Array:
     value = apply(_strided_read, buf, *view)
     host = host_copy(buf)
     if host is not None:  # (a view of a batch from the host: bounds checks read its host copy)
-        strides = tuple(s * host.itemsize for s in t.stride())
-        keep_host_copy(
-            value, np.lib.stride_tricks.as_strided(host.reshape(-1)[t.storage_offset() :], t.shape, strides)
-        )
+        _keep_view_of_host_copy(value, host, t)
     return value
+
+
+def _keep_view_of_host_copy(value: jax.Array, host: np.ndarray, t: torch.Tensor) -> None:
+    """Keep ``t``'s view of its storage's host copy ``host`` as ``value``'s (only a view inside
+    ``host``: numpy's ``as_strided`` does not check)."""
+    shape, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
+    if 0 not in shape and offset + sum((n - 1) * s for n, s in zip(shape, strides)) >= host.size:
+        return
+    flat = host.reshape(-1)[offset:]
+    keep_host_copy(value, np.lib.stride_tricks.as_strided(flat, shape, [s * host.itemsize for s in strides]))
 
 
 def views_in_programs() -> bool:

@@ -396,11 +396,15 @@ def _view(t: torch.Tensor) -> tuple:
 def read(t: torch.Tensor) -> jax.Array:
     """The value of a tpu tensor (any view of any storage) as a JAX array."""
     buf, view = _view(t)
-    if view is None:
-        return buf
+    return buf if view is None else _read_apart(t, buf, view)
+
+
+def _read_apart(t: torch.Tensor, buf: buffer.Value, view: tuple) -> jax.Array:
+    """View ``t`` of storage array ``buf`` read by a program of its own (one executable per view
+    geometry); a view of a value with a host copy keeps its own (bounds checks read it)."""
     value = apply(_strided_read, buf, *view)
     host = host_copy(buf)
-    if host is not None:  # (a view of a batch from the host: bounds checks read its host copy)
+    if host is not None:
         _keep_view_of_host_copy(value, host, t)
     return value
 
@@ -413,12 +417,6 @@ def _keep_view_of_host_copy(value: jax.Array, host: np.ndarray, t: torch.Tensor)
         return
     flat = host.reshape(-1)[offset:]
     keep_host_copy(value, np.lib.stride_tricks.as_strided(flat, shape, [s * host.itemsize for s in strides]))
-
-
-def views_in_programs() -> bool:
-    """Whether every view goes into its op's program whole (:func:`read_in_program`): while a
-    fused graph records (outside a compiled program's trace)."""
-    return context.recorder is not None and context.trace is None
 
 
 def read_in_program(t: torch.Tensor) -> jax.Array | buffer.StridedView:
@@ -437,14 +435,12 @@ def read_in_program(t: torch.Tensor) -> jax.Array | buffer.StridedView:
     buf, view = _view(t)
     if view is None:
         return buf
-    if context.trace is None and (context.recorder is not None or _permutes_whole(buf.shape, *view)):
-        shape, strides, start = view
+    shape, strides, start = view
+    if context.trace is None and (
+        context.recorder is not None or (start is None and _is_whole_permutation(buf.shape, shape, strides))
+    ):
         return buffer.StridedView(buf, start, shape, strides)
-    return apply(_strided_read, buf, *view)
-
-
-def _permutes_whole(storage_shape: tuple, shape: tuple, strides: tuple, start) -> bool:
-    return start is None and _is_whole_permutation(storage_shape, shape, strides)
+    return _read_apart(t, buf, view)
 
 
 @cached

@@ -94,15 +94,16 @@ def test_index_ops_stay_in_the_fused_graph():
 @pytest.mark.parametrize(
     ("indices", "nodes"),
     [
-        (lambda: torch.tensor([[1, 2, 3]], device="tpu"), 1),  # computed already: the batch
-        (lambda: torch.arange(3, device="tpu"), 1),  # a few of the graph's ops: positions
-        (lambda: torch.tensor([[1, 2], [3, 0]], device="tpu").t().reshape(-1), 2),  # a view: read, looked up
+        (lambda: torch.tensor([[1, 2, 3]], device="tpu"), 1),  # a batch: checked on its host copy
+        (lambda: torch.arange(3, device="tpu"), 1),  # positions: an integer arange's host copy
+        (lambda: torch.tensor([[1, 2], [3, 0]], device="tpu").t().reshape(-1), 2),  # computed: apart
     ],
     ids=["batch", "positions", "view"],
 )
 def test_a_check_over_indices_a_few_ops_compute_runs_apart_from_the_graph(indices, nodes):
-    """The check's program is not a node of the fused graph, so reporting it (at the end of
-    backward()) waits for that program alone, not for the step's forward and backward."""
+    """The check is not a node of the fused graph (its own small program, or none: a host
+    copy), so reporting it (at the end of backward()) does not wait for the step's forward and
+    backward."""
     weight = torch.randn(5, 3, device="tpu")
     with torch_tpu.eager_mode("fused"):
         index = indices()
@@ -127,7 +128,7 @@ def test_a_check_over_indices_computed_from_large_inputs_stays_in_the_graph():
 @pytest.mark.parametrize(
     "indices",
     [
-        lambda: torch.arange(7, device="tpu"),  # past the 5 rows, computed apart
+        lambda: torch.arange(7, device="tpu"),  # past the 5 rows (checked on its host copy)
         lambda: torch.arange(8, device="tpu").reshape(2, 4).t().reshape(-1) + 1,  # a view and an op
         lambda: (torch.arange(8, device="tpu") * 2 + 1 - 1).reshape(2, 4).sum(0).clamp(0, 9),  # recorded
     ],
@@ -198,7 +199,7 @@ def test_a_view_keeps_a_host_copy_only_inside_its_storage_copy():
 
     from torch_tpu.runtime import buffer, tensor
 
-    geometry = torch.empty(5, dtype=torch.int64)[1:].t()  # (4,), stride 1, offset 1
+    geometry = torch.empty(5, dtype=torch.int64)[1:]  # (4,), stride 1, offset 1
     inside, past = jnp.zeros(4, jnp.int64), jnp.zeros(4, jnp.int64)
     tensor._keep_view_of_host_copy(inside, np.arange(5), geometry)
     tensor._keep_view_of_host_copy(past, np.arange(4), geometry)  # would read one past the end

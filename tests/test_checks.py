@@ -4,12 +4,16 @@ by the host read that depends on them, never by an unrelated op, and a failed st
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import torch_tpu
 from torch_tpu import execution
+from torch_tpu.runtime.context import context
 
 
 def _bad_select():
@@ -249,3 +253,25 @@ def test_compiled_program_checks_report_at_the_read():
     assert good.sum().item() == pytest.approx((weight[1:3] * 2).sum().item())
     with pytest.raises(IndexError, match="index out of range"):
         bad.cpu()
+
+
+def test_a_graph_with_a_check_is_freed_by_reference_counting():
+    """A check's callback must not keep its graph alive through the values it reads: a graph
+    left in a reference cycle would hold its device buffers until the cycle collector runs,
+    and a training loop would pay for full collections of a growing heap."""
+    x, w = torch.randn(512, 512, device="tpu"), torch.randn(512, 512, device="tpu")
+    weight = torch.randn(512, 3, device="tpu")
+    gc.collect()
+    gc.disable()
+    try:
+        with torch_tpu.eager_mode("fused"):
+            index = (x @ w).argmax(-1)  # computed in the graph: the check reads a deferred value
+            looked_up = F.embedding(index, weight)
+            graph = weakref.ref(context.recorder.graph)
+            looked_up.cpu()
+            torch.tpu.synchronize()
+            del index, looked_up
+            (weight * 2).cpu()  # a new graph: the recorder lets go of the old one
+        assert graph() is None
+    finally:
+        gc.enable()

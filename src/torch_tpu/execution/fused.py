@@ -684,7 +684,8 @@ class Graph:
         stats.graphs_run += 1
         stats.ops_run += len(self.nodes)
         stats.donated_buffers += len(donated)
-        for check in self.checks:
+        ran, self.checks = self.checks, []  # (a check's callback may refer to this graph's values)
+        for check in ran:
             checks.queue(check, self._unreported)
         for d in live:
             if self.taints[d.node]:

@@ -185,8 +185,11 @@ def check_bounds(
         for _, index, size, negative_ok in pending
     ]
 
+    where = [(position, size) for position, _, size, _ in pending]  # (not the index arrays:
+    # a check kept with a fused graph must not keep the graph's values, and so the graph, alive)
+
     def report(results) -> None:
-        for (position, _, size, _), (any_bad, value) in zip(pending, results):
+        for (position, size), (any_bad, value) in zip(where, results):
             if any_bad:
                 raise error(position, int(value), size)
 

@@ -61,7 +61,7 @@ class Check:
                 self.state = _PASSED
             except Exception as error:  # noqa: BLE001  (kept, raised where the value is read)
                 self.error, self.state = error, _FAILED
-            self.values = None
+            self.values = self.callback = None  # (nor keep what the callback refers to alive)
         return self.state
 
     def exception(self, where: str) -> BaseException:

@@ -111,6 +111,45 @@ def test_promotion_is_not_reused_across_dtypes_dimensions_or_default_dtype():
         torch.set_default_dtype(before)
 
 
+def _outcome(call) -> str:
+    try:
+        call()
+        return "ok"
+    except Exception as error:  # noqa: BLE001  (the outcome is compared)
+        return type(error).__name__
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        # a dtype CPU's kernel lacks (uint32 add): refused at every call, whatever ran before
+        [
+            lambda d: torch.ones(2, dtype=torch.int32, device=d) + torch.ones(2, dtype=torch.int32, device=d),
+            lambda d: (
+                torch.ones(2, dtype=torch.uint32, device=d) + torch.ones(2, dtype=torch.uint32, device=d)
+            ),
+            lambda d: (
+                torch.ones(2, dtype=torch.uint32, device=d) + torch.ones(2, dtype=torch.uint32, device=d)
+            ),
+            lambda d: torch.ones(2, dtype=torch.int32, device=d) + torch.ones(2, dtype=torch.int32, device=d),
+        ],
+        # a refusal that depends on the arguments, not only their dtypes (bool clamp with both
+        # bounds; with one it runs)
+        [
+            lambda d, bounds=bounds: torch.clamp(*[torch.ones(2, dtype=torch.bool, device=d)] * bounds)
+            for bounds in (2, 3, 2)
+        ],
+    ],
+    ids=["dtypes", "arguments"],
+)
+def test_a_cached_promotion_keeps_refusing_what_cpu_refuses(calls):
+    """The dtype check is cached with the promotion only where it depends on the dtypes alone."""
+    for _ in range(2):
+        assert [_outcome(lambda: c("tpu").cpu()) for c in calls] == [
+            _outcome(lambda: c("cpu")) for c in calls
+        ]
+
+
 def _executables_built() -> int:
     stats = torch.tpu.compilation_cache_stats()
     return stats["xla_compiles"] + stats["disk_hits"]

@@ -280,6 +280,7 @@ def _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, operand_pos) -> Callabl
             if types.compute in _UNSIGNED_JAX:
                 raise _refusal(op, types.compute, operand_pos)
 
+        check_promoted.types_only = True  # (its verdict holds for every call with these types)
         return check_promoted
     tensor_pos = () if name in OPS else tuple(tensor_pos)
     list_pos = () if name in OPS else tuple(list_pos)

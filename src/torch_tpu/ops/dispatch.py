@@ -207,16 +207,23 @@ def _check_unsigned_promotion(signature) -> None:
 
 
 _Tensor = torch.Tensor
+matmul_precision = torch._C._get_float32_matmul_precision
+
+
+def operand_signature(values) -> tuple:
+    """What promotion depends on: (dtype, is 0-dim) per tensor, (type, True) per number."""
+    return tuple(
+        [
+            (v.dtype, not v.dim()) if isinstance(v, _Tensor) else (type(v), True)
+            for v in values
+            if v is not None
+        ]
+    )
 
 
 def promoted_types(kind, values) -> Types:
-    """``promoted`` for these operands ((dtype, is 0-dim) per tensor, the type of a number)."""
-    signature = tuple(
-        (v.dtype, v.dim() == 0) if isinstance(v, _Tensor) else (type(v), True)
-        for v in values
-        if v is not None
-    )
-    return promoted(kind, signature, torch.get_default_dtype())
+    """``promoted`` for these operands (see :func:`operand_signature`)."""
+    return promoted(kind, operand_signature(values), torch.get_default_dtype())
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -329,6 +336,9 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             typed = by_types[types] = jit(functools.partial(lowering, types=types))
         return typed
 
+    # (operand signature, default dtype) -> (Types, the function for them, whether the dtype
+    # guard must run at every call: not when it depends on the promoted types alone)
+    plans: dict[tuple, tuple[Types, Callable, bool]] = {}
     promote_pos = None
     if entry.promote is not None:
         names = entry.promote_args or [n for n, k in zip(binder.names, kinds) if k in (_TENSOR, _SCALAR)]
@@ -371,6 +381,15 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         )
     )
 
+    guard_by_types = getattr(dtype_guard, "types_only", False)
+
+    def plan_for(key: tuple, values: list, args: tuple, kwargs: dict) -> tuple[Types, Callable, bool]:
+        types = promoted(entry.promote, key[0], key[1])
+        if dtype_guard is not None:
+            _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
+        plan = plans[key] = (types, fn_for(types), dtype_guard is not None and not guard_by_types)
+        return plan
+
     def compute(args: tuple, kwargs: dict):
         if platform.attention_needed:
             platform.attend()
@@ -378,12 +397,18 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             recorded_ops.add(op)
         values = binder.bind(args, kwargs)
         extra = {}
-        types = None
         if promote_pos is not None:
-            types = promoted_types(entry.promote, [values[i] for i in promote_pos])
-        if dtype_guard is not None:
-            _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
-        lowered = fn if types is None else fn_for(types)
+            key = (operand_signature([values[i] for i in promote_pos]), torch.get_default_dtype())
+            plan = plans.get(key)
+            if plan is None:  # (its dtype guard ran)
+                plan = plan_for(key, values, args, kwargs)
+            types, lowered, guard = plan
+            if guard:
+                _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
+        else:
+            types, lowered = None, fn
+            if dtype_guard is not None:
+                _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
         index = _op_index(values, tensor_pos) if platform.others_used else 0
         generator = None
         for i in generator_pos:
@@ -396,7 +421,9 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             if type(value) is type(default) and value == default:
                 values[i] = None  # (what ``_with_defaults`` puts back, in the trace)
         for i, convert in converters:
-            values[i] = convert(values[i], index)
+            value = values[i]
+            if value is not None:  # (None converts to None)
+                values[i] = convert(value, index)
         ctx = context
         ctx.op = name  # named by the errors of checks reported later
         if on_host:  # the graphs computing the inputs run, and their checks report, first
@@ -407,6 +434,8 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             recorder = ctx.recorder
             if traced and recorder is not None:
                 return recorder.record(lowered, values, extra, name)
+            if matmul_precision() == "highest":  # (the default: no precision context)
+                return lowered(*values, **extra)
             return precision.call(lowered, *values, **extra)
         except (IndexError, UnsupportedDtypeError, torch.OutOfMemoryError, *NEEDS_VALUES):
             # already the right error: PyTorch's IndexErrors (bounds, mask shapes), or a result

@@ -33,7 +33,8 @@ from .context import context
 
 platform.configure()  # JAX configured (64-bit types, the platform) before any array exists
 
-_ATTR = "_tpu_value"
+#: The attribute of a tpu ``UntypedStorage`` holding its value
+STORAGE_ATTR = _ATTR = "_tpu_value"
 
 
 class Uninitialized:

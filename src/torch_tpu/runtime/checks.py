@@ -112,15 +112,23 @@ def when_ready(values: Any, callback: Callable[[Any], None]) -> None:
     pending = [v for v in leaves if type(v) is Deferred and v.value is None]
     if pending:
         graph = pending[0].graph
+    elif not any(isinstance(v, (jax.Array, Deferred)) for v in leaves):
+        # computed on the host (``buffer.host_copy``): settled now; while a graph records, a
+        # check that passed has nothing to report (none kept, nothing tainted), one that failed
+        # is reported with the graph, as if the graph had computed it
+        try:
+            callback(values)
+            return
+        except Exception:
+            if context.recorder is None or context.trace is not None:
+                raise
+            graph = context.recorder.open_graph()
     elif context.recorder is not None and context.trace is None:
         # computed at once from inputs that were ready (``apply_check``), reported as if the
         # graph had computed it: with the outputs of the op being recorded
         graph = context.recorder.open_graph()
-    elif any(isinstance(v, jax.Array) for v in leaves):
+    else:
         callback(jax.device_get(jax.tree_util.tree_map(resolved, values)))
-        return
-    else:  # computed on the host (``buffer.host_copy``)
-        callback(values)
         return
     graph.add_check(Check(values, callback, f"{context.op or 'an op'} at {user_line()}"))
 

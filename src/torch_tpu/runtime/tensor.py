@@ -20,7 +20,7 @@ from jax import lax
 from . import buffer, memory, native, platform
 from .buffer import Deferred, apply, host_copy, keep_host_copy
 from .context import context
-from .dtypes import JAX_TO_TORCH, cast, to_jax, unsupported
+from .dtypes import JAX_TO_TORCH, TORCH_TO_JAX, cast, to_jax, unsupported
 from .lru import cached
 from .transfer import device_scalar
 
@@ -106,12 +106,12 @@ def wrap_elementwise(value: jax.Array, inputs) -> torch.Tensor:
     """``wrap(value)`` laid out as PyTorch lays out an elementwise op's output: like its tensor
     ``inputs`` (``x.t() + 1`` is transposed, a channels-last input gives a channels-last output);
     contiguous when they all are. Other values in ``inputs`` are ignored."""
-    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-    for t in tensors:
-        if not t.is_contiguous():
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and not x.is_contiguous():
             break
     else:
         return wrap(value)
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
     strides = _elementwise_strides(
         tuple(value.shape), tuple((tuple(t.shape), t.stride(), t.element_size()) for t in tensors)
     )
@@ -382,10 +382,13 @@ def _view(t: torch.Tensor) -> tuple:
     """(storage array, None) for a tensor that is its whole storage in order, else (storage
     array, (shape, strides, start)): the read a view needs."""
     storage = t.untyped_storage()
-    buf = storage_array(storage, to_jax(t.dtype))
+    buf = getattr(storage, buffer.STORAGE_ATTR)
+    # the common case first: an array of the tensor's dtype (``aval``: what its properties read)
+    if type(buf) is not buffer.ARRAY_TYPE or buf.aval.dtype != TORCH_TO_JAX.get(t.dtype):
+        buf = storage_array(storage, to_jax(t.dtype))
     shape = t.shape
     offset = t.storage_offset()
-    if buf.shape == shape and offset == 0 and t.is_contiguous():
+    if offset == 0 and buf.shape == shape and t.is_contiguous():
         return buf, None
     shape, strides = tuple(shape), t.stride()
     if 1 in shape:

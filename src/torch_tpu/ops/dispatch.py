@@ -207,7 +207,6 @@ def _check_unsigned_promotion(signature) -> None:
 
 
 _Tensor = torch.Tensor
-matmul_precision = torch._C._get_float32_matmul_precision
 
 
 def operand_signature(values) -> tuple:
@@ -434,7 +433,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             recorder = ctx.recorder
             if traced and recorder is not None:
                 return recorder.record(lowered, values, extra, name)
-            if matmul_precision() == "highest":  # (the default: no precision context)
+            if precision.setting() == "highest":  # (the default: no precision context)
                 return lowered(*values, **extra)
             return precision.call(lowered, *values, **extra)
         except (IndexError, UnsupportedDtypeError, torch.OutOfMemoryError, *NEEDS_VALUES):
@@ -796,6 +795,8 @@ def _recording(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
             recorded_ops.add(op)
         if dtype_guard is not None:
             _check_dtypes(dtype_guard, op, binder.names, binder.bind(args, kwargs), None, args, kwargs)
+        if precision.setting() == "highest":  # (the default: no precision context)
+            return kernel(*args, **kwargs)
         return precision.call(kernel, *args, **kwargs)  # (for the programs it runs: ``apply``)
 
     return recorded

@@ -28,7 +28,9 @@ from jax import lax
 _JAX_NAMES = {"highest": None, "high": "high", "medium": "default"}
 _LAX = {None: lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "default": lax.Precision.DEFAULT}
 _SETTABLE = (jnp.float32, jnp.complex64)
-_get = torch._C._get_float32_matmul_precision
+#: PyTorch's float32 matmul precision setting ("highest", its default, "high" or "medium"): the
+#: per-op path tests it and calls a program directly for "highest" (no :func:`call` frame)
+setting = _get = torch._C._get_float32_matmul_precision
 
 
 def current() -> str | None:

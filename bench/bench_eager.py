@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import statistics
@@ -116,7 +117,8 @@ def _fused_split(model, idx, targets, step, steps: int) -> dict[str, float]:
     training), per ATen op the forward dispatches and per
     graph node it records (views are read inside their consumers' nodes: fewer nodes than
     ops); and per step's node the flushes (each graph's fingerprint, lookup and dispatch) and
-    the wait for the device at the step's end."""
+    the wait for the device at the step's end; and the cycle collector's runs in those steps
+    (recording allocates: each young collection costs, a full one stalls for the whole heap)."""
     replica = copy.deepcopy(model).to("tpu")
     idx, targets = idx.to("tpu"), targets.to("tpu")
     recording, busy, nodes = [], [], 0
@@ -142,11 +144,13 @@ def _fused_split(model, idx, targets, step, steps: int) -> dict[str, float]:
     torch.tpu.synchronize()
     torch.tpu.reset_compilation_cache_stats()
     wait = 0.0
+    collected = [g["collections"] for g in gc.get_stats()]
     for _ in range(steps):
         step()
         recorded = time.perf_counter()
         torch.tpu.synchronize()
         wait += time.perf_counter() - recorded
+    collected = [g["collections"] - before for g, before in zip(gc.get_stats(), collected)]
     stats = torch.tpu.compilation_cache_stats()
     assert stats["misses"] == 0, "the fused step recompiled while timed"
     ops = stats["ops_run"] / steps
@@ -160,6 +164,7 @@ def _fused_split(model, idx, targets, step, steps: int) -> dict[str, float]:
         "ops": ops,
         "aten": counted.count,
         "nodes": nodes,
+        "collections": (sum(collected[:2]) / steps, collected[2], steps),
     }
 
 
@@ -182,7 +187,11 @@ def _gpt_rows(rounds: int) -> list[tuple]:
     split = _fused_split(model, idx, targets, contenders["fused"][0], 3 * rounds)
     times = compare(contenders, 2, rounds)
     ops, aten, nodes = split.pop("ops"), split.pop("aten"), split.pop("nodes")
+    young, full, steps = split.pop("collections")
     per_op = ", ".join(f"{part} {seconds * 1e6:.1f} us" for part, seconds in split.items())
+    per_op += (
+        f"; Python's cycle collector: {young:.1f} young collections a step, {full} full in {steps} steps"
+    )
     return [
         _row(
             f"GPT step ({GPT_CONFIG.n_layer} layers, d={GPT_CONFIG.n_embd}, batch {GPT_BATCH}x64)",

@@ -30,12 +30,12 @@ _LAX = {None: lax.Precision.HIGHEST, "high": lax.Precision.HIGH, "default": lax.
 _SETTABLE = (jnp.float32, jnp.complex64)
 #: PyTorch's float32 matmul precision setting ("highest", its default, "high" or "medium"): the
 #: per-op path tests it and calls a program directly for "highest" (no :func:`call` frame)
-setting = _get = torch._C._get_float32_matmul_precision
+setting = torch._C._get_float32_matmul_precision
 
 
 def current() -> str | None:
     """The JAX name of PyTorch's float32 matmul precision now (None for "highest")."""
-    return _JAX_NAMES[_get()]
+    return _JAX_NAMES[setting()]
 
 
 def scope(name: str | None):

@@ -384,7 +384,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
 
     def plan_for(key: tuple, values: list, args: tuple, kwargs: dict) -> tuple[Types, Callable, bool]:
         types = promoted(entry.promote, key[0], key[1])
-        if dtype_guard is not None:
+        if guard_by_types:  # vetted once, before the plan is kept (a refusal is never kept)
             _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
         plan = plans[key] = (types, fn_for(types), dtype_guard is not None and not guard_by_types)
         return plan
@@ -399,15 +399,13 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         if promote_pos is not None:
             key = (operand_signature([values[i] for i in promote_pos]), torch.get_default_dtype())
             plan = plans.get(key)
-            if plan is None:  # (its dtype guard ran)
+            if plan is None:
                 plan = plan_for(key, values, args, kwargs)
             types, lowered, guard = plan
-            if guard:
-                _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
         else:
-            types, lowered = None, fn
-            if dtype_guard is not None:
-                _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
+            types, lowered, guard = None, fn, dtype_guard is not None
+        if guard:
+            _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
         index = _op_index(values, tensor_pos) if platform.others_used else 0
         generator = None
         for i in generator_pos:

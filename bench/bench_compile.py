@@ -14,6 +14,9 @@ the same model and batch as ``bench_fused.py``) runs five ways in one process:
 Warm times are medians of interleaved rounds after warm-up. Start-up times are the first step of
 a fresh process (Dynamo tracing plus compilation), once with no persistent cache ("cold") and once
 with the cache a previous process filled ("warm start"), with the XLA compilations each did.
+Two floors run beside them: the same step on PyTorch CPU under Dynamo alone (``backend="eager"``)
+and under Dynamo plus AOTAutograd (``"aot_eager"``), PyTorch's own share of any backend's first
+step (neither caches its work, so their warm starts trace again).
 Usage::
 
     python bench/bench_compile.py              # warm and start-up numbers (a few minutes)
@@ -47,6 +50,12 @@ LABELS = {
     "compiled": "tpu torch.compile",
     "jax": "jax.jit (hand-written)",
 }
+#: PyTorch's own share of a first compiled step, which no backend goes below: the same step on
+#: PyTorch CPU under Dynamo alone (backend "eager") and Dynamo plus AOTAutograd ("aot_eager")
+FLOORS = {
+    "dynamo": "floor: Dynamo alone (eager, cpu)",
+    "aot_eager": "floor: Dynamo + AOTAutograd (aot_eager, cpu)",
+}
 #: the issue's target for the compiled step against the hand-written JAX one
 COMPILED_OVER_JAX_TARGET = 1.15
 Contender = tuple[Callable[[], object], Callable[[], None]]
@@ -61,6 +70,7 @@ def _torch_step(model: GPT, device: str, idx, targets, compiled: str | None = No
 
 
 def _contenders(names=tuple(LABELS)) -> dict[str, Contender]:
+    """The warm table's contenders (:data:`LABELS`), and the start-up floors (:data:`FLOORS`)."""
     model, idx, targets = _model_and_batch()
     makers = {
         "cpu": lambda: (_torch_step(model, "cpu", idx, targets), no_sync),
@@ -68,6 +78,8 @@ def _contenders(names=tuple(LABELS)) -> dict[str, Contender]:
         "strict": lambda: (_torch_step(model, "tpu", idx, targets), torch.tpu.synchronize),
         "compiled": lambda: (_torch_step(model, "tpu", idx, targets, "tpu"), torch.tpu.synchronize),
         "jax": lambda: (lambda step: (step, step.sync))(_JaxStep(model, idx, targets)),
+        "dynamo": lambda: (_torch_step(model, "cpu", idx, targets, "eager"), no_sync),
+        "aot_eager": lambda: (_torch_step(model, "cpu", idx, targets, "aot_eager"), no_sync),
     }
     return {name: makers[name]() for name in names}
 
@@ -94,7 +106,7 @@ def _run_first_step(name: str, environment: dict) -> dict:
     return json.loads(output.splitlines()[-1])
 
 
-def start_times(names=("inductor", "compiled", "jax")) -> dict[str, dict]:
+def start_times(names=("inductor", "compiled", "jax", *FLOORS)) -> dict[str, dict]:
     """Each contender's first step in a fresh process: without any persistent cache, then twice
     with one cache directory (the first fills it, the second is the warm start)."""
     results = {}
@@ -152,10 +164,11 @@ def tables(warm: dict[str, float], starts: dict | None, markdown: bool) -> str:
         ]
         for name, result in starts.items():
             cold, warm_start = result["cold"], result["warm"]
-            compiles = (lambda r: "n/a") if name == "inductor" else (lambda r: str(r["xla_compiles"]))
+            xla = name in ("compiled", "jax")
+            compiles = (lambda r: str(r["xla_compiles"])) if xla else (lambda r: "n/a")
             start_rows.append(
                 (
-                    LABELS[name],
+                    {**LABELS, **FLOORS}[name],
                     f"{cold['seconds']:.2f} s",
                     compiles(cold),
                     f"{warm_start['seconds']:.2f} s",
@@ -179,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, no start-up numbers")
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
-    parser.add_argument("--first-step", choices=LABELS, help=argparse.SUPPRESS)
+    parser.add_argument("--first-step", choices=[*LABELS, *FLOORS], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.first_step:
         print(json.dumps(_first_step(args.first_step)))

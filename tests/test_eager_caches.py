@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torch_tpu
+from torch_tpu.ops.creation import HOST_FILLS
 
 
 def _draws(n: int) -> list[torch.Tensor]:
@@ -67,12 +68,14 @@ def test_fused_and_strict_draw_the_same_keys():
 )
 def test_fills_take_each_value_and_dtype_in_turn(value, dtype):
     """One program per shape and dtype serves every fill value (a runtime input): values equal in
-    Python (1, 1.0, True; 0.0 and -0.0) must still fill their own bits."""
+    Python (1, 1.0, True; 0.0 and -0.0) must still fill their own bits, whether the fill is
+    built on the host (its first few times) or by that program."""
     for shape in ((3,), (2, 2)):
         expected = torch.full(shape, value, dtype=dtype)
-        actual = torch.full(shape, value, dtype=dtype, device="tpu").cpu()
-        assert actual.dtype == expected.dtype
-        assert torch.equal(actual.view(torch.uint8), expected.view(torch.uint8)), (value, dtype)
+        for _ in range(HOST_FILLS + 1):
+            actual = torch.full(shape, value, dtype=dtype, device="tpu").cpu()
+            assert actual.dtype == expected.dtype
+            assert torch.equal(actual.view(torch.uint8), expected.view(torch.uint8)), (value, dtype)
 
 
 def test_zeros_ones_and_integer_ranges_follow_shape_and_default_dtype():
@@ -153,6 +156,35 @@ def test_a_cached_promotion_keeps_refusing_what_cpu_refuses(calls):
 def _executables_built() -> int:
     stats = torch.tpu.compilation_cache_stats()
     return stats["xla_compiles"] + stats["disk_hits"]
+
+
+_FILLS = {
+    "zeros": lambda source: torch.zeros(source.shape, dtype=source.dtype, device=source.device),
+    "ones": lambda source: torch.ones(source.shape, dtype=source.dtype, device=source.device),
+    "full": lambda source: torch.full(source.shape, 1, dtype=source.dtype, device=source.device),
+    "zeros_like": torch.zeros_like,
+    "new_ones": lambda source: source.new_ones(source.shape),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool], ids=str)
+@pytest.mark.parametrize("name", _FILLS)
+def test_a_fill_compiles_only_once_it_recurs(name, dtype):
+    """Strict eager builds a fill's first few instances on the host (no program to compile for
+    a one-off); one made more often than that compiles, and both give CPU's values."""
+    shape = (3, 1, 7 + list(_FILLS).index(name), 5)  # (a shape no other test fills)
+    source = torch.full(shape, 2).to(dtype)
+    make = _FILLS[name]
+    expected = make(source)
+    source = source.to("tpu")
+    built = _executables_built()
+    first = [make(source) for _ in range(HOST_FILLS)]
+    assert _executables_built() == built
+    later = [make(source) for _ in range(2)]
+    assert _executables_built() > built
+    for made in first + later:
+        assert made.dtype == dtype and made.device == source.device
+        assert torch.equal(made.cpu(), expected)
 
 
 @pytest.mark.parametrize("make", [torch.zeros, torch.ones, lambda n, **kw: torch.arange(n, **kw).float()])

@@ -4,7 +4,8 @@ identity. (Random factories live in ops/random.py.)
 Factories that read the default dtype, a global, resolve it outside any trace (``runs=Runs.EAGER``)
 and then run one jitted program through ``buffer.apply`` (so fused eager records it): calling
 ``jnp`` eagerly would run and dispatch every XLA op on its own, ten times the cost. The
-``*_like``/``new_*`` ones take their dtype from ``self`` and are jitted like any lowering.
+constant ``*_like``/``new_*`` ones share the fills' program (and their first fill on the host,
+:func:`_full`); the others take their dtype from ``self`` and are jitted like any lowering.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from jax.scipy.special import i0
 from ..runtime.buffer import HOST_COPY_BYTES, apply, keep_host_copy
 from ..runtime.context import context
 from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
+from ..runtime.lru import LRU
 from ..runtime.tensor import fill
-from ..runtime.transfer import INT64_RANGE, device_scalar
+from ..runtime.transfer import INT64_RANGE, device_scalar, filled_on_host
 from ._helpers import accumulator
 from .registry import Layout, Runs, lower, runtime
 
@@ -173,15 +175,35 @@ def _checked_full(shape, value, dtype) -> jax.Array:
     return _full(shape, value, dtype)
 
 
+#: (shape, dtype, value) of the fills strict eager ran -> how many times it ran (see :func:`_full`)
+_filled = LRU()
+#: How many times the same fill is built on the host before one compiled program makes it
+#: (enough for an optimizer's two or three zero states per parameter shape)
+HOST_FILLS = 4
+
+
 def _full(shape, value, dtype) -> jax.Array:
     """``shape`` filled with ``value`` cast to ``dtype``: one program per shape and dtype, the
     value a runtime input (a uint64 fill past int64's range, which JAX cannot take as a Python
-    number, is cast on the host)."""
+    number, is cast on the host).
+
+    In strict eager the first :data:`HOST_FILLS` fills of a shape, dtype and value are built on
+    the host instead (where the dtype holds the value exactly): one-off fills, such as an
+    optimizer's zero states for each parameter shape or a model's initial weights, would
+    otherwise each compile a program before the first step. A fill made more often compiles,
+    and from then on runs on the device."""
+    shape, dtype = tuple(shape), np.dtype(dtype)
+    if context.recorder is None and context.trace is None:
+        key = (shape, dtype, value)
+        made = _filled[key] = _filled.get(key, 0) + 1
+        filled = filled_on_host(shape, value, dtype, context.index) if made <= HOST_FILLS else None
+        if filled is not None:
+            return filled
     if isinstance(value, int) and value not in INT64_RANGE:
         value = cast(np.uint64(value), dtype)
     else:
         value = device_scalar(value, context.index)  # (the factory's device)
-    return apply(fill, value, tuple(shape), np.dtype(dtype))
+    return apply(fill, value, shape, dtype)
 
 
 def _fill_dtype(value) -> np.dtype:
@@ -226,13 +248,13 @@ def full_like(x, fill_value, dtype=None, layout=None, device=None, pin_memory=No
 
 def _constant_like(value):
     def like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-        return jnp.full(x.shape, value, x.dtype if dtype is None else dtype)
+        return _full(x.shape, value, x.dtype if dtype is None else dtype)
 
     return like
 
 
-lower(aten.zeros_like.default, layout=Layout.LIKE)(_constant_like(0))
-lower(aten.ones_like.default, layout=Layout.LIKE)(_constant_like(1))
+lower(aten.zeros_like.default, layout=Layout.LIKE, runs=Runs.EAGER)(_constant_like(0))
+lower(aten.ones_like.default, layout=Layout.LIKE, runs=Runs.EAGER)(_constant_like(1))
 
 
 @lower(aten.new_full.default)
@@ -242,13 +264,13 @@ def new_full(x, size, fill_value, dtype=None, layout=None, device=None, pin_memo
 
 def _constant_new(value):
     def new(x, size, dtype=None, layout=None, device=None, pin_memory=None):
-        return jnp.full(size, value, x.dtype if dtype is None else dtype)
+        return _full(size, value, x.dtype if dtype is None else dtype)
 
     return new
 
 
-lower(aten.new_zeros.default)(_constant_new(0))
-lower(aten.new_ones.default)(_constant_new(1))
+lower(aten.new_zeros.default, runs=Runs.EAGER)(_constant_new(0))
+lower(aten.new_ones.default, runs=Runs.EAGER)(_constant_new(1))
 
 
 _INT64 = np.dtype(jnp.int64)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import jax
@@ -33,6 +34,52 @@ def device_scalar(x: bool | int | float | complex, index: int = 0) -> jax.Array:
     if array is None:
         with jax.ensure_compile_time_eval():  # a constant, even when first seen in a trace
             array = cache[key] = jax.device_put(jnp.asarray(x), platform.jax_device(index))
+    return array
+
+
+#: The largest fill :func:`filled_on_host` builds: the host memory and the copy it costs grow
+#: with the size, an XLA compile does not.
+HOST_FILL_BYTES = 64 << 20
+_EXACT_FILL_DTYPES = frozenset(
+    np.dtype(t)
+    for t in (
+        *(jnp.bool_, jnp.uint8, jnp.int8, jnp.int16, jnp.int32, jnp.int64),
+        *(jnp.uint16, jnp.uint32, jnp.uint64),
+        *(jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64, jnp.complex64, jnp.complex128),
+    )
+)
+
+
+def _held_exactly(value: bool | int | float | complex, dtype: np.dtype) -> np.generic | None:
+    """``value`` as a ``dtype`` scalar where ``dtype`` holds it exactly, so that every way of
+    casting it (torch CPU's, XLA's, numpy's) agrees; else None."""
+    if dtype not in _EXACT_FILL_DTYPES or not isinstance(value, (bool, int, float, complex)):
+        return None
+    if dtype.kind in "biu":
+        low, high = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        return dtype.type(value) if isinstance(value, int) and low <= value <= high else None
+    if isinstance(value, complex) and dtype.kind != "c":
+        return None
+    if isinstance(value, int) and abs(value) > 2**53:  # (numpy rounds it to float64 first)
+        return None
+    parts = (value.real, value.imag) if isinstance(value, complex) else (value,)
+    largest = float(jnp.finfo(dtype).max)
+    if not all(math.isinf(part) or abs(part) <= largest for part in parts):  # (or numpy warns)
+        return None
+    held = np.array(value, dtype)
+    return held[()] if complex(held) == value else None  # (NaN never equals: not held)
+
+
+def filled_on_host(shape: tuple, value, dtype: np.dtype, index: int = 0) -> jax.Array | None:
+    """``shape`` filled with ``value`` (a Python number) as ``dtype`` on ``tpu:index``, built
+    on the host and copied over: no XLA program, so no compile. None where ``dtype`` does not
+    hold ``value`` exactly or the fill is over :data:`HOST_FILL_BYTES`."""
+    held = _held_exactly(value, dtype)
+    if held is None or math.prod(shape) * dtype.itemsize > HOST_FILL_BYTES:
+        return None
+    host = np.full(shape, held, dtype)
+    array = jax.device_put(host, platform.jax_device(index))
+    keep_host_copy(array, host)
     return array
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torch_tpu
-from torch_tpu.ops.creation import HOST_FILLS
+from torch_tpu.runtime.transfer import HOST_FILLS
 
 
 def _draws(n: int) -> list[torch.Tensor]:
@@ -164,6 +164,8 @@ _FILLS = {
     "full": lambda source: torch.full(source.shape, 1, dtype=source.dtype, device=source.device),
     "zeros_like": torch.zeros_like,
     "new_ones": lambda source: source.new_ones(source.shape),
+    "fill_": lambda source: torch.empty_like(source).fill_(1),
+    "zero_": lambda source: torch.nn.init.zeros_(torch.empty_like(source)),
 }
 
 

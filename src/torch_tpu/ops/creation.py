@@ -21,9 +21,8 @@ from jax.scipy.special import i0
 from ..runtime.buffer import HOST_COPY_BYTES, apply, keep_host_copy
 from ..runtime.context import context
 from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
-from ..runtime.lru import LRU
 from ..runtime.tensor import fill
-from ..runtime.transfer import INT64_RANGE, device_scalar, filled_on_host
+from ..runtime.transfer import INT64_RANGE, device_scalar, first_fill_on_host
 from ._helpers import accumulator
 from .registry import Layout, Runs, lower, runtime
 
@@ -175,30 +174,15 @@ def _checked_full(shape, value, dtype) -> jax.Array:
     return _full(shape, value, dtype)
 
 
-#: (shape, dtype, value) of the fills strict eager ran -> how many times it ran (see :func:`_full`)
-_filled = LRU()
-#: How many times the same fill is built on the host before one compiled program makes it
-#: (enough for an optimizer's two or three zero states per parameter shape)
-HOST_FILLS = 4
-
-
 def _full(shape, value, dtype) -> jax.Array:
     """``shape`` filled with ``value`` cast to ``dtype``: one program per shape and dtype, the
     value a runtime input (a uint64 fill past int64's range, which JAX cannot take as a Python
-    number, is cast on the host).
-
-    In strict eager the first :data:`HOST_FILLS` fills of a shape, dtype and value are built on
-    the host instead (where the dtype holds the value exactly): one-off fills, such as an
-    optimizer's zero states for each parameter shape or a model's initial weights, would
-    otherwise each compile a program before the first step. A fill made more often compiles,
-    and from then on runs on the device."""
+    number, is cast on the host). A strict-eager fill's first few times are built on the host
+    instead (:func:`~torch_tpu.runtime.transfer.first_fill_on_host`)."""
     shape, dtype = tuple(shape), np.dtype(dtype)
-    if context.recorder is None and context.trace is None:
-        key = (shape, dtype, value)
-        made = _filled[key] = _filled.get(key, 0) + 1
-        filled = filled_on_host(shape, value, dtype, context.index) if made <= HOST_FILLS else None
-        if filled is not None:
-            return filled
+    filled = first_fill_on_host(shape, value, dtype, context.index)
+    if filled is not None:
+        return filled
     if isinstance(value, int) and value not in INT64_RANGE:
         value = cast(np.uint64(value), dtype)
     else:

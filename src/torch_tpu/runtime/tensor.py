@@ -22,7 +22,7 @@ from .buffer import Deferred, apply, host_copy, keep_host_copy
 from .context import context
 from .dtypes import JAX_TO_TORCH, TORCH_TO_JAX, cast, to_jax, unsupported
 from .lru import cached
-from .transfer import device_scalar
+from .transfer import device_scalar, first_fill_on_host
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
@@ -534,14 +534,18 @@ def write(t: torch.Tensor, value) -> None:
     storage = t.untyped_storage()
     dtype = to_jax(t.dtype)
     shape = tuple(t.shape)
-    if not isinstance(value, (jax.Array, Deferred)):
-        value = jnp.asarray(value)
-        if platform.others_used:  # (made on tpu:0)
-            value = jax.device_put(value, platform.jax_device(t.get_device()))
     current = buffer.get(storage)
     whole = (
         t.storage_offset() == 0 and t.is_contiguous() and t.numel() * dtype.itemsize == buffer.nbytes(current)
     )
+    filled = first_fill_on_host(shape, value, dtype, device_index(t)) if whole else None
+    if filled is not None:  # (a model's initial weights: zeros_(bias), ones_(norm.weight))
+        buffer.put(storage, filled)
+        return
+    if not isinstance(value, (jax.Array, Deferred)):
+        value = jnp.asarray(value)
+        if platform.others_used:  # (made on tpu:0)
+            value = jax.device_put(value, platform.jax_device(t.get_device()))
     if whole:
         if value.shape != shape or value.dtype != dtype:
             value = apply(fill, value, shape, dtype)

@@ -13,6 +13,7 @@ from jax import lax
 
 from . import checks, platform
 from .buffer import keep_host_copy
+from .context import context
 from .lru import LRU
 
 _scalar_arrays = LRU()  # tpu:0's
@@ -53,7 +54,7 @@ _EXACT_FILL_DTYPES = frozenset(
 def _held_exactly(value: bool | int | float | complex, dtype: np.dtype) -> np.generic | None:
     """``value`` as a ``dtype`` scalar where ``dtype`` holds it exactly, so that every way of
     casting it (torch CPU's, XLA's, numpy's) agrees; else None."""
-    if dtype not in _EXACT_FILL_DTYPES or not isinstance(value, (bool, int, float, complex)):
+    if dtype not in _EXACT_FILL_DTYPES or type(value) not in _NUMBERS:
         return None
     if dtype.kind in "biu":
         low, high = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
@@ -68,6 +69,31 @@ def _held_exactly(value: bool | int | float | complex, dtype: np.dtype) -> np.ge
         return None
     held = np.array(value, dtype)
     return held[()] if complex(held) == value else None  # (NaN never equals: not held)
+
+
+#: How many times strict eager builds the same fill (shape, dtype and value) on the host before
+#: it runs the compiled program instead (enough for an optimizer's two or three zero states
+#: per parameter shape, or a few layers' norm weights)
+HOST_FILLS = 4
+#: (shape, dtype, value) -> how many times strict eager made that fill
+_fills = LRU()
+
+
+def first_fill_on_host(shape: tuple, value, dtype: np.dtype, index: int = 0) -> jax.Array | None:
+    """A strict-eager fill of ``shape`` with ``value`` as ``dtype`` on ``tpu:index``, built on
+    the host (:func:`filled_on_host`) the first :data:`HOST_FILLS` times: one-off fills, such
+    as an optimizer's zero states for each parameter shape or a model's initial weights,
+    would otherwise each compile a program before the first step. None where the fill should
+    run as a program: made more often than that (compiled once, it then runs on the device),
+    recorded into a fused graph or traced into a compiled one, or not buildable on the host."""
+    if context.recorder is not None or context.trace is not None or type(value) not in _NUMBERS:
+        return None
+    key = (shape, dtype, value)
+    made = _fills[key] = _fills.get(key, 0) + 1
+    return filled_on_host(shape, value, dtype, index) if made <= HOST_FILLS else None
+
+
+_NUMBERS = (bool, int, float, complex)
 
 
 def filled_on_host(shape: tuple, value, dtype: np.dtype, index: int = 0) -> jax.Array | None:

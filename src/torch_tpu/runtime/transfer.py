@@ -38,7 +38,7 @@ def device_scalar(x: bool | int | float | complex, index: int = 0) -> jax.Array:
     return array
 
 
-#: The largest fill :func:`filled_on_host` builds: the host memory and the copy it costs grow
+#: The largest fill :func:`_filled_on_host` builds: the host memory and the copy it costs grow
 #: with the size, an XLA compile does not.
 HOST_FILL_BYTES = 64 << 20
 _EXACT_FILL_DTYPES = frozenset(
@@ -52,9 +52,9 @@ _EXACT_FILL_DTYPES = frozenset(
 
 
 def _held_exactly(value: bool | int | float | complex, dtype: np.dtype) -> np.generic | None:
-    """``value`` as a ``dtype`` scalar where ``dtype`` holds it exactly, so that every way of
-    casting it (torch CPU's, XLA's, numpy's) agrees; else None."""
-    if dtype not in _EXACT_FILL_DTYPES or type(value) not in _NUMBERS:
+    """``value`` (a Python number) as a ``dtype`` scalar where ``dtype`` holds it exactly, so
+    that every way of casting it (torch CPU's, XLA's, numpy's) agrees; else None."""
+    if dtype not in _EXACT_FILL_DTYPES:
         return None
     if dtype.kind in "biu":
         low, high = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
@@ -75,13 +75,14 @@ def _held_exactly(value: bool | int | float | complex, dtype: np.dtype) -> np.ge
 #: it runs the compiled program instead (enough for an optimizer's two or three zero states
 #: per parameter shape, or a few layers' norm weights)
 HOST_FILLS = 4
-#: (shape, dtype, value) -> how many times strict eager made that fill
+#: (shape, dtype, value) -> how many times strict eager made that fill (up to HOST_FILLS)
 _fills = LRU()
+_NUMBERS = (bool, int, float, complex)
 
 
 def first_fill_on_host(shape: tuple, value, dtype: np.dtype, index: int = 0) -> jax.Array | None:
     """A strict-eager fill of ``shape`` with ``value`` as ``dtype`` on ``tpu:index``, built on
-    the host (:func:`filled_on_host`) the first :data:`HOST_FILLS` times: one-off fills, such
+    the host (:func:`_filled_on_host`) the first :data:`HOST_FILLS` times: one-off fills, such
     as an optimizer's zero states for each parameter shape or a model's initial weights,
     would otherwise each compile a program before the first step. None where the fill should
     run as a program: made more often than that (compiled once, it then runs on the device),
@@ -89,14 +90,14 @@ def first_fill_on_host(shape: tuple, value, dtype: np.dtype, index: int = 0) -> 
     if context.recorder is not None or context.trace is not None or type(value) not in _NUMBERS:
         return None
     key = (shape, dtype, value)
-    made = _fills[key] = _fills.get(key, 0) + 1
-    return filled_on_host(shape, value, dtype, index) if made <= HOST_FILLS else None
+    made = _fills.get(key, 0)
+    if made >= HOST_FILLS:  # (a recurring fill: counted no further, on the hot path)
+        return None
+    _fills[key] = made + 1
+    return _filled_on_host(shape, value, dtype, index)
 
 
-_NUMBERS = (bool, int, float, complex)
-
-
-def filled_on_host(shape: tuple, value, dtype: np.dtype, index: int = 0) -> jax.Array | None:
+def _filled_on_host(shape: tuple, value, dtype: np.dtype, index: int = 0) -> jax.Array | None:
     """``shape`` filled with ``value`` (a Python number) as ``dtype`` on ``tpu:index``, built
     on the host and copied over: no XLA program, so no compile. None where ``dtype`` does not
     hold ``value`` exactly or the fill is over :data:`HOST_FILL_BYTES`."""

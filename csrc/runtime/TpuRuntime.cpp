@@ -3,7 +3,9 @@
 // - hooks (at::PrivateUse1HooksInterface): generators, the pinned host allocator, storage
 //   resize, the device count;
 // - the device guard: current device, one in-order stream, events, device synchronization;
-// - the device allocator (c10::DeviceAllocator): a unique handle per storage and memory stats.
+// - the device allocator (c10::DeviceAllocator): a unique handle per storage and memory stats;
+// - the view kernels: a view only computes sizes, strides and offset over the same storage, the
+//   same work CPU's kernels do, so PrivateUse1 runs those kernels instead of a Python round trip.
 //
 // Everything Python can decide stays in Python: synchronization, what a storage resize does to
 // the JAX buffer behind it, memory statistics and the device count come from callbacks on the
@@ -15,6 +17,16 @@
 #include <ATen/core/Generator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/squeeze_native.h>
+#include <ATen/ops/t_native.h>
+#include <ATen/ops/transpose_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/unsqueeze_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_native.h>
 #include <ATen/ops/_fused_sdp_choice_ops.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -24,6 +36,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
 
 #include <atomic>
 #include <chrono>
@@ -460,8 +473,27 @@ namespace at::native {
 REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &fusedSdpChoice)
 }  // namespace at::native
 
+// The views whose geometry a backend computes (the others are composites over these), with CPU's
+// kernels; Python registers its own (ops/core.py) only where this extension is not loaded. The
+// in-place ones have composite kernels, but those would not be reached: they stay listed here so
+// that both builds serve the same set.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("unfold", TORCH_FN(at::native::unfold));
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+  m.impl("squeeze_", static_cast<at::Tensor& (*)(at::Tensor&)>(&at::native::squeeze_));
+  m.impl("squeeze_.dim", static_cast<at::Tensor& (*)(at::Tensor&, int64_t)>(&at::native::squeeze_));
+  m.impl("squeeze_.dims", static_cast<at::Tensor& (*)(at::Tensor&, at::IntArrayRef)>(&at::native::squeeze_));
+  m.impl("unsqueeze_", TORCH_FN(at::native::unsqueeze_));
+  m.impl("transpose_", TORCH_FN(at::native::transpose_));
+  m.impl("t_", TORCH_FN(at::native::t_));
+}
+
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "torch_tpu's C++ runtime core (hooks, device guard, device allocator)";
+  m.doc() = "torch_tpu's C++ runtime core (hooks, device guard, device allocator, view kernels)";
   m.def("install", &install, py::arg("callbacks"), py::arg("device_count"));
   m.def("set_device_count", [](int count) { g_device_count = count; });
   m.def("empty", &empty);

@@ -34,6 +34,7 @@ print(json.dumps({
     "warnings": [str(w.message) for w in caught if "C++ runtime core" in str(w.message)],
     "same_stream": a == b == torch.randn(3, device="tpu").tolist(),
     "sum": (x * 2).sum().item(),
+    "views": x.view(2, 2).t().unfold(0, 2, 1).squeeze_(0).tolist(),  # the Python view kernels
     "data_ptr": x[1:].data_ptr() - x.data_ptr(),
     "pinned": torch.ones(2).pin_memory().tolist(),
     "count": torch.tpu.device_count(),
@@ -47,4 +48,5 @@ print(json.dumps({
         assert feature in warning
     assert state.pop("appended") == [[0] * 9 + [1, 2, 3]]
     assert state.pop("room") == 64 * 8
+    assert state.pop("views") == [[0.0, 1.0], [2.0, 3.0]]
     assert state == {"same_stream": True, "sum": 12.0, "data_ptr": 4, "pinned": [1.0, 1.0], "count": 1}

@@ -1,9 +1,9 @@
 """Runtime kernels: tensor creation, copies, views, resizing, and scalars.
 
 These manage tpu tensors themselves instead of mapping arrays to arrays, so they are ``runtime``
-entries of the table. Views redispatch to PyTorch's Meta kernels, which compute sizes, strides
-and offset over the *same* storage: aliasing, version counters and autograd's view tracking are
-PyTorch's own.
+entries of the table. Views compute sizes, strides and offset over the *same* storage with
+PyTorch's own kernels (CPU's, registered by the C++ runtime core; without the core, Meta's by
+redispatch): aliasing, version counters and autograd's view tracking are PyTorch's own.
 """
 
 from __future__ import annotations
@@ -43,13 +43,14 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
 
 
 def _meta_view(op):
-    """A view kernel: PyTorch's Meta kernel computes the geometry over the shared storage."""
+    """A view kernel where the C++ runtime core (which runs CPU's view kernels) is not loaded:
+    PyTorch's Meta kernel computes the geometry over the shared storage."""
 
     def view(self, *args, **kwargs):
         tensor.ensure_nbytes(self)
         return op.redispatch(_META, self, *args, **kwargs)
 
-    runtime(op)(view)
+    runtime(op, native=True)(view)
 
 
 # In-place metadata ops (squeeze_, t_, ...) check the storage size directly, so they come here too.

@@ -19,7 +19,7 @@ import torch
 
 from .. import config
 from ..execution.tracing import NEEDS_VALUES
-from ..runtime import buffer, checks, memory, overlap, platform, precision, random, tensor, transfer
+from ..runtime import buffer, checks, memory, native, overlap, platform, precision, random, tensor, transfer
 from ..runtime.buffer import Deferred
 from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
@@ -940,6 +940,8 @@ def install() -> None:
     explicit = set(LOWERINGS)
     for op, entry in LOWERINGS.items():
         check_installable(op)
+        if entry.native and native.available():
+            continue
         if entry.runtime:
             lib.impl(
                 op, checked(op, _routed_by_device(op, _recording(op, entry.fn), lowered=False)), "PrivateUse1"

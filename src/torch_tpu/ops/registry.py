@@ -103,6 +103,9 @@ class Lowering:
     # A user's op (``torch_tpu.pallas.jax_op``): not an ATen overload, so no CPU kernel whose
     # dtype refusals to mirror
     custom: bool = False
+    # The C++ runtime core registers its own kernel for this op (the views): ``fn`` serves only
+    # where the core is not loaded
+    native: bool = False
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
@@ -157,6 +160,7 @@ def lower(*ops, **options) -> Callable:
     return register
 
 
-def runtime(*ops) -> Callable:
-    """Register a kernel that works on tpu tensors directly (factories, copies, views)."""
-    return lower(*ops, runtime=True)
+def runtime(*ops, native: bool = False) -> Callable:
+    """Register a kernel that works on tpu tensors directly (factories, copies, views);
+    ``native``: one the C++ runtime core replaces where it is loaded."""
+    return lower(*ops, runtime=True, native=native)

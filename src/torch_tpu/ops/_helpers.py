@@ -156,11 +156,27 @@ def _first_out_of_bounds_in(xp, index, low, high, ignore=None) -> tuple:
 _first_out_of_bounds = jax.jit(functools.partial(_first_out_of_bounds_in, jnp))
 
 
-def _out_of_bounds(index, low: int, high: int, ignore: int | None) -> tuple:
+#: Up to this many entries, a host copy's range is taken in Python (numpy's reductions cost
+#: more per call than the loop over so few)
+_FEW = 32
+
+
+def _host_range(host: np.ndarray) -> tuple[int, int]:
+    if host.size <= _FEW:
+        values = host.ravel().tolist()
+        return min(values), max(values)
+    return host.min(), host.max()
+
+
+def _out_of_bounds(index, low: int, high: int, ignore: int | None) -> tuple | None:
     """:func:`_first_out_of_bounds_in` of ``index``: on its host copy if it was copied from the
-    host (no program, no wait), else as a small program on the device."""
+    host (no program, no wait; None when every entry is in bounds, the common case, taken from
+    its range alone), else as a small program on the device."""
     host = host_copy(index)
     if host is not None:
+        smallest, largest = _host_range(host)
+        if low <= smallest and largest < high:
+            return None
         return _first_out_of_bounds_in(np, host, low, high, ignore)
     return apply_check(_first_out_of_bounds, index, low, high, ignore)
 
@@ -175,18 +191,16 @@ def check_bounds(
     ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync
     (:func:`report_values`). Indices equal to ``ignore`` (a loss's ``ignore_index``) pass.
     """
-    pending = [
-        (position, index, size, negative_ok)
-        for position, (index, size, negative_ok) in enumerate(checks)
-        if index.size and has_values(index)
-    ]
-    results = [
-        _out_of_bounds(index, -size if negative_ok else 0, size, ignore)
-        for _, index, size, negative_ok in pending
-    ]
-
-    where = [(position, size) for position, _, size, _ in pending]  # (not the index arrays:
-    # a check kept with a fused graph must not keep the graph's values, and so the graph, alive)
+    results, where = [], []  # (where: not the index arrays: a check kept with a fused graph
+    # must not keep the graph's values, and so the graph, alive)
+    for position, (index, size, negative_ok) in enumerate(checks):
+        if index.size and has_values(index):
+            result = _out_of_bounds(index, -size if negative_ok else 0, size, ignore)
+            if result is not None:  # (None: in bounds, known on the host)
+                results.append(result)
+                where.append((position, size))
+    if not results:
+        return
 
     def report(results) -> None:
         for (position, size), (any_bad, value) in zip(where, results):

@@ -314,6 +314,8 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     if entry.check is not None or entry.runs is not Runs.TRACED:  # (a check sees the values)
         defaulted = []
     lowering = _with_defaults(entry.fn, defaulted) if defaulted else entry.fn
+    if entry.random and runs is Runs.TRACED:
+        lowering = _keyed(lowering)
     # Tensor arguments that are views reach the op's program as their storage's array and
     # geometry, for the program to read (one program a call, one graph node when fused); not
     # where a check or a host computation sees the values, nor for donated buffers
@@ -469,6 +471,15 @@ def _with_defaults(fn: Callable, defaulted: list[tuple[int, Any]]) -> Callable:
             if values[i] is None:
                 values[i] = default
         return fn(*values, **kwargs)
+
+    return functools.wraps(fn)(run)
+
+
+def _keyed(fn: Callable) -> Callable:
+    """A random lowering given :func:`random.next_key`'s draw, whose key its program makes."""
+
+    def run(*values, key, **kwargs):
+        return fn(*values, key=random.key_of(key), **kwargs)
 
     return functools.wraps(fn)(run)
 

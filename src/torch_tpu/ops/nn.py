@@ -19,7 +19,7 @@ from jax import lax
 from ..runtime import platform, tensor
 from ..runtime.buffer import apply
 from ..runtime.precision import matmul_precision
-from ..runtime.random import next_key
+from ..runtime.random import key_of, next_key
 from ._helpers import check_bounds
 from ._nn_helpers import compute_dtype, ntuple, require, vjp, wrap_dim
 from .registry import Layout, Promote, lower, runtime
@@ -814,9 +814,9 @@ def _fused_attention_fits(query, key, value, attn_mask, enable_gqa: bool) -> boo
 
 @jax.jit
 def _pack_key(key) -> jax.Array:
-    """A PRNG key as one int64, PyTorch's shape for ``philox_seed``, so backward replays the
-    forward's dropout mask."""
-    high, low = jax.random.key_data(key).astype(jnp.int64)
+    """A PRNG key (as :func:`next_key` gives it) as one int64, PyTorch's shape for
+    ``philox_seed``, so backward replays the forward's dropout mask."""
+    high, low = jax.random.key_data(key_of(key)).astype(jnp.int64)
     return (high << 32) | low
 
 

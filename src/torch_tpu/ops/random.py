@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from jax.scipy.special import digamma
 
+from ..runtime.random import key_of
 from ._helpers import accumulator, check_values, result_dtype, type_name
 from .creation import _factory_out, _float_or_default
 from .registry import Layout, OutDtype, Runs, lower, runtime
@@ -573,7 +574,7 @@ def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
 @functools.partial(jax.jit, static_argnums=(0, 2, 3))
 def _draw(sampler, key, shape, dtype, *params):
     """One compiled sampler per (sampler, shape, dtype); parameters stay dynamic."""
-    return sampler(key, tuple(shape), dtype, *params)
+    return sampler(key_of(key), tuple(shape), dtype, *params)
 
 
 def _lower_overloads(general, *narrower, missing: dict, **options):

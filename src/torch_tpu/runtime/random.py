@@ -20,6 +20,7 @@ import functools
 import os
 import threading
 
+import numpy as np
 import torch
 
 from . import native
@@ -120,41 +121,89 @@ def _draw(generator) -> tuple[int, int]:
     return native._C.draw(generator, 1)
 
 
+# ----------------------------------------------------------------------------- keys
+# Key number ``n`` of seed ``s`` is JAX's ``fold_in(fold_in(key(s_lo), s_hi), n)`` (threefry),
+# computed here on the host: bit for bit what ``jax.random`` computes (tests/runtime check it),
+# without the XLA programs JAX would compile for it in every fresh process (its seeding,
+# fold_in, a derivation of many keys and their unstacking: ~0.8 s before the first random
+# number on XLA:CPU).
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _threefry2x32(key: tuple[int, int], x0: np.ndarray, x1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The Threefry-2x32 block cipher (20 rounds), as ``jax.random``'s threefry implementation."""
+    words = (np.uint32(key[0]), np.uint32(key[1]), np.uint32(key[0] ^ key[1] ^ 0x1BD11BDA))
+    x0, x1 = x0 + words[0], x1 + words[1]
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            x0 = x0 + x1
+            x1 = (x1 << np.uint32(r)) | (x1 >> np.uint32(32 - r))
+            x1 = x1 ^ x0
+        x0 = x0 + words[(i + 1) % 3]
+        x1 = x1 + words[(i + 2) % 3] + np.uint32(i + 1)
+    return x0, x1
+
+
+def _fold_in(key: tuple[int, int], data: np.ndarray) -> np.ndarray:
+    """``jax.random.fold_in(key, d)`` for each ``d`` of ``data`` (uint32): rows of key data."""
+    y0, y1 = _threefry2x32(key, np.zeros_like(data), data)
+    return np.stack([y0, y1], axis=-1)
+
+
 @functools.lru_cache(maxsize=8)
-def _base_key(seed: int):
-    import jax
+def _base_key(seed: int) -> tuple[int, int]:
+    low, high = seed & 0xFFFF_FFFF, seed >> 32  # (``key(low)``'s data is [0, low])
+    return tuple(int(w) for w in _fold_in((0, low), np.array([high], np.uint32))[0])
 
-    return jax.random.fold_in(jax.random.key(seed & 0xFFFF_FFFF), seed >> 32)
 
-
-#: Keys are derived a block at a time (one XLA call instead of one per random op); key number
-#: ``n`` is ``fold_in(base, n)`` however it was drawn, so values do not depend on the block size.
+#: Keys are put on the device a block at a time (one transfer instead of one per random op);
+#: key number ``n`` is the same however it was drawn, so values do not depend on the block size.
 _BLOCK = 64
 
 
-@functools.cache
-def _derive_block():
+def key_rows(seed: int, start: int, count: int) -> np.ndarray:
+    """The data of keys ``start`` to ``start + count - 1`` of ``seed``, as rows of two uint32."""
+    with np.errstate(over="ignore"):  # (uint32 arithmetic wraps, as the cipher wants)
+        return _fold_in(_base_key(seed), np.arange(start, start + count, dtype=np.uint64).astype(np.uint32))
+
+
+@functools.lru_cache(maxsize=8)  # a few generators (or devices) in turn do not redo a block per draw
+def _block(seed: int, start: int, index: int):
     import jax
 
-    def derive(base, start):
-        offsets = (start + jax.numpy.arange(_BLOCK, dtype=jax.numpy.uint32)).astype(jax.numpy.uint32)
-        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(base, offsets)
+    from . import platform
 
-    return jax.jit(derive)
-
-
-@functools.lru_cache(maxsize=4)  # a few generators in turn do not derive a block per draw
-def _block(seed: int, start: int) -> list:
-    return list(_derive_block()(_base_key(seed), start & 0xFFFF_FFFF))  # ready-made key arrays
+    return jax.device_put(key_rows(seed, start, _BLOCK), platform.jax_device(index))
 
 
 def next_key(generator: torch.Generator | None = None, index: int = 0):
-    """A fresh key from ``generator`` (default: ``tpu:index``'s default generator). Inside a
-    compiled program's trace: one derived from the program's key input, which the program draws
-    from the default generator once per call."""
+    """A fresh key from ``generator`` (default: ``tpu:index``'s default generator) for an op on
+    ``tpu:index``: ``(block, position)``, a block of key data on the device and the row to use
+    (a cached device scalar), which the op's program turns into the key (:func:`key_of`), so
+    drawing runs no program. Inside a compiled program's trace: a key derived from the
+    program's key input, which the program draws from the default generator once per call."""
     trace = context.trace
     if trace is not None:
         return trace.next_key()
     seed, offset = _draw(default_generator(index) if generator is None else generator)
     start = offset - offset % _BLOCK
-    return _block(seed, start)[offset - start]
+    from .transfer import device_scalar
+
+    return _block(seed, start & 0xFFFF_FFFF, index), device_scalar(offset - start, index)
+
+
+def next_key_data(index: int = 0) -> np.ndarray:
+    """The data of a fresh key from ``tpu:index``'s default generator, on the host."""
+    seed, offset = _draw(default_generator(index))
+    return key_rows(seed, offset & 0xFFFF_FFFF, 1)[0]
+
+
+def key_of(key):
+    """The JAX key a random lowering draws with, from what :func:`next_key` gave (in a program
+    or trace: a typed key passes through)."""
+    if type(key) is not tuple:
+        return key
+    import jax
+
+    block, position = key
+    return jax.random.wrap_key_data(jax.lax.dynamic_index_in_dim(block, position, keepdims=False))

@@ -40,13 +40,6 @@ _TPU, _HOST, _CONST = range(3)
 _FRESH, _INPUT = range(2)
 
 
-# Programs take their random key as raw key data, not a typed key: an executable read back from
-# the store carries its argument types unpickled, and a typed key's copy of the PRNG
-# implementation would then reach later keys, which ``jax.random.poisson`` refuses as "not
-# threefry" (it checks the implementation's identity).
-_key_data = jax.jit(jax.random.key_data)
-
-
 @functools.cache
 def _unused_key() -> jax.Array:
     """The key data of programs that draw no random numbers (calling them leaves the generator
@@ -353,7 +346,11 @@ class Program:
                 traced_key, trace, values, donated
             )
         fused.stats.donated_buffers += len(donated)
-        random_key = _key_data(random.next_key(None, key[2])) if traced.random else _unused_key()
+        # The random key as raw key data, not a typed key: an executable read back from the
+        # store carries its argument types unpickled, and a typed key's copy of the PRNG
+        # implementation would then reach later keys, which ``jax.random.poisson`` refuses as
+        # "not threefry" (it checks the implementation's identity)
+        random_key = jax.device_put(random.next_key_data(key[2])) if traced.random else _unused_key()
         fused.stats.compiled_runs += 1
         inherited = checks.inherited(values)
         with fused.interrupts_held():  # the written inputs get their new values, whatever comes

@@ -26,6 +26,7 @@ from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_n
 from . import cpu_dtypes, layout
 from ._helpers import warn
 from .meta import NEEDS_VALUES_MESSAGES, to_meta
+from .promotion import elementwise_dtypes
 from .registry import LOWERINGS, Lowering, OutDtype, Promote, Runs, Types, qualified_name
 
 aten = torch.ops.aten
@@ -181,16 +182,8 @@ def promoted(kind, signature, default_dtype: torch.dtype) -> Types:
     """The compute/result dtypes of an elementwise op for inputs of this signature
     ((dtype or Python type, is 0-dim) per input) under this default dtype, which is where
     integers and Python floats promote to (``torch.set_default_dtype``)."""
-    from torch._prims_common import elementwise_dtypes
-
     _check_unsigned_promotion(signature)
-    examples = [
-        torch.empty((() if zero_dim else (1,)), dtype=s, device="meta")
-        if isinstance(s, torch.dtype)
-        else s(1)
-        for s, zero_dim in signature
-    ]
-    compute, result = elementwise_dtypes(*examples, type_promotion_kind=kind)
+    compute, result = elementwise_dtypes(signature, kind, default_dtype)
     return Types(to_jax(compute), to_jax(result))
 
 

@@ -5,6 +5,8 @@ compared with CPU: same strides (of the dimensions longer than 1) and same value
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -215,3 +217,32 @@ def test_channels_last_conv_net_training_step_matches_cpu():
     assert _significant_strides(features) == _significant_strides(cpu_features)
     assert [g.stride() for g in grads] == [g.stride() for g in cpu_grads]
     torch.testing.assert_close([p.detach().cpu() for p in params], [p.detach() for p in cpu_params])
+
+
+def _geometries(count: int):
+    """Views of many kinds: strided slices, permutations, broadcasts, empty and length-1 dims."""
+    rng = random.Random(0)
+    for _ in range(count):
+        ndim = rng.randint(1, 4)
+        shape = [rng.choice([0, 1, 2, 3, 5]) for _ in range(ndim)]
+        order = rng.sample(range(ndim), ndim)
+        base = torch.empty([max(n, 1) * 2 for n in shape])
+        steps = tuple(slice(0, n * rng.choice([1, 2]), rng.choice([1, 2])) for n in shape)
+        yield base[steps].permute(order)
+        yield torch.empty(shape).permute(order)
+        small = torch.empty([1 if rng.random() < 0.5 else max(n, 1) for n in shape])
+        yield small.expand([max(n, 1) if m == 1 else m for n, m in zip(shape, small.shape)]).permute(order)
+
+
+def test_like_strides_are_cpus_empty_like():
+    """``*_like`` layouts are computed without a meta ``empty_like`` (its first call imports
+    sympy): the strides must be CPU's for every geometry and memory format."""
+    from torch_tpu.runtime.tensor import like_strides
+
+    for cpu in _geometries(400):
+        formats = [None, torch.preserve_format, torch.contiguous_format]
+        formats += [torch.channels_last] if cpu.dim() == 4 else []
+        for memory_format in formats:
+            expected = torch.empty_like(cpu, memory_format=memory_format or torch.preserve_format)
+            strides = like_strides(cpu, memory_format) or torch.empty(cpu.shape).stride()
+            assert tuple(strides) == expected.stride(), (cpu.shape, cpu.stride(), memory_format)

@@ -119,8 +119,9 @@ def wrap_elementwise(value: jax.Array, inputs) -> torch.Tensor:
 
 
 def like_strides(t: torch.Tensor, memory_format=None) -> tuple | None:
-    """The strides of ``torch.empty_like(t, memory_format=memory_format)`` (``None`` means
-    preserve: a dense ``t``'s own strides, else its suggested format), or None for contiguous."""
+    """The strides of ``torch.empty_like(t, memory_format=memory_format)`` on CPU (``None``
+    means preserve: a dense ``t``'s own strides, else dense ones in ``t``'s order of strides),
+    or None for contiguous."""
     if memory_format in (None, torch.preserve_format, torch.contiguous_format) and is_row_major(
         tuple(t.shape), t.stride()
     ):
@@ -130,8 +131,31 @@ def like_strides(t: torch.Tensor, memory_format=None) -> tuple | None:
 
 @cached
 def _like_strides(shape: tuple, strides: tuple, memory_format) -> tuple | None:
-    like = torch.empty_like(torch.empty_strided(shape, strides, device="meta"), memory_format=memory_format)
-    return None if is_row_major(shape, like.stride()) else like.stride()
+    # (computed here as CPU's C++ computes it: the Meta kernel of empty_like is a Python
+    # reference whose first call imports sympy, half a second)
+    if memory_format is not torch.preserve_format:
+        like = torch.empty(shape, device="meta", memory_format=memory_format).stride()
+    elif _non_overlapping_and_dense(shape, strides):
+        like = strides
+    else:  # dense strides in the tensor's order (``at::infer_dense_strides``, TensorIterator's)
+        like = _elementwise_strides(shape, ((shape, strides, 1),))
+        if like is None:
+            return None
+    return None if is_row_major(shape, like) else tuple(like)
+
+
+def _non_overlapping_and_dense(shape: tuple, strides: tuple) -> bool:
+    """``TensorImpl::compute_non_overlapping_and_dense``: the elements fill a block of memory
+    exactly once, in some order of dimensions (those of length 1 may have any stride; an empty
+    tensor is)."""
+    if 0 in shape:
+        return True
+    step = 1
+    for d in sorted((d for d in range(len(shape)) if shape[d] >= 2), key=lambda d: strides[d]):
+        if strides[d] != step:
+            return False
+        step *= shape[d]
+    return True
 
 
 def is_row_major(shape: tuple, strides: tuple) -> bool:

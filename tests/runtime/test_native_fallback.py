@@ -34,7 +34,12 @@ print(json.dumps({
     "warnings": [str(w.message) for w in caught if "C++ runtime core" in str(w.message)],
     "same_stream": a == b == torch.randn(3, device="tpu").tolist(),
     "sum": (x * 2).sum().item(),
-    "views": x.view(2, 2).t().unfold(0, 2, 1).squeeze_(0).tolist(),  # the Python view kernels
+    # the Python view kernels, each of them
+    "views": x.view(2, 2).t().unfold(0, 2, 1).squeeze_(0).tolist(),
+    "in_place_views": x.view(2, 2).t_().transpose_(0, 1).unsqueeze_(0).squeeze_(0).unsqueeze_(1)
+    .squeeze_(1).unsqueeze_(2).squeeze_((2,)).tolist(),
+    "complex_views": torch.view_as_real(torch.view_as_complex(x.view(2, 2))).tolist(),
+    "reshape_alias": torch.ops.aten._reshape_alias(x, [2, 2], [1, 2]).tolist(),
     "data_ptr": x[1:].data_ptr() - x.data_ptr(),
     "pinned": torch.ones(2).pin_memory().tolist(),
     "count": torch.tpu.device_count(),
@@ -49,4 +54,6 @@ print(json.dumps({
     assert state.pop("appended") == [[0] * 9 + [1, 2, 3]]
     assert state.pop("room") == 64 * 8
     assert state.pop("views") == [[0.0, 1.0], [2.0, 3.0]]
+    assert state.pop("in_place_views") == state.pop("complex_views") == [[0.0, 1.0], [2.0, 3.0]]
+    assert state.pop("reshape_alias") == [[0.0, 2.0], [1.0, 3.0]]
     assert state == {"same_stream": True, "sum": 12.0, "data_ptr": 4, "pinned": [1.0, 1.0], "count": 1}

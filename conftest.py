@@ -40,7 +40,6 @@ def pytest_configure(config):
 def pytest_sessionfinish(session, exitstatus):
     import torch_tpu.ops.dispatch as dispatch
     from torch_tpu.ops.registry import LOWERINGS
-    from torch_tpu.runtime import native
 
     folder = Path(os.environ[_DIR_VAR])
     worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
@@ -52,8 +51,9 @@ def pytest_sessionfinish(session, exitstatus):
         reached.update(path.read_text().split())
     # (a view's Python kernel serves only without the C++ runtime core, whose CPU kernels
     # serve the suite: tests/runtime/test_native_fallback.py runs those in a process of its own)
-    served_by_the_core = {op for op, entry in LOWERINGS.items() if entry.native and native.available()}
-    missing = sorted(str(op) for op in LOWERINGS if str(op) not in reached and op not in served_by_the_core)
+    missing = sorted(
+        str(op) for op in LOWERINGS if str(op) not in reached and op not in dispatch.SERVED_BY_THE_CORE
+    )
     if missing:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         message = f"{len(missing)} tpu lowerings were never exercised by the test suite:\n  " + "\n  ".join(

@@ -661,6 +661,7 @@ def test_views_run_the_cpp_cores_kernels_where_it_is_loaded():
     """A view only computes geometry: with the C++ runtime core its PrivateUse1 kernel is CPU's
     (no Python on the way); the Python kernels serve only without the core
     (``tests/runtime/test_native_fallback.py``)."""
+    from torch_tpu.ops import dispatch as _dispatch
     from torch_tpu.ops.registry import LOWERINGS
     from torch_tpu.runtime import native
 
@@ -668,6 +669,7 @@ def test_views_run_the_cpp_cores_kernels_where_it_is_loaded():
         pytest.skip("the C++ runtime core is not built")
     views = [op for op, entry in LOWERINGS.items() if entry.native]
     assert torch.ops.aten.as_strided.default in views and torch.ops.aten.view.default in views
+    assert set(views) == _dispatch.SERVED_BY_THE_CORE
     for op in views:
         table = torch._C._dispatch_dump_table(op.name()).splitlines()
         (kernel,) = [line for line in table if line.startswith("PrivateUse1")]

@@ -40,6 +40,11 @@ DERIVED: dict[torch._ops.OpOverload, torch._ops.OpOverload] = {}
 recorded_ops: set | None = None
 
 
+#: The ``native`` lowerings whose PrivateUse1 kernel is the C++ runtime core's (the views),
+#: filled by :func:`install`; their Python kernels serve where the core lacks them.
+SERVED_BY_THE_CORE: set = set()
+
+
 def record_ops(enabled: bool = True) -> set:
     """Start recording which ATen overloads reach a tpu kernel; returns the live set."""
     global recorded_ops
@@ -942,9 +947,11 @@ def install() -> None:
     lib = torch.library.Library("aten", "IMPL")
     _libraries.append(lib)
     explicit = set(LOWERINGS)
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
     for op, entry in LOWERINGS.items():
         check_installable(op)
-        if entry.native and native.available():
+        if entry.native and native.available() and has_kernel(qualified_name(op), "PrivateUse1"):
+            SERVED_BY_THE_CORE.add(op)  # (a core built before it had this kernel leaves it here)
             continue
         if entry.runtime:
             lib.impl(

@@ -474,7 +474,7 @@ REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &fusedSdpChoice)
 }  // namespace at::native
 
 // The views whose geometry a backend computes (the others are composites over these), with CPU's
-// kernels; Python registers its own (ops/core.py) only where this extension is not loaded. The
+// kernels; Python registers its own (ops/core.py) only for those not registered here. The
 // in-place ones have composite kernels, but those would not be reached: they stay listed here so
 // that both builds serve the same set.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

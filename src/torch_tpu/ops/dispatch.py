@@ -19,7 +19,7 @@ import torch
 
 from .. import config
 from ..execution.tracing import NEEDS_VALUES
-from ..runtime import buffer, checks, memory, native, overlap, platform, precision, random, tensor, transfer
+from ..runtime import buffer, checks, memory, overlap, platform, precision, random, tensor, transfer
 from ..runtime.buffer import Deferred
 from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
@@ -950,8 +950,8 @@ def install() -> None:
     has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
     for op, entry in LOWERINGS.items():
         check_installable(op)
-        if entry.native and native.available() and has_kernel(qualified_name(op), "PrivateUse1"):
-            SERVED_BY_THE_CORE.add(op)  # (a core built before it had this kernel leaves it here)
+        if entry.native and has_kernel(qualified_name(op), "PrivateUse1"):
+            SERVED_BY_THE_CORE.add(op)  # (no core, or one built before it had this kernel: ours)
             continue
         if entry.runtime:
             lib.impl(

@@ -104,7 +104,7 @@ class Lowering:
     # dtype refusals to mirror
     custom: bool = False
     # The C++ runtime core registers its own kernel for this op (the views): ``fn`` serves only
-    # where the core is not loaded
+    # where no such kernel is registered
     native: bool = False
 
 
@@ -162,5 +162,5 @@ def lower(*ops, **options) -> Callable:
 
 def runtime(*ops, native: bool = False) -> Callable:
     """Register a kernel that works on tpu tensors directly (factories, copies, views);
-    ``native``: one the C++ runtime core replaces where it is loaded."""
+    ``native``: one the C++ runtime core's kernel replaces where it registered one."""
     return lower(*ops, runtime=True, native=native)

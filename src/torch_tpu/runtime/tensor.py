@@ -146,10 +146,8 @@ def _like_strides(shape: tuple, strides: tuple, memory_format) -> tuple | None:
 
 def _non_overlapping_and_dense(shape: tuple, strides: tuple) -> bool:
     """``TensorImpl::compute_non_overlapping_and_dense``: the elements fill a block of memory
-    exactly once, in some order of dimensions (those of length 1 may have any stride; an empty
-    tensor is)."""
-    if 0 in shape:
-        return True
+    exactly once, in some order of dimensions (an empty tensor does)."""
+    return 0 in shape or _permutation_of_dense(shape, strides) is not None
     step = 1
     for d in sorted((d for d in range(len(shape)) if shape[d] >= 2), key=lambda d: strides[d]):
         if strides[d] != step:

@@ -7,8 +7,10 @@ helpers of ``bench_ops.py``), so read the ratios; absolute times on a shared 2-c
   indexing with an index tensor) against PyTorch CPU, ``jnp`` eager and a ``jax.jit`` call;
 - **fused recording**: a 4-layer GPT (d=128, batch 8 x 64, where Python dominates) in fused
   eager, per recorded op: recording its forward with the device idle (on this 2-core stand-in,
-  XLA's compute of the previous graph otherwise competes with Python for the cores) and, as in
-  training, while the device computes the previous step; and of a training step the flushes
+  XLA's compute of the previous graph otherwise competes with Python for the cores), the same
+  forward recorded again at once ("host warm": XLA:CPU's compute of the previous graph leaves the
+  host's caches cold for the next recording, which a TPU host, computing on the chip, does not
+  see) and, as in training, while the device computes the previous step; and of a training step the flushes
   (each graph's fingerprint, cache lookup and dispatch: ``flush_seconds``) and the wait for the
   device at the step's end;
 - **GPT step**: that step on PyTorch CPU, tpu strict, fused and compiled, and hand-written
@@ -113,15 +115,17 @@ class _CountOps(TorchDispatchMode):
 
 def _fused_split(model, idx, targets, step, steps: int) -> dict[str, float]:
     """Per op of a fused training step: recording (the forward and loss recorded with the device
-    idle, so no XLA work competes for the cores; and while it computes the previous step, as in
-    training), per ATen op the forward dispatches and per
+    idle, so no XLA work competes for the cores; recorded again at once, with the host's caches
+    as the first recording left them rather than as XLA:CPU's compute of the previous graph
+    left them, which is what a TPU host sees: its compute runs on the chip; and while the
+    device computes the previous step, as in training), per ATen op the forward dispatches and per
     graph node it records (views are read inside their consumers' nodes: fewer nodes than
     ops); and per step's node the flushes (each graph's fingerprint, lookup and dispatch) and
     the wait for the device at the step's end; and the cycle collector's runs in those steps
     (recording allocates: each young collection costs, a full one stalls for the whole heap)."""
     replica = copy.deepcopy(model).to("tpu")
     idx, targets = idx.to("tpu"), targets.to("tpu")
-    recording, busy, nodes = [], [], 0
+    recording, warm, busy, nodes = [], [], [], 0
     with torch_tpu.eager_mode("fused"):
         for _ in range(steps):
             torch.tpu.synchronize()
@@ -129,7 +133,10 @@ def _fused_split(model, idx, targets, step, steps: int) -> dict[str, float]:
             _, loss = replica(idx, targets)
             recording.append(time.perf_counter() - started)
             nodes = execution.pending_ops()
-            del loss
+            started = time.perf_counter()  # again at once: no XLA work in between
+            _, again = replica(idx, targets)
+            warm.append(time.perf_counter() - started)
+            del loss, again
             torch_tpu.sync()
         for _ in range(steps):  # as in training: recorded while the device computes a step
             step()
@@ -157,6 +164,7 @@ def _fused_split(model, idx, targets, step, steps: int) -> dict[str, float]:
     record = statistics.median(recording)
     return {
         "record per ATen op": record / counted.count,
+        "host warm": statistics.median(warm) / counted.count,
         "per node": record / nodes,
         "per ATen op, device busy": statistics.median(busy) / counted.count,
         "flush": stats["flush_seconds"] / steps / ops,
@@ -202,8 +210,9 @@ def _gpt_rows(rounds: int) -> list[tuple]:
         (
             f"fused: recording ({aten} ATen ops, {nodes} nodes a forward; {ops:.0f} nodes a step)",
             per_op,
-            "record: the forward's Python, device idle (busy: while it computes the previous "
-            "step, as in training); flush, wait: per step's node",
+            "record: the forward's Python, device idle (host warm: recorded again at once, no "
+            "XLA:CPU compute in between; busy: while it computes the previous step, as in "
+            "training); flush, wait: per step's node",
         ),
     ]
 

@@ -94,6 +94,31 @@ def test_zeros_ones_and_integer_ranges_follow_shape_and_default_dtype():
     assert torch.equal(torch.arange(2, 9, 3, device="tpu").cpu(), torch.arange(2, 9, 3))
 
 
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_range_worked_out_once_follows_its_arguments_their_types_and_dtype(mode):
+    # (ends, dtype): the same ints again, ints given as floats or bools, -0.0 after 0.0
+    calls = [((5,), None), ((0, 5, 2), None), ((5,), torch.int32), ((0.0, 3.0), None), ((-0.0, 3.0), None)]
+    calls += [((5,), None), ((True, 4), None), ((5.0,), None)]
+    before = torch.get_default_dtype()
+    try:
+        with torch_tpu.eager_mode(mode):
+            for default in (torch.float32, torch.float64, torch.float32):
+                torch.set_default_dtype(default)
+                for ends, dtype in calls:
+                    expected = torch.arange(*ends, dtype=dtype)
+                    actual = torch.arange(*ends, dtype=dtype, device="tpu").cpu()
+                    assert actual.dtype == expected.dtype and torch.equal(actual, expected), ends
+                    assert torch.equal(torch.signbit(actual), torch.signbit(expected)), ends
+                    if not actual.is_floating_point():  # its host copy, which bounds checks read
+                        source = torch.arange(10.0)
+                        on_tpu = torch.arange(*ends, dtype=dtype, device="tpu")
+                        assert torch.equal(source.to("tpu")[on_tpu].cpu(), source[expected])
+                        with pytest.raises(IndexError):
+                            source[:3].to("tpu")[on_tpu].cpu()
+    finally:
+        torch.set_default_dtype(before)
+
+
 def test_promotion_is_not_reused_across_dtypes_dimensions_or_default_dtype():
     cases = [
         (torch.ones(2, dtype=torch.int32), torch.ones(2, dtype=torch.int64)),
@@ -136,6 +161,11 @@ def _outcome(call) -> str:
             ),
             lambda d: torch.ones(2, dtype=torch.int32, device=d) + torch.ones(2, dtype=torch.int32, device=d),
         ],
+        # a dtype CPU's kernel table refuses (gelu of integers), checked once per promotion
+        [
+            lambda d, dtype=dtype: torch.nn.functional.gelu(torch.ones(2, dtype=dtype, device=d))
+            for dtype in (torch.float32, torch.int64, torch.float32, torch.int64, torch.bool)
+        ],
         # a refusal that depends on the arguments, not only their dtypes (bool clamp with both
         # bounds; with one it runs)
         [
@@ -143,7 +173,7 @@ def _outcome(call) -> str:
             for bounds in (2, 3, 2)
         ],
     ],
-    ids=["dtypes", "arguments"],
+    ids=["dtypes", "table", "arguments"],
 )
 def test_a_cached_promotion_keeps_refusing_what_cpu_refuses(calls):
     """The dtype check is cached with the promotion only where it depends on the dtypes alone."""

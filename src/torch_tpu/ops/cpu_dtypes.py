@@ -220,7 +220,12 @@ def guard(
         first(values, types)
         second(values, types)
 
+    both.types_only = getattr(first, "types_only", False) and getattr(second, "types_only", False)
     return both
+
+
+def _ALWAYS(values) -> bool:
+    return True
 
 
 def table_guard(op, names, operand_pos=None, common_dtype=None) -> Callable | None:
@@ -232,6 +237,8 @@ def table_guard(op, names, operand_pos=None, common_dtype=None) -> Callable | No
 
     def applies_where(condition: str) -> Callable:
         # "reduce=mean,...": refused where those arguments have those features (``_features``)
+        if not condition:
+            return _ALWAYS
         features = [(names.index(n), v) for n, _, v in (f.partition("=") for f in condition.split(",") if f)]
         return lambda values: all(v in _features(values[j]) for j, v in features)
 
@@ -266,6 +273,12 @@ def table_guard(op, names, operand_pos=None, common_dtype=None) -> Callable | No
                 if dtype in dtypes and applies(values):
                     raise _refusal(op, dtype, (i,))
 
+    # its verdict holds for every call with these types (the dispatcher then checks once per
+    # plan) when no entry hangs on a value and each reads an operand whose dtype is in the key
+    check.types_only = name not in BEYOND_PROBE and all(
+        applies is _ALWAYS and (i is None or (operand_pos is not None and i in operand_pos))
+        for i, _, _, applies in entries
+    )
     return check
 
 

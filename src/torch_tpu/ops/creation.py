@@ -21,6 +21,7 @@ from jax.scipy.special import i0
 from ..runtime.buffer import HOST_COPY_BYTES, apply, keep_host_copy
 from ..runtime.context import context
 from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
+from ..runtime.lru import cached
 from ..runtime.tensor import fill
 from ..runtime.transfer import INT64_RANGE, device_scalar, first_fill_on_host
 from ._helpers import accumulator
@@ -42,6 +43,22 @@ def _accumulate_dtype(dtype) -> np.dtype:
 
 @lower(aten.arange.start_step, runs=Runs.EAGER, static=("start", "end", "step"))
 def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
+    plan = _range_plan if type(start) is type(end) is type(step) is int else _range_plan.__wrapped__
+    first, stride, length, dtype, accumulate, host = plan(start, end, step, dtype, torch.get_default_dtype())
+    if not jnp.issubdtype(accumulate, jnp.integer):
+        # op by op: compiled as one program, XLA would contract the emulated roundings (FMA)
+        return _cpu_arange(first, stride, length, dtype, accumulate)
+    value = apply(_jitted_arange, first, stride, length, dtype, accumulate)
+    if host is not None:  # (positions: checked on the host)
+        keep_host_copy(value, host, shared=True)
+    return value
+
+
+@cached
+def _range_plan(start, end, step, dtype, default_dtype: torch.dtype) -> tuple:
+    """(first, stride, length, dtype, accumulate dtype, host copy or None) of a range: the
+    same for every call with these arguments, so a loop's ``arange`` over integers is worked
+    out once (floats are not kept: -0.0 and 0.0 would share one)."""
     if dtype is None:
         integral = all(isinstance(v, (int, bool)) for v in (start, end, step))
         dtype = np.dtype(jnp.int64) if integral else _float_or_default(None)
@@ -57,13 +74,11 @@ def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=
     else:
         length = math.ceil((float(end) - float(start)) / float(step))
     dtype = np.dtype(dtype)
-    if jnp.issubdtype(accumulate, jnp.integer):
-        value = apply(_jitted_arange, first, stride, length, dtype, accumulate)
-        if length * dtype.itemsize <= HOST_COPY_BYTES:  # (positions: checked on the host)
-            keep_host_copy(value, (first + stride * np.arange(length, dtype=np.int64)).astype(dtype))
-        return value
-    # op by op: compiled as one program, XLA would contract the emulated roundings (FMA)
-    return _cpu_arange(first, stride, length, dtype, accumulate)
+    host = None
+    if jnp.issubdtype(accumulate, jnp.integer) and length * dtype.itemsize <= HOST_COPY_BYTES:
+        host = (first + stride * np.arange(length, dtype=np.int64)).astype(dtype)
+        host.flags.writeable = False
+    return first, stride, length, dtype, accumulate, host
 
 
 def _check_range(start: float, end: float, step: float) -> None:

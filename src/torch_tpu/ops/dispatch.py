@@ -325,14 +325,16 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     )
     if in_program:
         lowering = tensor.reading_views(lowering, in_program)
-    fn = jit(lowering)
-    by_types: dict[Types, Callable] = {}
+    # (jitted at an op's first call, not here: most of the table never runs in a process)
+    by_types: dict[Types | None, Callable] = {}
 
-    def fn_for(types: Types) -> Callable:
+    def fn_for(types: Types | None) -> Callable:
         # one jitted function per promoted dtype pair: cheaper than a static keyword per call
         typed = by_types.get(types)
         if typed is None:
-            typed = by_types[types] = jit(functools.partial(lowering, types=types))
+            typed = by_types[types] = jit(
+                lowering if types is None else functools.partial(lowering, types=types)
+            )
         return typed
 
     # (operand signature, default dtype) -> (Types, the function for them, whether the dtype
@@ -403,7 +405,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
                 plan = plan_for(key, values, args, kwargs)
             types, lowered, guard = plan
         else:
-            types, lowered, guard = None, fn, dtype_guard is not None
+            types, lowered, guard = None, by_types.get(None) or fn_for(None), dtype_guard is not None
         if guard:
             _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
         index = _op_index(values, tensor_pos) if platform.others_used else 0

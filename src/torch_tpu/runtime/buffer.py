@@ -278,13 +278,17 @@ HOST_COPY_BYTES = 1 << 20
 _host_copies: dict[int, tuple[weakref.ref, np.ndarray]] = {}
 
 
-def keep_host_copy(value: Any, array: np.ndarray) -> None:
+def keep_host_copy(value: Any, array: np.ndarray, shared: bool = False) -> None:
     """Remember ``array``, the host's copy of ``value`` (an array, or a deferred one), for
-    :func:`host_copy`, if it is a small integer or boolean array."""
+    :func:`host_copy`, if it is a small integer or boolean array. ``shared``: ``array`` is
+    read-only and torch_tpu's own (a kept copy, a view of one), kept as it is."""
     if array.dtype.kind not in "biu" or array.nbytes > HOST_COPY_BYTES:
         return
-    copy = array.copy()  # its own: the device value may alias ``array`` (and be donated)
-    copy.flags.writeable = False
+    if shared:
+        copy = array
+    else:
+        copy = array.copy()  # its own: the device value may alias ``array`` (and be donated)
+        copy.flags.writeable = False
     key = id(value)
     # (the callback runs while ``value`` is freed, before its id can be reused)
     _host_copies[key] = (weakref.ref(value, lambda _: _host_copies.pop(key, None)), copy)
@@ -316,7 +320,7 @@ def put(storage, value: Value) -> None:
             )
             host = host_copy(made)
             if host is not None:
-                keep_host_copy(value, host)
+                keep_host_copy(value, host, shared=True)
     elif type(value) is Deferred and value.value is None:
         old = getattr(storage, _ATTR, None)
         if old is not None and not (type(old) is Deferred and old.graph is value.graph):

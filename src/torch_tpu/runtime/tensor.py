@@ -438,10 +438,14 @@ def _keep_view_of_host_copy(value: jax.Array, host: np.ndarray, t: torch.Tensor)
     """Keep ``t``'s view of its storage's host copy ``host`` as ``value``'s (only a view inside
     ``host``: numpy's ``as_strided`` does not check)."""
     shape, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
+    if offset == 0 and t.numel() == host.size and host.flags.c_contiguous and t.is_contiguous():
+        keep_host_copy(value, host.reshape(shape), shared=True)  # (a reshape: the common view)
+        return
     if 0 not in shape and offset + sum((n - 1) * s for n, s in zip(shape, strides)) >= host.size:
         return
     flat = host.reshape(-1)[offset:]
-    keep_host_copy(value, np.lib.stride_tricks.as_strided(flat, shape, [s * host.itemsize for s in strides]))
+    view = np.lib.stride_tricks.as_strided(flat, shape, [s * host.itemsize for s in strides], writeable=False)
+    keep_host_copy(value, view, shared=True)
 
 
 def read_in_program(t: torch.Tensor) -> jax.Array | buffer.StridedView:

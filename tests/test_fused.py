@@ -376,6 +376,27 @@ def test_a_new_batch_size_changing_every_op_is_compiled_not_taken_apart(fresh_ch
     assert torch.tpu.compilation_cache_stats()["ops_run_alone"] == 0
 
 
+def _step_of_kind(x, weight, kind: str):
+    """Two loops' steps starting with the same op on the same line, then other ops, and later at
+    one position the same op as each other with other inputs."""
+    h = x @ weight
+    h = torch.tanh(h) if kind == "train" else torch.sigmoid(h)
+    for i in range(30):
+        h = h + 1 if kind == "train" or i != 20 else h + h[:, :1]  # (the same add, other inputs)
+    return h.sum().item()
+
+
+def test_an_op_meeting_another_loops_shapes_after_its_ops_differ_is_not_taken_for_churn(fresh_churn):
+    x, weight = torch.randn(4, 8), torch.randn(8, 8)
+    expected = [_step_of_kind(x, weight, kind) for kind in ("train", "eval") * 3]
+    torch.tpu.reset_compilation_cache_stats()
+    with torch_tpu.eager_mode("fused"):
+        actual = [_step_of_kind(x.to("tpu"), weight.to("tpu"), kind) for kind in ("train", "eval") * 3]
+    torch.testing.assert_close(actual, expected)
+    stats = torch.tpu.compilation_cache_stats()
+    assert stats["ops_run_alone"] == 0 and stats["misses"] == 2, stats
+
+
 def test_a_graph_does_not_change_when_a_changing_number_meets_a_constant():
     x = torch.ones(4, device="tpu")
     misses = []

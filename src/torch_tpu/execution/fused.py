@@ -357,16 +357,21 @@ def _learn_churn(graph: Graph) -> None:
     if history is None:
         history = _history[graph.start] = {}
     novel_at = []
+    # Past an op other than the one these graphs had at its position, this graph is another
+    # sequence of ops (an evaluation after training steps that start on the same line): an op
+    # met there at a position it shares with them says nothing about its shapes
+    diverged = False
     for position, signature in zip(graph.positions, graph.signatures):
         seen, novel = history.get(position, (frozenset(), 0))
         if signature in seen:
             history[position] = (seen, 0)
             continue
-        if seen and next(iter(seen))[0] is signature[0]:
+        if not (seen and next(iter(seen))[0] is signature[0]):  # another op here: start over
+            diverged |= bool(seen)
+            seen, novel = frozenset(), 0
+        elif not diverged:
             novel += 1
             novel_at.append((position, signature[0], novel))
-        else:  # another op at this position: start over
-            seen, novel = frozenset(), 0
         history[position] = ((seen | {signature}) if len(seen) < 16 else frozenset({signature}), novel)
     few = len(novel_at) <= CHURN_SHARE * len(graph.positions)
     for position, fn, novel in novel_at:

@@ -141,17 +141,18 @@ def _collector_paused() -> Iterator[None]:
 def _initialize() -> None:
     """Start the device: JAX configured, the lowering table installed, execution hooks set."""
     global _initialized
-    with _lock, _collector_paused():
+    with _lock:
         if _initialized:
             return
-        _platform.initialize()
-        from . import ops  # noqa: F401  (fills the lowering table)
-        from .execution import modes
-        from .ops import dispatch
+        with _collector_paused():
+            _platform.initialize()
+            from . import ops  # noqa: F401  (fills the lowering table)
+            from .execution import modes
+            from .ops import dispatch
 
-        dispatch.install()
-        modes.install()
-        _initialized = True
+            dispatch.install()
+            modes.install()
+            _initialized = True
     from .integrations import dynamo
 
     dynamo.refresh()  # the modules just loaded are runtime too

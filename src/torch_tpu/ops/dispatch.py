@@ -207,15 +207,15 @@ def _check_unsigned_promotion(signature) -> None:
 _Tensor = torch.Tensor
 
 
-def operand_signature(values) -> tuple:
-    """What promotion depends on: (dtype, is 0-dim) per tensor, (type, True) per number."""
-    return tuple(
-        [
-            (v.dtype, not v.dim()) if isinstance(v, _Tensor) else (type(v), True)
-            for v in values
-            if v is not None
-        ]
-    )
+def operand_signature(values, positions=None) -> tuple:
+    """What promotion depends on: (dtype, is 0-dim) per tensor, (type, True) per number, of
+    ``values`` (those at ``positions``; None: all)."""
+    signature = []
+    for v in values if positions is None else map(values.__getitem__, positions):
+        if v is None:
+            continue
+        signature.append((v.dtype, not v.dim()) if isinstance(v, _Tensor) else (type(v), True))
+    return tuple(signature)
 
 
 def promoted_types(kind, values) -> Types:
@@ -399,7 +399,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         values = binder.bind(args, kwargs)
         extra = {}
         if promote_pos is not None:
-            key = (operand_signature([values[i] for i in promote_pos]), torch.get_default_dtype())
+            key = (operand_signature(values, promote_pos), torch.get_default_dtype())
             plan = plans.get(key)
             if plan is None:
                 plan = plan_for(key, values, args, kwargs)

@@ -148,12 +148,6 @@ def _non_overlapping_and_dense(shape: tuple, strides: tuple) -> bool:
     """``TensorImpl::compute_non_overlapping_and_dense``: the elements fill a block of memory
     exactly once, in some order of dimensions (an empty tensor does)."""
     return 0 in shape or _permutation_of_dense(shape, strides) is not None
-    step = 1
-    for d in sorted((d for d in range(len(shape)) if shape[d] >= 2), key=lambda d: strides[d]):
-        if strides[d] != step:
-            return False
-        step *= shape[d]
-    return True
 
 
 def is_row_major(shape: tuple, strides: tuple) -> bool:

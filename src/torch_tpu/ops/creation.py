@@ -44,8 +44,10 @@ def _accumulate_dtype(dtype) -> np.dtype:
 @lower(aten.arange.start_step, runs=Runs.EAGER, static=("start", "end", "step"))
 def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=None):
     plan = _range_plan if type(start) is type(end) is type(step) is int else _range_plan.__wrapped__
-    first, stride, length, dtype, accumulate, host = plan(start, end, step, dtype, torch.get_default_dtype())
-    if not jnp.issubdtype(accumulate, jnp.integer):
+    first, stride, length, dtype, accumulate, integral, host = plan(
+        start, end, step, dtype, torch.get_default_dtype()
+    )
+    if not integral:
         # op by op: compiled as one program, XLA would contract the emulated roundings (FMA)
         return _cpu_arange(first, stride, length, dtype, accumulate)
     value = apply(_jitted_arange, first, stride, length, dtype, accumulate)
@@ -56,15 +58,17 @@ def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=
 
 @cached
 def _range_plan(start, end, step, dtype, default_dtype: torch.dtype) -> tuple:
-    """(first, stride, length, dtype, accumulate dtype, host copy or None) of a range: the
-    same for every call with these arguments, so a loop's ``arange`` over integers is worked
-    out once (floats are not kept: -0.0 and 0.0 would share one)."""
+    """(first, stride, length, dtype, accumulate dtype, whether it accumulates in integers,
+    host copy or None) of a range: the same for every call with these arguments, so a loop's
+    ``arange`` over integers is worked out once (floats are not kept: -0.0 and 0.0 would share
+    one)."""
     if dtype is None:
-        integral = all(isinstance(v, (int, bool)) for v in (start, end, step))
-        dtype = np.dtype(jnp.int64) if integral else _float_or_default(None)
+        integer_ends = all(isinstance(v, (int, bool)) for v in (start, end, step))
+        dtype = np.dtype(jnp.int64) if integer_ends else _float_or_default(None)
     _check_range(float(start), float(end), float(step))
     accumulate = _accumulate_dtype(dtype)
-    convert = int if jnp.issubdtype(accumulate, jnp.integer) else float  # Scalar.to<acc_type>
+    integral = jnp.issubdtype(accumulate, jnp.integer)
+    convert = int if integral else float  # Scalar.to<acc_type>
     first, last, stride = convert(start), convert(end), convert(step)
     if dtype == jnp.int64:  # the count in exact integers, as torch does for int64 only
         if stride == 0:  # (a fractional step truncated to 0)
@@ -75,10 +79,10 @@ def _range_plan(start, end, step, dtype, default_dtype: torch.dtype) -> tuple:
         length = math.ceil((float(end) - float(start)) / float(step))
     dtype = np.dtype(dtype)
     host = None
-    if jnp.issubdtype(accumulate, jnp.integer) and length * dtype.itemsize <= HOST_COPY_BYTES:
+    if integral and length * dtype.itemsize <= HOST_COPY_BYTES:
         host = (first + stride * np.arange(length, dtype=np.int64)).astype(dtype)
         host.flags.writeable = False
-    return first, stride, length, dtype, accumulate, host
+    return first, stride, length, dtype, accumulate, integral, host
 
 
 def _check_range(start: float, end: float, step: float) -> None:

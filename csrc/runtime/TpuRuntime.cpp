@@ -5,7 +5,10 @@
 // - the device guard: current device, one in-order stream, events, device synchronization;
 // - the device allocator (c10::DeviceAllocator): a unique handle per storage and memory stats;
 // - the view kernels: a view only computes sizes, strides and offset over the same storage, the
-//   same work CPU's kernels do, so PrivateUse1 runs those kernels instead of a Python round trip.
+//   same work CPU's kernels do, so PrivateUse1 runs those kernels instead of a Python round trip;
+// - the two storage-value calls of every op: reading the value of a tensor that is its whole
+//   storage, and attaching an op's result to a new tensor (each one call instead of a dozen
+//   Python-level ones; every other case answers None and Python handles it).
 //
 // Everything Python can decide stays in Python: synchronization, what a storage resize does to
 // the JAX buffer behind it, memory statistics and the device count come from callbacks on the
@@ -33,11 +36,14 @@
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -433,6 +439,145 @@ at::Tensor empty(
   return tensor;
 }
 
+// ----------------------------------------------------------------------------- storage values
+// A tpu storage's value is an attribute of its Python object (torch_tpu.runtime.buffer): a JAX
+// array, or a fused graph's Deferred output. Python names the attribute, the two types and the
+// dtype correspondence once (configure_values); the objects are kept for the process's lifetime.
+struct ValueTypes {
+  PyObject* attr = nullptr;  // the storage attribute holding the value
+  PyTypeObject* array = nullptr;  // jax's concrete array type
+  PyTypeObject* deferred = nullptr;  // buffer.Deferred
+  PyObject* to_torch = nullptr;  // {numpy dtype: torch.dtype}
+  std::array<PyObject*, static_cast<size_t>(c10::ScalarType::NumOptions)> to_jax{};
+  // the attribute names read
+  PyObject* aval = nullptr;
+  PyObject* shape = nullptr;
+  PyObject* dtype = nullptr;
+  PyObject* value = nullptr;
+  PyObject* committed = nullptr;
+};
+ValueTypes g_values;
+
+void configure_values(
+    py::str attr, py::handle array, py::handle deferred, py::dict torch_to_jax, py::dict jax_to_torch) {
+  TORCH_CHECK(PyType_Check(array.ptr()) && PyType_Check(deferred.ptr()), "configure_values takes two types");
+  g_values.attr = attr.inc_ref().ptr();
+  PyUnicode_InternInPlace(&g_values.attr);
+  g_values.array = reinterpret_cast<PyTypeObject*>(array.inc_ref().ptr());
+  g_values.deferred = reinterpret_cast<PyTypeObject*>(deferred.inc_ref().ptr());
+  for (auto [torch_dtype, jax_dtype] : torch_to_jax) {
+    TORCH_CHECK(THPDtype_Check(torch_dtype.ptr()), "configure_values: torch_to_jax's keys must be torch dtypes");
+    auto scalar_type = reinterpret_cast<THPDtype*>(torch_dtype.ptr())->scalar_type;
+    g_values.to_jax[static_cast<size_t>(scalar_type)] = jax_dtype.inc_ref().ptr();
+  }
+  for (auto [jax_dtype, torch_dtype] : jax_to_torch) {
+    TORCH_CHECK(THPDtype_Check(torch_dtype.ptr()), "configure_values: jax_to_torch's values must be torch dtypes");
+  }
+  g_values.to_torch = jax_to_torch.inc_ref().ptr();
+  g_values.aval = PyUnicode_InternFromString("aval");
+  g_values.shape = PyUnicode_InternFromString("shape");
+  g_values.dtype = PyUnicode_InternFromString("dtype");
+  g_values.value = PyUnicode_InternFromString("value");
+  g_values.committed = PyUnicode_InternFromString("_committed");
+}
+
+// The shape and dtype of a storage value that is a concrete array or a pending Deferred one;
+// false for anything else (a graph's computed Deferred, an uninitialized storage, a tracer).
+bool describe(PyObject* value, py::object& shape, py::object& dtype) {
+  auto* type = Py_TYPE(value);
+  py::handle handle(value);
+  if (type == g_values.array) {
+    auto aval = handle.attr(g_values.aval);
+    shape = aval.attr(g_values.shape);
+    dtype = aval.attr(g_values.dtype);
+    return true;
+  }
+  if (type == g_values.deferred && handle.attr(g_values.value).is_none()) {
+    shape = handle.attr(g_values.shape);
+    dtype = handle.attr(g_values.dtype);
+    return true;
+  }
+  return false;
+}
+
+bool same_sizes(const py::object& shape, c10::IntArrayRef sizes) {
+  if (!PyTuple_Check(shape.ptr()) || PyTuple_GET_SIZE(shape.ptr()) != static_cast<Py_ssize_t>(sizes.size())) {
+    return false;
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), i)) != sizes[i]) {
+      PyErr_Clear();  // (a dimension that is not an integer)
+      return false;
+    }
+  }
+  return true;
+}
+
+// The value of a tpu tensor that is its whole storage in order (contiguous, at offset 0, of the
+// value's shape and of its dtype, no lazy conjugate or negative bit), else None: a view, a
+// reinterpreted dtype or any other value, read by Python (tensor._view).
+py::object whole_value(py::handle object) {
+  if (g_values.attr == nullptr || !THPVariable_Check(object.ptr())) {
+    return py::none();
+  }
+  const at::Tensor& tensor = THPVariable_Unpack(object.ptr());
+  if (tensor.device().type() != kTpu || !tensor.has_storage() || tensor.storage_offset() != 0 ||
+      !tensor.is_contiguous() || tensor.is_conj() || tensor.is_neg()) {
+    return py::none();
+  }
+  PyObject* wanted = g_values.to_jax[static_cast<size_t>(tensor.scalar_type())];
+  auto storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(tensor.storage()));
+  if (!storage) {
+    throw py::error_already_set();
+  }
+  auto value = py::reinterpret_steal<py::object>(PyObject_GetAttr(storage.ptr(), g_values.attr));
+  if (!value) {  // a storage without a value: Python raises its error
+    PyErr_Clear();
+    return py::none();
+  }
+  py::object shape, dtype;
+  if (wanted == nullptr || !describe(value.ptr(), shape, dtype) || dtype.ptr() != wanted ||
+      !same_sizes(shape, tensor.sizes())) {
+    return py::none();
+  }
+  return value;
+}
+
+// A new contiguous tpu:0 tensor whose storage holds `value` (a committed array or a pending
+// Deferred one, of a dtype tpu has), else None: Python wraps it (tensor.wrap).
+py::object wrap_value(py::handle value) {
+  py::object shape, dtype;
+  if (g_values.attr == nullptr || !describe(value.ptr(), shape, dtype) || !PyTuple_Check(shape.ptr())) {
+    return py::none();
+  }
+  if (Py_TYPE(value.ptr()) == g_values.array && !PyObject_IsTrue(value.attr(g_values.committed).ptr())) {
+    return py::none();  // put on the device first (buffer.put)
+  }
+  PyObject* torch_dtype = PyDict_GetItemWithError(g_values.to_torch, dtype.ptr());
+  if (torch_dtype == nullptr) {
+    if (PyErr_Occurred()) {
+      throw py::error_already_set();
+    }
+    return py::none();
+  }
+  auto scalar_type = reinterpret_cast<THPDtype*>(torch_dtype)->scalar_type;
+  std::vector<int64_t> sizes(PyTuple_GET_SIZE(shape.ptr()));
+  int64_t count = 1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    sizes[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), i));
+    count *= sizes[i];
+  }
+  if (PyErr_Occurred()) {
+    throw py::error_already_set();
+  }
+  auto tensor = empty(sizes, std::nullopt, scalar_type, count * c10::elementSize(scalar_type), 0);
+  auto storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(tensor.storage()));
+  if (!storage || PyObject_SetAttr(storage.ptr(), g_values.attr, value.ptr()) != 0) {
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(tensor)));
+}
+
 // Take `count` consecutive counter values from a tpu generator: (seed, first offset).
 std::pair<uint64_t, uint64_t> draw(at::Generator generator, uint64_t count) {
   auto* impl = at::check_generator<TpuGenerator>(generator);
@@ -498,6 +643,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_device_count", [](int count) { g_device_count = count; });
   m.def("empty", &empty);
   m.def("draw", &draw);
+  m.def("configure_values", &configure_values);
+  m.def("whole_value", &whole_value);
+  m.def("wrap_value", &wrap_value);
   m.def("default_generator", [](c10::DeviceIndex index) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(index)));
   });

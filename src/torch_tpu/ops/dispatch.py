@@ -115,6 +115,9 @@ _COMPLEX = (torch.complex64, torch.complex128)
 
 def _to_jax_arg(x: Any, index: int = 0) -> Any:
     """A tensor argument of an op on ``tpu:index`` as an array."""
+    value = tensor.whole_value(x)  # (the common case in one call)
+    if value is not None:
+        return value
     if not isinstance(x, torch.Tensor):  # None, or a number PyTorch unwrapped from a wrapped number
         return None if x is None else _number(x, index)  # a runtime value: ``x + step`` compiles once
     if x.is_cpu:
@@ -131,6 +134,9 @@ def _to_jax_arg(x: Any, index: int = 0) -> Any:
 def _to_program_arg(x: Any, index: int = 0) -> Any:
     """:func:`_to_jax_arg`, a view perhaps left for the op's program to read
     (``tensor.read_in_program``)."""
+    value = tensor.whole_value(x)
+    if value is not None:
+        return value
     if isinstance(x, torch.Tensor) and not (x.is_cpu or x.is_meta) and x.dtype not in _COMPLEX:
         return tensor.read_in_program(x)
     return _to_jax_arg(x, index)

@@ -5,6 +5,8 @@ implement: ``torch.Generator(device="tpu")``, ``torch.accelerator.synchronize()`
 statistics, ``untyped_storage().resize_()`` (FSDP2), a ``data_ptr()`` per storage, pinned host
 memory, device indices. The extension implements those interfaces and asks Python for every
 decision: the functions below are its callbacks (no JAX at import; they import what they need).
+It also serves two steps of every op in one call each, for their common case only
+(``tensor.whole_value``, ``tensor._wrap_value``).
 
 Without the extension (not built, or built against another torch) ``import torch_tpu`` still
 works, with one warning naming what is missing, and those features keep their Python fallbacks.

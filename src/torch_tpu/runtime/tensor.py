@@ -51,6 +51,21 @@ def _python_empty(shape, strides, dtype: torch.dtype, nbytes: int, index: int) -
 _empty = native._C.empty if native.available() else _python_empty
 
 
+def _no_shortcut(x: object) -> None:
+    return None
+
+
+if native.available():
+    native._C.configure_values(buffer.STORAGE_ATTR, buffer.ARRAY_TYPE, Deferred, TORCH_TO_JAX, JAX_TO_TORCH)
+#: The value of a tensor that is its whole storage in order (contiguous, at offset 0, of the
+#: value's shape and dtype; a concrete array or a pending deferred one), else None: the common
+#: read of every op in one C++ call (:func:`_view` handles the rest, to the same answer).
+whole_value = native._C.whole_value if native.available() else _no_shortcut
+#: :func:`wrap` of a committed array or pending deferred value on tpu:0 in one C++ call, else
+#: None.
+_wrap_value = native._C.wrap_value if native.available() else _no_shortcut
+
+
 def _create(shape, dtype: torch.dtype, index: int = 0) -> torch.Tensor:
     return _empty(shape, None, dtype, 0, index)
 
@@ -78,6 +93,10 @@ def over_storage(storage, shape, strides, offset: int, dtype: torch.dtype) -> to
 
 def wrap(value: jax.Array) -> torch.Tensor:
     """A new contiguous tpu tensor owning a fresh storage that holds ``value``."""
+    if not platform.others_used:
+        t = _wrap_value(value)
+        if t is not None:
+            return t
     try:
         dtype = JAX_TO_TORCH[value.dtype]
     except KeyError:
@@ -397,6 +416,9 @@ _strided_read = jax.jit(_read_view, static_argnums=(1, 2))
 def _view(t: torch.Tensor) -> tuple:
     """(storage array, None) for a tensor that is its whole storage in order, else (storage
     array, (shape, strides, start)): the read a view needs."""
+    buf = whole_value(t)
+    if buf is not None:
+        return buf, None
     storage = t.untyped_storage()
     buf = getattr(storage, buffer.STORAGE_ATTR)
     # the common case first: an array of the tensor's dtype (``aval``: what its properties read)

@@ -221,6 +221,15 @@ FAMILIES = {  # CPU's kernel has no implementation for the dtype: NotImplemented
     "soft_margin_loss_int": lambda d: F.soft_margin_loss(
         torch.ones(2, dtype=torch.int64, device=d), torch.ones(2, dtype=torch.int64, device=d)
     ),
+    # CPU refuses bool with both bounds, empty or not, and runs it with one
+    "clamp_bool_empty_bounds": lambda d: torch.clamp(
+        torch.ones(0, dtype=torch.bool, device=d),
+        min=torch.ones(0, dtype=torch.bool, device=d),
+        max=torch.ones(0, dtype=torch.bool, device=d),
+    ),
+    "clamp_bool_empty_min_runs": lambda d: torch.clamp(
+        torch.ones(0, dtype=torch.bool, device=d), min=torch.ones(0, dtype=torch.bool, device=d)
+    ),
 }
 
 

@@ -116,7 +116,7 @@ REFUSED = {
         "self": "bool uint8 int8 int16 int32 int64",
     },
     "cholesky_inverse.default": {"self": "bool uint8 int8 int16 int32 int64 float16 bfloat16"},
-    "clamp.Tensor": {"*[min=filled,max=filled]": "bool", "*": "complex64 complex128"},
+    "clamp.Tensor": {"*[min=given,max=given]": "bool", "*": "complex64 complex128"},
     "clamp.default": {"*": "bool complex64 complex128"},
     "clamp_max.Tensor": {"*": "complex64 complex128"},
     "clamp_max.default": {"*": "bool complex64 complex128"},

@@ -526,6 +526,9 @@ py::object whole_value(py::handle object) {
     return py::none();
   }
   PyObject* wanted = g_values.to_jax[static_cast<size_t>(tensor.scalar_type())];
+  if (wanted == nullptr) {  // a dtype tpu does not have: Python raises its error
+    return py::none();
+  }
   auto storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(tensor.storage()));
   if (!storage) {
     throw py::error_already_set();
@@ -536,8 +539,7 @@ py::object whole_value(py::handle object) {
     return py::none();
   }
   py::object shape, dtype;
-  if (wanted == nullptr || !describe(value.ptr(), shape, dtype) || dtype.ptr() != wanted ||
-      !same_sizes(shape, tensor.sizes())) {
+  if (!describe(value.ptr(), shape, dtype) || dtype.ptr() != wanted || !same_sizes(shape, tensor.sizes())) {
     return py::none();
   }
   return value;

@@ -34,11 +34,16 @@ def _time_per_call(fn: Callable[[], object], sync: Callable[[], None], calls: in
 
 def compare(contenders: dict[str, tuple[Callable, Callable]], calls: int, rounds: int) -> dict:
     """Median seconds per call of each contender, measured in interleaved rounds."""
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    return {name: statistics.median(times) for name, times in samples(contenders, calls, rounds).items()}
+
+
+def samples(contenders: dict[str, tuple[Callable, Callable]], calls: int, rounds: int) -> dict:
+    """Seconds per call of each contender, one sample per interleaved round."""
+    taken: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(rounds):
         for name, (fn, sync) in contenders.items():
-            samples[name].append(_time_per_call(fn, sync, calls))
-    return {name: statistics.median(times) for name, times in samples.items()}
+            taken[name].append(_time_per_call(fn, sync, calls))
+    return taken
 
 
 def no_sync() -> None:

@@ -405,3 +405,27 @@ def test_a_graph_does_not_change_when_a_changing_number_meets_a_constant():
             assert (x * 3 + step).sum().item() == 4 * (3 + step)
             misses.append(torch.tpu.compilation_cache_stats()["misses"])
     assert misses[1:] == misses[:1] * 3
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda x: x.double(), id="dtype"),
+        pytest.param(lambda x: torch.cat([x, x]), id="shape"),
+        pytest.param(lambda x: x.to(torch.bfloat16), id="narrower_dtype"),
+    ],
+)
+def test_a_compiled_graph_is_reused_only_for_inputs_of_its_shapes_and_dtypes(fused, change):
+    def graph(x):
+        return (torch.sin(x) * 2 + x).sum(0)
+
+    cpu = torch.randn(6, 3, dtype=torch.float32, generator=torch.Generator().manual_seed(0))
+    first = cpu.to("tpu")
+    torch.testing.assert_close(graph(first).cpu(), graph(cpu))
+    torch.tpu.reset_compilation_cache_stats()
+    same = (cpu + 1).to("tpu")  # another array of the same shape and dtype: the same program
+    torch.testing.assert_close(graph(same).cpu(), graph(cpu + 1))
+    assert torch.tpu.compilation_cache_stats()["misses"] == 0
+    other = change(cpu)
+    torch.testing.assert_close(graph(other.to("tpu")).cpu(), graph(other))
+    assert torch.tpu.compilation_cache_stats()["misses"] == 1

@@ -395,6 +395,7 @@ class Graph:
         # (inputs are leaf indices), so it doubles as the node's part of the fingerprint
         self.nodes: list[tuple] = []
         self.leaves: list[jax.Array] = []  # concrete inputs, in first-use order
+        self.leaf_avals: list[tuple] = []  # their (shape, dtype, weak type): the fingerprint's
         self.leaf_ids: dict[int, int] = {}
         self.outputs: list[weakref.ref] = []
         self.sources: list[str] = []  # user source line per node (only when logging)
@@ -442,15 +443,16 @@ class Graph:
         if kind is _ARRAY or (
             kind not in _PLAIN and kind is not tuple and kind is not list and isinstance(x, jax.Array)
         ):
+            aval = (x.shape, x.dtype, x.weak_type if kind is _ARRAY else getattr(x, "weak_type", False))
             index = self.leaf_ids.get(id(x))
             # Scalars get a leaf per use: most are cached numbers (``transfer.device_scalar``,
             # one array per value), and sharing leaves would make the graph's structure depend
             # on which numbers happen to be equal (a sequence length meeting a dimension)
-            if index is None or not x.shape:
+            if index is None or not aval[0]:
                 index = self.leaf_ids[id(x)] = len(self.leaves)
                 self.leaves.append(x)
-            weak = x.weak_type if kind is _ARRAY else getattr(x, "weak_type", False)
-            signature.append((x.shape, x.dtype, weak))
+                self.leaf_avals.append(aval)
+            signature.append(aval)
             if _taints:  # (mostly empty: no array depends on a pending check)
                 depends.extend(checks.taint_of(x))
             return (_LEAF, index)
@@ -503,7 +505,7 @@ class Graph:
             except BaseException:  # not recorded (run alone, or an error): leaves no input behind
                 for x in self.leaves[known:]:
                     self.leaf_ids.pop(id(x), None)
-                del self.leaves[known:]
+                del self.leaves[known:], self.leaf_avals[known:]
                 raise
             treedef, avals = shapes
             node = len(self.nodes)
@@ -632,10 +634,10 @@ class Graph:
         a donated buffer deleted only when XLA had already consumed it)."""
         held = collections.Counter(id(old) for _, old in self.undo)
         free = collections.Counter((d.shape, d.dtype) for d in live)
-        leaves, chosen = self.leaves, []
+        leaves, avals, chosen = self.leaves, self.leaf_avals, []
         for i in range(len(leaves)):
             if sys.getrefcount(leaves[i]) == 2 + held[id(leaves[i])]:
-                aval = (leaves[i].shape, leaves[i].dtype)
+                aval = avals[i][:2]
                 if free[aval]:
                     free[aval] -= 1
                     chosen.append(i)
@@ -649,7 +651,7 @@ class Graph:
         fingerprint = (
             tuple(self.nodes),
             outputs,
-            tuple((x.shape, x.dtype, getattr(x, "weak_type", False)) for x in self.leaves),
+            tuple(self.leaf_avals),
             donated,
             self.index,  # (an executable runs on the device it was compiled for)
         )
@@ -700,7 +702,7 @@ class Graph:
         stats.flush_seconds += time.perf_counter() - flush_started - (stats.compile_seconds - compiled_before)
 
     def _release(self) -> None:
-        self.leaves, self.leaf_ids, self.undo = [], {}, []
+        self.leaves, self.leaf_avals, self.leaf_ids, self.undo = [], [], {}, []
 
     def _failed(self, error: BaseException) -> BaseException:
         """Undo the graph: storages it overwrote get their old values back; values it was to

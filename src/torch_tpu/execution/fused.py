@@ -125,6 +125,29 @@ _ARRAY = buffer.ARRAY_TYPE
 _shapes = LRU()
 
 
+class _Node:
+    """A recorded node, (fn, arg specs, kwarg specs, matmul precision), shared by every graph
+    that records that op the same way (see ``_nodes``): a graph's fingerprint then hashes one
+    cached hash per node, and meets the same objects again when it is looked up (compared by
+    identity; by content only where ``_nodes`` forgot one in between)."""
+
+    __slots__ = ("key", "_hash")
+
+    def __init__(self, key: tuple):
+        self.key, self._hash = key, hash(key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is _Node and self._hash == other._hash and self.key == other.key)
+
+
+#: (fn, input signature, arg specs, kwarg specs, matmul precision) -> (its _Node, output treedef,
+#: output avals): what ``_shapes`` holds, and the node, in one lookup per recorded op
+_nodes = LRU()
+
+
 def _typed(x: Any) -> Any:
     """A static argument as a cache key: 1, 1.0 and True (equal in Python, different programs)
     kept apart, and NaN equal to itself."""
@@ -396,6 +419,7 @@ class Graph:
         self.nodes: list[tuple] = []
         self.leaves: list[jax.Array] = []  # concrete inputs, in first-use order
         self.leaf_avals: list[tuple] = []  # their (shape, dtype, weak type): the fingerprint's
+        self.interned: list[_Node] = []  # the nodes as the fingerprint has them
         self.leaf_ids: dict[int, int] = {}
         self.outputs: list[weakref.ref] = []
         self.sources: list[str] = []  # user source line per node (only when logging)
@@ -492,24 +516,30 @@ class Graph:
                     else ()
                 )
                 signature_key = (fn, tuple(signature))
-                shapes = _shapes.get(signature_key)
-                if shapes is None:
-                    walk = iter(signature)
-                    abstract_args = [_abstract(s, walk) for s in arg_specs]
-                    abstract_kwargs = {k: _abstract(s, walk) for k, s in kw_specs}
-                    out = jax.eval_shape(fn, *abstract_args, **abstract_kwargs)
-                    leaves, treedef = jax.tree_util.tree_flatten(out)
-                    single = treedef == jax.tree_util.tree_structure(0)  # one array: no unflattening
-                    avals = [buffer.aval_of(leaf) for leaf in leaves]
-                    shapes = _shapes[signature_key] = (None if single else treedef, avals)
+                matmul_precision = precision.current()
+                node_key = (signature_key, arg_specs, kw_specs, matmul_precision)
+                seen = _nodes.get(node_key)
+                if seen is None:
+                    shapes = _shapes.get(signature_key)
+                    if shapes is None:
+                        walk = iter(signature)
+                        abstract_args = [_abstract(s, walk) for s in arg_specs]
+                        abstract_kwargs = {k: _abstract(s, walk) for k, s in kw_specs}
+                        out = jax.eval_shape(fn, *abstract_args, **abstract_kwargs)
+                        leaves, treedef = jax.tree_util.tree_flatten(out)
+                        single = treedef == jax.tree_util.tree_structure(0)  # one array: no unflattening
+                        avals = [buffer.aval_of(leaf) for leaf in leaves]
+                        shapes = _shapes[signature_key] = (None if single else treedef, avals)
+                    seen = _nodes[node_key] = (_Node((fn, arg_specs, kw_specs, matmul_precision)), *shapes)
             except BaseException:  # not recorded (run alone, or an error): leaves no input behind
                 for x in self.leaves[known:]:
                     self.leaf_ids.pop(id(x), None)
                 del self.leaves[known:], self.leaf_avals[known:]
                 raise
-            treedef, avals = shapes
+            interned, treedef, avals = seen
             node = len(self.nodes)
-            self.nodes.append((fn, arg_specs, kw_specs, precision.current()))
+            self.nodes.append(interned.key)
+            self.interned.append(interned)
             self.positions.append(position)
             self.signatures.append(signature_key)
             self.taints.append(frozenset(depends) if depends else _NO_CHECKS)
@@ -635,10 +665,12 @@ class Graph:
         held = collections.Counter(id(old) for _, old in self.undo)
         free = collections.Counter((d.shape, d.dtype) for d in live)
         leaves, avals, chosen = self.leaves, self.leaf_avals, []
-        for i in range(len(leaves)):
-            if sys.getrefcount(leaves[i]) == 2 + held[id(leaves[i])]:
+        # (each count: the list's reference and getrefcount's argument; ``get``, not Counter's
+        # Python-level __missing__, for the many leaves that are in neither counter)
+        for i, count in enumerate(map(sys.getrefcount, leaves)):
+            if count == 2 + held.get(id(leaves[i]), 0):
                 aval = avals[i][:2]
-                if free[aval]:
+                if free.get(aval):
                     free[aval] -= 1
                     chosen.append(i)
         return tuple(chosen)
@@ -649,7 +681,7 @@ class Graph:
         live, outputs = self._live_outputs()
         donated = self._donatable(live) if donate else ()
         fingerprint = (
-            tuple(self.nodes),
+            tuple(self.interned),
             outputs,
             tuple(self.leaf_avals),
             donated,
@@ -741,7 +773,7 @@ class Graph:
     def _explain_miss(self, fingerprint: tuple) -> None:
         """Say which recorded op made this graph differ from the last one that started the same
         way (``TORCH_TPU_LOG_RECOMPILES=1``)."""
-        keys = fingerprint[0]
+        keys = [node.key for node in fingerprint[0]]
         start = keys[0][0] if keys else None  # the first op's function, whatever its arguments
         previous = _previous_by_start.get(start)
         _previous_by_start[start] = (fingerprint, list(self.sources))
@@ -751,7 +783,8 @@ class Graph:
                 f"{self.sources[0] if self.sources else '?'})"
             )
             return
-        (old_keys, old_outputs, old_avals, _, _), old_sources = previous
+        (old_nodes, old_outputs, old_avals, _, _), old_sources = previous
+        old_keys = [node.key for node in old_nodes]
         for i, (new, old) in enumerate(zip(keys, old_keys)):
             if new != old:
                 explain(f"recompiling: op {i} differs from the previous graph: {_difference(new, old)}")

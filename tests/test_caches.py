@@ -32,8 +32,8 @@ def test_a_loop_over_new_lengths_keeps_the_caches_bounded(run_python):
             step(torch.ones(n, device="tpu")).item()
         programs = [len(p._executables) for p in __import__("gc").get_objects()
                     if type(p).__name__ == "Program"]
-        print(json.dumps({"graphs": len(fused._executables), "shapes": len(fused._shapes), "nodes": len(fused._nodes),
-                          "scalars": len(transfer._scalar_arrays),
+        print(json.dumps({"graphs": len(fused._executables), "shapes": len(fused._shapes),
+                          "nodes": len(fused._nodes), "scalars": len(transfer._scalar_arrays),
                           "program": max(programs, default=0)}))
     """,
         TORCH_TPU_CACHE_ENTRIES="8",

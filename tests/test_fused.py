@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import torch_tpu
 from torch_tpu import execution
 from torch_tpu.demo.model import GPT, GPTConfig
+from torch_tpu.runtime.context import context
 
 
 @pytest.fixture
@@ -429,3 +430,16 @@ def test_a_compiled_graph_is_reused_only_for_inputs_of_its_shapes_and_dtypes(fus
     other = change(cpu)
     torch.testing.assert_close(graph(other.to("tpu")).cpu(), graph(other))
     assert torch.tpu.compilation_cache_stats()["misses"] == 1
+
+
+def test_only_values_still_referenced_when_a_graph_runs_are_its_outputs(fused):
+    cpu = torch.randn(4, generator=torch.Generator().manual_seed(0))
+    x = cpu.to("tpu")
+    kept = x * 2
+    dropped = kept + 1
+    result = dropped * 3
+    del dropped  # (its value is still an input of the third op, inside the graph)
+    live, _ = context.recorder.graph._live_outputs()
+    assert sorted(d.node for d in live) == [0, 2]
+    torch.testing.assert_close(result.cpu(), (cpu * 2 + 1) * 3)
+    torch.testing.assert_close(kept.cpu(), cpu * 2)

@@ -10,9 +10,8 @@ one ``jax.jit``, keyed by the graph's fingerprint (the op sequence with static a
 nodes connect, the inputs' shapes and dtypes), so a steady-state training step compiles nothing
 and XLA fuses across ops.
 
-The graph keeps no reference to the values it produces, only to its inputs: a deferred value
-that nothing references any more when the graph runs is not an output, and XLA is free to fuse
-it away.
+Only references from outside the graph keep a value it produces: a deferred value that nothing
+else references any more when the graph runs is not an output, and XLA is free to fuse it away.
 
 A graph either runs completely or not at all, as far as tensors can tell:
 
@@ -144,7 +143,9 @@ class _Node:
 
 
 #: (fn, input signature, arg specs, kwarg specs, matmul precision) -> (its _Node, output treedef,
-#: output avals): what ``_shapes`` holds, and the node, in one lookup per recorded op
+#: output avals, (fn, input signature)): what ``_shapes`` holds, and the node, in one lookup per
+#: recorded op; a graph keeps these objects, not the ones built to look them up (fewer objects
+#: alive per recorded op: fewer garbage collections)
 _nodes = LRU()
 
 
@@ -421,7 +422,8 @@ class Graph:
         self.leaf_avals: list[tuple] = []  # their (shape, dtype, weak type): the fingerprint's
         self.interned: list[_Node] = []  # the nodes as the fingerprint has them
         self.leaf_ids: dict[int, int] = {}
-        self.outputs: list[weakref.ref] = []
+        #: its deferred values, alive while anything else references them (see _live_outputs)
+        self.outputs: list[Deferred] = []
         self.sources: list[str] = []  # user source line per node (only when logging)
         self.checks: list[checks.Check] = []
         #: per node, the checks its outputs depend on (its op's own, and its inputs')
@@ -530,13 +532,14 @@ class Graph:
                         single = treedef == jax.tree_util.tree_structure(0)  # one array: no unflattening
                         avals = [buffer.aval_of(leaf) for leaf in leaves]
                         shapes = _shapes[signature_key] = (None if single else treedef, avals)
-                    seen = _nodes[node_key] = (_Node((fn, arg_specs, kw_specs, matmul_precision)), *shapes)
+                    node_spec = _Node((fn, arg_specs, kw_specs, matmul_precision))
+                    seen = _nodes[node_key] = (node_spec, *shapes, signature_key)
             except BaseException:  # not recorded (run alone, or an error): leaves no input behind
                 for x in self.leaves[known:]:
                     self.leaf_ids.pop(id(x), None)
                 del self.leaves[known:], self.leaf_avals[known:]
                 raise
-            interned, treedef, avals = seen
+            interned, treedef, avals, signature_key = seen
             node = len(self.nodes)
             self.nodes.append(interned.key)
             self.interned.append(interned)
@@ -548,10 +551,10 @@ class Graph:
                 self.sources.append(f"{name or getattr(fn, '__name__', fn)} at {checks.user_line()}")
             if treedef is None:
                 out = Deferred(avals[0], self, node, 0)
-                self.outputs.append(weakref.ref(out))
+                self.outputs.append(out)
                 return out
             outs = [Deferred(aval, self, node, i) for i, aval in enumerate(avals)]
-            self.outputs.extend(weakref.ref(d) for d in outs)
+            self.outputs.extend(outs)
             return jax.tree_util.tree_unflatten(treedef, outs)
 
     def computed_apart(self, fn: Callable, args: tuple) -> Any:
@@ -651,7 +654,10 @@ class Graph:
             self._run(reason)
 
     def _live_outputs(self) -> tuple[list[Deferred], tuple]:
-        live = [d for ref in self.outputs if (d := ref()) is not None and d.value is None]
+        # (a value is live if referenced beyond the list, the loop's variable and getrefcount's
+        # argument: held by a storage, a view, the user; a reference count, not a weak reference
+        # per value, as these are the most numerous objects a recording creates)
+        live = [d for d in self.outputs if sys.getrefcount(d) > 3 and d.value is None]
         return live, tuple((d.node, d.index) for d in live)
 
     def _donatable(self, live: list) -> tuple[int, ...]:
@@ -734,16 +740,17 @@ class Graph:
         stats.flush_seconds += time.perf_counter() - flush_started - (stats.compile_seconds - compiled_before)
 
     def _release(self) -> None:
-        self.leaves, self.leaf_avals, self.leaf_ids, self.undo = [], [], {}, []
+        # (its outputs refer to it: dropping them breaks the cycle, so the graph goes with the
+        # last of them rather than at a garbage collection)
+        self.leaves, self.leaf_avals, self.leaf_ids, self.undo, self.outputs = [], [], {}, [], []
 
     def _failed(self, error: BaseException) -> BaseException:
         """Undo the graph: storages it overwrote get their old values back; values it was to
         create are lost, naming ``error``. Returns the exception to raise (same type, naming
         the graph's ops)."""
         lost = f"the fused graph computing it failed ({type(error).__name__}: {error})"
-        for ref in self.outputs:
-            d = ref()
-            if d is not None and d.value is None:
+        for d in self.outputs:
+            if d.value is None:
                 d.error = lost
         for storage_ref, old in self.undo:
             storage = storage_ref()

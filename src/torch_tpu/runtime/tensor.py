@@ -573,6 +573,12 @@ def fill(value: jax.Array, shape: tuple, dtype) -> jax.Array:
 
 def write(t: torch.Tensor, value) -> None:
     """``t[...] = value`` (broadcast and cast to ``t``'s dtype) as an update of its storage value."""
+    kind = type(value)
+    if kind is Deferred or kind is buffer.ARRAY_TYPE:  # the common case first: an op's result...
+        current = whole_value(t)  # ... into a tensor that is its whole storage, of its shape and dtype
+        if current is not None and value.shape == current.shape and value.dtype == current.dtype:
+            buffer.put(t.untyped_storage(), value)
+            return
     storage = t.untyped_storage()
     dtype = to_jax(t.dtype)
     shape = tuple(t.shape)

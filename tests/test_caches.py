@@ -53,3 +53,16 @@ def test_cached_functions_keep_their_results_in_a_bounded_lru():
     square.cache.maxsize = 2
     assert [square(n) for n in (1, 2, 1, 3, 1, 2)] == [1, 4, 1, 9, 1, 4]
     assert calls == [1, 2, 3, 2]  # 2 was the least recently used when 3 came
+
+
+def test_an_entry_used_between_insertions_outlives_the_entries_inserted_around_it():
+    from torch_tpu.runtime.lru import LRU
+
+    cache = LRU(maxsize=3)
+    cache["hot"] = "kept"
+    for n in range(50):  # a step's graph, used again while one-off entries come and go
+        assert cache.get("hot") == "kept"
+        cache[n] = n
+        assert len(cache) <= 3
+    assert "hot" in cache and cache.get(0) is None and cache.get(49) == 49
+    assert sorted(cache.values(), key=str) == [48, 49, "kept"]

@@ -14,35 +14,39 @@ from typing import Any
 
 from .. import config
 
-_ABSENT = object()
-
 
 class LRU:
-    """A mapping that forgets its least recently used entries past ``maxsize``."""
+    """A mapping that forgets its least recently used entries past ``maxsize``.
+
+    Recency is kept the "second chance" way (CLOCK): a hit only marks its entry used, and the
+    entry is moved behind the others when it comes up for eviction, not at every hit. Moving
+    an entry looks its key up again, which for the large keys of these caches (a graph's
+    nodes, an op's arguments) costs as much as the hit itself. Evicted is the oldest entry not
+    used since it was last moved: the least recently used one, or close to it.
+    """
 
     __slots__ = ("_entries", "maxsize")
 
     def __init__(self, maxsize: int | None = None):
-        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._entries: collections.OrderedDict = collections.OrderedDict()  # key -> [value, used]
         self.maxsize = config.cache_entries if maxsize is None else maxsize
 
     def get(self, key: Hashable, default: Any = None) -> Any:
-        entries = self._entries
-        value = entries.get(key, _ABSENT)  # (a miss without raising: many lookups miss)
-        if value is _ABSENT:
+        entry = self._entries.get(key)  # (a miss without raising: many lookups miss)
+        if entry is None:
             return default
-        try:
-            entries.move_to_end(key)
-        except KeyError:  # (dropped meanwhile by another thread)
-            pass
-        return value
+        entry[1] = True
+        return entry[0]
 
     def __setitem__(self, key: Hashable, value: Any) -> None:
         entries = self._entries
-        entries[key] = value
+        entries[key] = [value, False]
         entries.move_to_end(key)
         while len(entries) > self.maxsize:
-            entries.popitem(last=False)
+            oldest, entry = entries.popitem(last=False)
+            if entry[1] and oldest is not key:  # used since it was last moved: a second chance
+                entry[1] = False
+                entries[oldest] = entry
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._entries
@@ -54,7 +58,7 @@ class LRU:
         self._entries.clear()
 
     def values(self):
-        return self._entries.values()
+        return (entry[0] for entry in self._entries.values())
 
 
 def cached(fn: Callable) -> Callable:

@@ -675,6 +675,10 @@ def _store(dst: torch.Tensor | list, value, resize: bool) -> None:
         for d, v in zip(dst, value):
             _store(d, v, resize)
         return
+    # a tpu tensor that is its whole storage, of the value's shape and dtype, fits it: stored
+    # at once (on one device: the value's device is not compared)
+    if not platform.others_used and tensor.write_whole(dst, value):
+        return
     _fit(dst, value, resize)
     tensor.write(dst, value)
 

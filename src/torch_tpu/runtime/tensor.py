@@ -571,14 +571,23 @@ def fill(value: jax.Array, shape: tuple, dtype) -> jax.Array:
     return jnp.broadcast_to(cast(value, dtype), shape)
 
 
-def write(t: torch.Tensor, value) -> None:
-    """``t[...] = value`` (broadcast and cast to ``t``'s dtype) as an update of its storage value."""
+def write_whole(t: torch.Tensor, value) -> bool:
+    """Store ``value`` (an op's result) as the new value of ``t``'s storage if ``t`` is that whole
+    storage, of the value's shape and dtype (in one C++ check: the common case of every in-place
+    op and optimizer update); False, storing nothing, otherwise."""
     kind = type(value)
-    if kind is Deferred or kind is buffer.ARRAY_TYPE:  # the common case first: an op's result...
-        current = whole_value(t)  # ... into a tensor that is its whole storage, of its shape and dtype
+    if kind is Deferred or kind is buffer.ARRAY_TYPE:
+        current = whole_value(t)
         if current is not None and value.shape == current.shape and value.dtype == current.dtype:
             buffer.put(t.untyped_storage(), value)
-            return
+            return True
+    return False
+
+
+def write(t: torch.Tensor, value) -> None:
+    """``t[...] = value`` (broadcast and cast to ``t``'s dtype) as an update of its storage value."""
+    if write_whole(t, value):
+        return
     storage = t.untyped_storage()
     dtype = to_jax(t.dtype)
     shape = tuple(t.shape)

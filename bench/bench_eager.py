@@ -2,6 +2,7 @@
 
 Every row measures its contenders side by side in one run (interleaved rounds, medians, the
 helpers of ``bench_ops.py``), so read the ratios; absolute times on a shared 2-core box drift.
+Per-op figures also give their quietest round ("min"): noise only adds time.
 
 - **dispatch**: strict eager per op (a 16-element ``add``, a ``linear`` on a transposed weight,
   indexing with an index tensor) against PyTorch CPU, ``jnp`` eager and a ``jax.jit`` call;
@@ -10,7 +11,9 @@ helpers of ``bench_ops.py``), so read the ratios; absolute times on a shared 2-c
   XLA's compute of the previous graph otherwise competes with Python for the cores), the same
   forward recorded again at once ("host warm": XLA:CPU's compute of the previous graph leaves the
   host's caches cold for the next recording, which a TPU host, computing on the chip, does not
-  see) and, as in training, while the device computes the previous step; and of a training step the flushes
+  see) and, as in training, while the device computes the previous step, next to PyTorch CPU's
+  own cost per op of the same forward with tiny tensors (its floor: the model's Python,
+  dispatch and autograd); and of a training step the flushes
   (each graph's fingerprint, cache lookup and dispatch: ``flush_seconds``) and the wait for the
   device at the step's end;
 - **GPT step**: that step on PyTorch CPU, tpu strict, fused and compiled, and hand-written
@@ -128,7 +131,7 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _fused_split(model, idx, targets, step, steps: int) -> dict[str, float]:
+def _fused_split(model, idx, targets, step, steps: int) -> dict:
     """Per op of a fused training step: recording (the forward and loss recorded with the device
     idle, so no XLA work competes for the cores; recorded again at once, with the host's caches
     as the first recording left them rather than as XLA:CPU's compute of the previous graph

@@ -520,8 +520,8 @@ class Graph:
                 signature_key = (fn, tuple(signature))
                 matmul_precision = precision.current()
                 node_key = (signature_key, arg_specs, kw_specs, matmul_precision)
-                seen = _nodes.get(node_key)
-                if seen is None:
+                interned = _nodes.get(node_key)
+                if interned is None:
                     shapes = _shapes.get(signature_key)
                     if shapes is None:
                         walk = iter(signature)
@@ -533,16 +533,16 @@ class Graph:
                         avals = [buffer.aval_of(leaf) for leaf in leaves]
                         shapes = _shapes[signature_key] = (None if single else treedef, avals)
                     node_spec = _Node((fn, arg_specs, kw_specs, matmul_precision))
-                    seen = _nodes[node_key] = (node_spec, *shapes, signature_key)
+                    interned = _nodes[node_key] = (node_spec, *shapes, signature_key)
             except BaseException:  # not recorded (run alone, or an error): leaves no input behind
                 for x in self.leaves[known:]:
                     self.leaf_ids.pop(id(x), None)
                 del self.leaves[known:], self.leaf_avals[known:]
                 raise
-            interned, treedef, avals, signature_key = seen
+            node_spec, treedef, avals, signature_key = interned
             node = len(self.nodes)
-            self.nodes.append(interned.key)
-            self.interned.append(interned)
+            self.nodes.append(node_spec.key)
+            self.interned.append(node_spec)
             self.positions.append(position)
             self.signatures.append(signature_key)
             self.taints.append(frozenset(depends) if depends else _NO_CHECKS)

@@ -515,7 +515,9 @@ bool same_sizes(const py::object& shape, c10::IntArrayRef sizes) {
 
 // The value of a tpu tensor that is its whole storage in order (contiguous, at offset 0, of the
 // value's shape and of its dtype, no lazy conjugate or negative bit), else None: a view, a
-// reinterpreted dtype or any other value, read by Python (tensor._view).
+// reinterpreted dtype or any other value, read by Python (tensor._view). A Deferred value whose
+// graph has run is replaced by its array first, as buffer.get does: every storage a graph wrote
+// stays on this path at its first read after the graph ran.
 py::object whole_value(py::handle object) {
   if (g_values.attr == nullptr || !THPVariable_Check(object.ptr())) {
     return py::none();
@@ -537,6 +539,15 @@ py::object whole_value(py::handle object) {
   if (!value) {  // a storage without a value: Python raises its error
     PyErr_Clear();
     return py::none();
+  }
+  if (Py_TYPE(value.ptr()) == g_values.deferred) {
+    py::object computed = value.attr(g_values.value);
+    if (!computed.is_none()) {  // its graph has run: the storage keeps the array (buffer.get's rule)
+      if (PyObject_SetAttr(storage.ptr(), g_values.attr, computed.ptr()) != 0) {
+        throw py::error_already_set();
+      }
+      value = std::move(computed);
+    }
   }
   py::object shape, dtype;
   if (!describe(value.ptr(), shape, dtype) || dtype.ptr() != wanted || !same_sizes(shape, tensor.sizes())) {

@@ -62,7 +62,7 @@ def test_whole_value_of_anything_but_a_tpu_tensor_is_none(value):
     assert tensor.whole_value(value) is None
 
 
-def test_whole_value_takes_a_pending_deferred_value_and_leaves_a_computed_one_to_python():
+def test_whole_value_takes_a_pending_deferred_value_and_swaps_in_a_computed_ones_array():
     x = torch.ones(4, device="tpu")
     with torch_tpu.eager_mode("fused"):
         y = x + 1
@@ -70,9 +70,11 @@ def test_whole_value_takes_a_pending_deferred_value_and_leaves_a_computed_one_to
         assert type(pending) is buffer.Deferred and tensor.whole_value(y) is pending
         torch_tpu.sync()
         assert pending.value is not None
-        assert tensor.whole_value(y) is None  # (Python swaps in the computed array)
+        storage = y.untyped_storage()
+        assert getattr(storage, buffer.STORAGE_ATTR) is pending  # (until its first read)
+        assert tensor.whole_value(y) is pending.value  # (as buffer.get: the storage keeps the array)
+        assert getattr(storage, buffer.STORAGE_ATTR) is pending.value
         assert tensor.read(y) is pending.value
-        assert tensor.whole_value(y) is pending.value
     assert y.tolist() == [2.0] * 4
 
 

@@ -148,6 +148,47 @@ def test_strict_ops_read_a_permuted_storage_in_their_program(call, reads_apart, 
     torch.testing.assert_close(tw.cpu(), w)  # (written through its view as on CPU)
 
 
+def test_views_in_a_tensor_list_are_read_inside_their_ops_node():
+    """Fused eager hands a list's views (``cat``'s tensors: transposed, sliced at an offset) to
+    the op's node as their storages' arrays and geometry: one node for the op, none per view."""
+    from torch_tpu import execution
+
+    x, w = torch.randn(4, 6), torch.randn(6, 4)
+    tx, tw = x.to(TPU), w.to(TPU)
+    torch_tpu.sync()
+    pending = execution.pending_ops()
+    result = torch.cat([tx, tw.t(), tx[1:]])
+    fused = torch_tpu.get_eager_mode() == torch_tpu.EagerMode.FUSED
+    assert not fused or execution.pending_ops() == pending + 1
+    torch.testing.assert_close(result.cpu(), torch.cat([x, w.t(), x[1:]]))
+
+
+def test_a_storage_read_whole_in_another_shape_keeps_that_shape(monkeypatch):
+    """A tensor that is all of its storage's array in another shape (a bias's gradient, summed
+    with keepdim then viewed flat) is read apart once: the storage then holds the value in the
+    tensor's shape, which its next reads take as it is. The other shape reads the same values;
+    a storage with a host copy (a batch of indices) keeps its own array, and with it the copy."""
+    from torch_tpu.runtime import tensor
+
+    base = torch.arange(6.0, device=TPU).reshape(1, 6) * 1  # its own (1, 6) array
+    index = torch.tensor([[1, 2]]).to(TPU)
+    torch_tpu.sync()
+    flat, flat_index = base.view(6), index.view(2)
+    reads = []
+    read_apart = tensor._read_apart
+    monkeypatch.setattr(tensor, "_read_apart", lambda *a: reads.append(1) or read_apart(*a))
+    for _ in range(3):
+        result = torch._foreach_mul([flat], 2)[0]  # (a list's tensors are read apart in both modes)
+    assert len(reads) == 1
+    assert _buffer.get(flat.untyped_storage()).shape == (6,)
+    torch._foreach_add([flat_index], 1)
+    assert _buffer.get(index.untyped_storage()).shape == (1, 2)
+    monkeypatch.undo()
+    torch.testing.assert_close(result.cpu(), torch.arange(6.0) * 2)
+    torch.testing.assert_close((base + 1).cpu(), torch.arange(6.0).reshape(1, 6) + 1)
+    assert _buffer.host_copy(_buffer.get(index.untyped_storage())) is not None
+
+
 def test_view_as_real_and_complex():
     cpu = torch.complex(_base(), -_base())
     tpu = cpu.to(TPU)

@@ -171,9 +171,15 @@ _taints = checks._taints
 
 
 def _is_value(x: Any) -> bool:
-    """Whether ``x`` is an array or a deferred value (an input of the graph), not a static."""
+    """Whether ``x`` is an array, a deferred value or a view of one (an input of the graph), not
+    a static."""
     kind = type(x)
-    return kind is Deferred or kind is _ARRAY or (kind not in _PLAIN and isinstance(x, jax.Array))
+    return (
+        kind is Deferred
+        or kind is _ARRAY
+        or kind is _STRIDED
+        or (kind not in _PLAIN and isinstance(x, jax.Array))
+    )
 
 
 def _abstract(spec: tuple, signature_iter) -> Any:

@@ -142,6 +142,10 @@ def _to_program_arg(x: Any, index: int = 0) -> Any:
     return _to_jax_arg(x, index)
 
 
+def _to_program_args(xs: list, index: int = 0) -> list:
+    return [_to_program_arg(x, index) for x in xs]
+
+
 def _host_scalars(x: Any, index: int = 0) -> list:
     """The ``scalars`` tensor of a ``_foreach_*.Tensor`` op, read on the host as CUDA does: it
     must be a CPU tensor; a device one is refused with CUDA's error."""
@@ -320,12 +324,13 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     lowering = _with_defaults(entry.fn, defaulted) if defaulted else entry.fn
     if entry.random and runs is Runs.TRACED:
         lowering = _keyed(lowering)
-    # Tensor arguments that are views reach the op's program as their storage's array and
-    # geometry, for the program to read (one program a call, one graph node when fused); not
-    # where a check or a host computation sees the values, nor for donated buffers
+    # Tensor arguments that are views (alone or in a list) reach the op's program as their
+    # storage's array and geometry, for the program to read (one program a call, one graph node
+    # when fused); not where a check or a host computation sees the values, nor for donated
+    # buffers
     donated = {binder.names.index(n) for n in entry.donate}
     in_program = (
-        [i for i, k in enumerate(kinds) if k == _TENSOR and i not in donated]
+        [i for i, k in enumerate(kinds) if k in (_TENSOR, _TENSOR_LIST) and i not in donated]
         if entry.check is None and runs is Runs.TRACED
         else []
     )
@@ -367,8 +372,9 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         _SCALAR_LIST: _scalars,
         _HOST_SCALARS: _host_scalars,
     }
+    program_by_kind = {_TENSOR: _to_program_arg, _TENSOR_LIST: _to_program_args}
     converters = [
-        (i, _to_program_arg if i in in_program else convert_by_kind[k])
+        (i, program_by_kind[k] if i in in_program else convert_by_kind[k])
         for i, k in enumerate(kinds)
         if k in convert_by_kind and not (k == _SCALAR and i in static_pos)
     ]

@@ -216,8 +216,8 @@ def resolved(x: Any) -> Any:
         return x.concrete()
     if type(x) is StridedView:
         return x.resolved()
-    if isinstance(x, (list, tuple)) and any(type(v) is Deferred for v in x):
-        return type(x)(v.concrete() if type(v) is Deferred else v for v in x)
+    if isinstance(x, (list, tuple)) and any(type(v) is Deferred or type(v) is StridedView for v in x):
+        return type(x)(map(resolved, x))
     return x
 
 

@@ -394,17 +394,26 @@ def _read_view(buf: jax.Array, shape, strides, offset) -> jax.Array:
 def reading_views(fn: Callable, positions: Sequence[int] | None = None) -> Callable:
     """``fn`` (a function traced into a program) first reading the views
     (:func:`read_in_program`) among its positional arguments (those at ``positions``; None:
-    any)."""
+    any), and in lists of them (``cat``'s tensors)."""
 
     def run(*values, **kwargs):
         values = list(values)
         for i in range(len(values)) if positions is None else positions:
-            view = values[i]
-            if type(view) is buffer.StridedView:
-                values[i] = _read_view(view.buf, view.shape, view.strides, view.start)
+            value = values[i]
+            if type(value) is buffer.StridedView:
+                values[i] = _read_strided(value)
+            elif type(value) is list and _STRIDED in map(type, value):
+                values[i] = [_read_strided(v) if type(v) is _STRIDED else v for v in value]
         return fn(*values, **kwargs)
 
     return functools.wraps(fn)(run)
+
+
+_STRIDED = buffer.StridedView
+
+
+def _read_strided(view: buffer.StridedView) -> jax.Array:
+    return _read_view(view.buf, view.shape, view.strides, view.start)
 
 
 # The storage offset is a runtime argument, not part of the compiled program: views that differ
@@ -445,9 +454,23 @@ def _read_apart(t: torch.Tensor, buf: buffer.Value, view: tuple) -> jax.Array:
     geometry); a view of a value with a host copy keeps its own (bounds checks read it)."""
     value = apply(_strided_read, buf, *view)
     host = host_copy(buf)
-    if host is not None:
+    if host is not None:  # (the storage keeps its array, which has the host copy)
         _keep_view_of_host_copy(value, host, t)
+    elif _reshapes_whole(t, buf, view) and type(value) in _STORABLE:
+        buffer.put(t.untyped_storage(), value)  # (the next reads of this shape: no program)
     return value
+
+
+_STORABLE = (buffer.ARRAY_TYPE, Deferred)  # (not a compiled program's tracer)
+
+
+def _reshapes_whole(t: torch.Tensor, buf: buffer.Value, view: tuple) -> bool:
+    """Whether ``t`` is its whole storage's concrete array in another shape (a bias's gradient,
+    summed with keepdim then viewed flat, read by every optimizer op): the storage may then keep
+    the value in ``t``'s shape. (A value a graph still computes keeps its producer's shape: the
+    graph reads it in place, and its structure must not depend on which views were read.)"""
+    whole = view[2] is None and math.prod(view[0]) == buf.size
+    return whole and type(buf) is buffer.ARRAY_TYPE and t.is_contiguous()
 
 
 def _keep_view_of_host_copy(value: jax.Array, host: np.ndarray, t: torch.Tensor) -> None:

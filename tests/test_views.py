@@ -149,18 +149,25 @@ def test_strict_ops_read_a_permuted_storage_in_their_program(call, reads_apart, 
 
 
 def test_views_in_a_tensor_list_are_read_inside_their_ops_node():
-    """Fused eager hands a list's views (``cat``'s tensors: transposed, sliced at an offset) to
-    the op's node as their storages' arrays and geometry: one node for the op, none per view."""
+    """Fused eager hands a list's views (``cat``'s tensors, a foreach op's, whose check counts
+    them: transposed, sliced at an offset, reshaped) to the op's node as their storages' arrays
+    and geometry: one node for the op, none per view."""
     from torch_tpu import execution
 
     x, w = torch.randn(4, 6), torch.randn(6, 4)
     tx, tw = x.to(TPU), w.to(TPU)
     torch_tpu.sync()
+    fused = torch_tpu.get_eager_mode() == torch_tpu.EagerMode.FUSED
     pending = execution.pending_ops()
     result = torch.cat([tx, tw.t(), tx[1:]])
-    fused = torch_tpu.get_eager_mode() == torch_tpu.EagerMode.FUSED
     assert not fused or execution.pending_ops() == pending + 1
     torch.testing.assert_close(result.cpu(), torch.cat([x, w.t(), x[1:]]))
+    pending = execution.pending_ops()
+    results = torch._foreach_add([tw.t(), tx[1:], tx.view(6, 4)], [tx, tx[:3], tw], alpha=2)
+    assert not fused or execution.pending_ops() == pending + 1
+    expected = torch._foreach_add([w.t(), x[1:], x.view(6, 4)], [x, x[:3], w], alpha=2)
+    for result, want in zip(results, expected):
+        torch.testing.assert_close(result.cpu(), want)
 
 
 def test_a_storage_read_whole_in_another_shape_keeps_that_shape(monkeypatch):
@@ -177,14 +184,15 @@ def test_a_storage_read_whole_in_another_shape_keeps_that_shape(monkeypatch):
     reads = []
     read_apart = tensor._read_apart
     monkeypatch.setattr(tensor, "_read_apart", lambda *a: reads.append(1) or read_apart(*a))
-    for _ in range(3):
-        result = torch._foreach_mul([flat], 2)[0]  # (a list's tensors are read apart in both modes)
+    positions = torch.tensor([5, 0], device=TPU)
+    for _ in range(3):  # (an op with a check: its input is read apart in both modes)
+        result = flat.index_select(0, positions)
     assert len(reads) == 1
     assert _buffer.get(flat.untyped_storage()).shape == (6,)
-    torch._foreach_add([flat_index], 1)
+    flat_index.index_select(0, positions[1:])
     assert _buffer.get(index.untyped_storage()).shape == (1, 2)
     monkeypatch.undo()
-    torch.testing.assert_close(result.cpu(), torch.arange(6.0) * 2)
+    torch.testing.assert_close(result.cpu(), torch.tensor([5.0, 0.0]))
     torch.testing.assert_close((base + 1).cpu(), torch.arange(6.0).reshape(1, 6) + 1)
     assert _buffer.host_copy(_buffer.get(index.untyped_storage())) is not None
 

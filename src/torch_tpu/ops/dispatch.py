@@ -326,12 +326,14 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         lowering = _keyed(lowering)
     # Tensor arguments that are views (alone or in a list) reach the op's program as their
     # storage's array and geometry, for the program to read (one program a call, one graph node
-    # when fused); not where a check or a host computation sees the values, nor for donated
-    # buffers
+    # when fused); not where a check or a host computation sees the values (a list still does
+    # where the check counts its tensors only), nor for donated buffers
     donated = {binder.names.index(n) for n in entry.donate}
+    unchecked = entry.check is None
+    read_in_program = {_TENSOR: unchecked, _TENSOR_LIST: unchecked or entry.check_lists_by_length}
     in_program = (
-        [i for i, k in enumerate(kinds) if k in (_TENSOR, _TENSOR_LIST) and i not in donated]
-        if entry.check is None and runs is Runs.TRACED
+        [i for i, k in enumerate(kinds) if read_in_program.get(k) and i not in donated]
+        if runs is Runs.TRACED
         else []
     )
     if in_program:

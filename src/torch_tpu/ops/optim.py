@@ -131,7 +131,7 @@ def foreach(
         return [apply(*(a[i] if isinstance(a, list) else a for a in args)) for i in range(count)]
 
     lowering.__name__ = op.__name__.replace(".", "_")
-    lower(op, static=static, check=_list_checks(op, rows))(lowering)
+    lower(op, static=static, check=_list_checks(op, rows), check_lists_by_length=True)(lowering)
 
 
 _UNARY = (
@@ -220,7 +220,7 @@ def _copied(value, like):
     return jnp.broadcast_to(cast(value, like.dtype), like.shape)
 
 
-@lower(aten._foreach_copy.default, check=_list_checks(aten._foreach_copy.default))
+@lower(aten._foreach_copy.default, check=_list_checks(aten._foreach_copy.default), check_lists_by_length=True)
 def foreach_copy(xs, sources, non_blocking=False):
     return [_copied(s, x) for x, s in zip(xs, sources)]
 

@@ -91,6 +91,9 @@ class Lowering:
     # ``check_bounds``/``checks.when_ready``, which in fused eager and compiled programs run with
     # the graph and report later. A check never needs host values itself.
     check: Callable | None = None
+    # The check reads only how many tensors each ``Tensor[]`` argument holds (a foreach op's):
+    # views in those lists may still reach the op's program unread, as where there is no check
+    check_lists_by_length: bool = False
     family: str = ""  # the ops module that registered it (docs/ops.md's sections)
     layout: Layout | None = None  # outputs not row-major in PyTorch (None: row-major)
     out_dtype: OutDtype | None = None  # the out= variant's dtype rule (None: the cast rule)

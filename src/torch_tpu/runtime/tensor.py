@@ -400,7 +400,7 @@ def reading_views(fn: Callable, positions: Sequence[int] | None = None) -> Calla
         values = list(values)
         for i in range(len(values)) if positions is None else positions:
             value = values[i]
-            if type(value) is buffer.StridedView:
+            if type(value) is _STRIDED:
                 values[i] = _read_strided(value)
             elif type(value) is list and _STRIDED in map(type, value):
                 values[i] = [_read_strided(v) if type(v) is _STRIDED else v for v in value]
@@ -412,7 +412,7 @@ def reading_views(fn: Callable, positions: Sequence[int] | None = None) -> Calla
 _STRIDED = buffer.StridedView
 
 
-def _read_strided(view: buffer.StridedView) -> jax.Array:
+def _read_strided(view: _STRIDED) -> jax.Array:
     return _read_view(view.buf, view.shape, view.strides, view.start)
 
 

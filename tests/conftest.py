@@ -32,3 +32,18 @@ def run_python(tmp_path):
         return (done.stdout, done.stderr) if capture_stderr else done.stdout
 
     return run
+
+
+@pytest.fixture
+def fresh_churn():
+    """The fused recorder's learned churn (which ops run alone because their shapes change from
+    graph to graph), empty before and after the test: what earlier tests taught it would cut
+    this test's graphs elsewhere, and a graph cut elsewhere rounds its reductions differently.
+    Cleared in place, so a test's own ``monkeypatch.undo()`` cannot bring the old tables back."""
+    from torch_tpu.execution import fused
+
+    for table in (fused._churning, fused._history):
+        table.clear()
+    yield fused
+    for table in (fused._churning, fused._history):
+        table.clear()

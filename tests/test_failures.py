@@ -19,6 +19,10 @@ from torch_tpu.demo.model import GPT, GPTConfig
 from torch_tpu.execution import fused
 from torch_tpu.runtime import memory, platform
 
+# Each test compares steps bit for bit with the same steps run again: the churn that earlier tests
+# (or these tests' failing graphs) taught the recorder must not cut the two runs differently
+pytestmark = pytest.mark.usefixtures("fresh_churn")
+
 XLA_OOM = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123456 bytes."
 
 
@@ -107,9 +111,6 @@ def test_values_a_failed_graph_was_to_create_name_the_error(monkeypatch):
 
 
 def test_an_interrupt_while_a_graph_runs_is_delivered_after_its_results_are_stored(monkeypatch):
-    # (what earlier tests' failing graphs taught the churn heuristic would cut this step's graph)
-    monkeypatch.setattr(fused, "_history", fused.LRU())
-    monkeypatch.setattr(fused, "_churning", fused.LRU())
     # (and the handler torch_tpu installs: a library loaded earlier in this worker may have left
     # SIGINT ignored, which would rightly swallow the delivered signal)
     previous = signal.signal(signal.SIGINT, platform._interrupt)

@@ -267,17 +267,6 @@ def test_a_second_process_loads_compiled_graphs_from_disk(run_python, tmp_path):
 
 
 # ----------------------------------------------------------------------------- churning ops
-@pytest.fixture
-def fresh_churn():
-    from torch_tpu.execution import fused as fused_module
-
-    for table in (fused_module._churning, fused_module._history):
-        table.clear()
-    yield fused_module
-    for table in (fused_module._churning, fused_module._history):
-        table.clear()
-
-
 def _growing_loop(steps: int, device: str, sizes=None, start: int = 2):
     """A generation-like loop: a sequence grows by one step each iteration (its cat and read
     change shape), while the work on its last element keeps one shape."""

@@ -3,7 +3,7 @@
 A shared 2-core box drifts by 2x over seconds, so two runs of ``bench_eager.py`` cannot tell a
 10% change. This runs one worker process per tree (``PYTHONPATH=<tree>/src``) and asks them in
 turn, in a shuffled order, for one sample of each case: a burst of 10 fused ops (or one GPT
-forward, or 50 strict adds) after an untimed burst that warms the host's caches. Both trees meet
+forward, or 50 strict ops) after an untimed burst that warms the host's caches. Both trees meet
 the same drift; the medians (and minima) per op are compared.
 
 Usage::
@@ -82,14 +82,23 @@ def _cases() -> dict[str, Callable[[], float]]:
             torch_tpu.sync()
         return seconds / counted.count
 
-    def strict_add() -> float:
+    strict_ops = {  # on 16 elements: the per-op path, not XLA's compute
+        "strict add, 16 elements": lambda: a + a,
+        "strict a * 2": lambda: a * 2,
+        "strict exp": lambda: a.exp(),
+        "strict softmax(a, -1)": lambda: torch.softmax(a, -1),
+        "strict in-place add_": lambda: a.add_(a, alpha=0),
+    }
+
+    def strict(op: Callable) -> float:
         torch.tpu.synchronize()
         started = time.perf_counter()
         for _ in range(50):
-            a + a
+            op()
         return (time.perf_counter() - started) / 50
 
-    cases = {"GPT forward, per ATen op": forward, "strict add, 16 elements": strict_add}
+    cases = {"GPT forward, per ATen op": forward}
+    cases.update({name: (lambda op=op: strict(op)) for name, op in strict_ops.items()})
     cases.update({name: (lambda op=op: fused(op)) for name, op in fused_ops.items()})
     return cases
 

@@ -310,3 +310,128 @@ def test_a_view_adds_no_node_to_a_fused_graph():
         y = torch.nn.functional.linear(x, w) + w[1:2, :3]  # w.t() and a slice: views
         assert torch_tpu.execution.pending_ops() == 2  # the matmul and the add
     torch.testing.assert_close(y.cpu(), torch.nn.functional.linear(x.cpu(), w.cpu()) + w.cpu()[1:2, :3])
+
+
+# ----------------------------------------------------------------------------- strict fast path
+# A strict op whose positional arguments are all tensors that are their whole storage reuses the
+# program of the first such call with the same operand key (dtypes, which are 0-dim, the default
+# dtype). Each case below runs a call twice (the second takes the kept program) and then a call
+# that must not take it.
+
+
+def _twice_then(make_calls) -> None:
+    cpu = [call("cpu") for call in make_calls]
+    for _ in range(2):
+        tpu = [call("tpu") for call in make_calls]
+        for got, expected in zip(tpu, cpu):
+            assert got.dtype == expected.dtype and got.shape == expected.shape
+            assert got.stride() == expected.stride()
+            torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+
+
+def _on(device, values, dtype=None) -> torch.Tensor:
+    return torch.as_tensor(values, dtype=dtype).to(device)
+
+
+_F16, _F64 = torch.float16, torch.float64
+
+
+@pytest.mark.parametrize(
+    "make_calls",
+    [
+        # other dtypes after a kept float32 program
+        [
+            lambda d: _on(d, [0.0, 1.5, 2.0]) + _on(d, [1.0, 1.0, 1.0]),
+            lambda d: _on(d, [0.0, 1.5, 2.0], _F64) + _on(d, [1.0, 1.0, 1.0], _F64),
+            lambda d: _on(d, [0, 1, 2]) + _on(d, [1, 1, 1], torch.int32),
+        ],
+        # the same dtypes, 0-dim or not: promotion differs
+        [
+            lambda d: _on(d, [1.0, 2.0, 3.0], _F16) * _on(d, 2.5, _F64),
+            lambda d: _on(d, 1.5, _F16) * _on(d, 2.5, _F64),
+            lambda d: _on(d, [1.0, 2.0, 3.0], _F64) * _on(d, 1.5, _F16),
+        ],
+        # numbers: their types promote, their values are runtime inputs (a default's is not)
+        [
+            lambda d: _on(d, [1, 2, 3]) * 2,
+            lambda d: _on(d, [1, 2, 3]) * 3,
+            lambda d: _on(d, [1, 2, 3]) * 2.5,
+            lambda d: _on(d, [1, 2, 3]) * True,
+            lambda d: _on(d, [1.0, 2.0], _F16) * 1e5,
+            lambda d: torch.nn.functional.leaky_relu(_on(d, [-1.0, 2.0]), 0.2),
+            lambda d: torch.nn.functional.leaky_relu(_on(d, [-1.0, 2.0]), 0.01),
+            lambda d: torch.nn.functional.leaky_relu(_on(d, [-1.0, 2.0]), 0.5),
+        ],
+        # another shape, and views (transposed, offset, broadcast) of the kept dtypes
+        [
+            lambda d: torch.arange(6.0).reshape(2, 3).to(d) - torch.ones(2, 3).to(d),
+            lambda d: torch.arange(12.0).reshape(3, 4).to(d) - torch.ones(3, 4).to(d),
+            lambda d: torch.arange(12.0).reshape(3, 4).to(d).t() - torch.ones(4, 3).to(d),
+            lambda d: torch.arange(12.0).reshape(3, 4).to(d)[1:] - torch.ones(2, 4).to(d),
+            lambda d: torch.arange(4.0).to(d).expand(3, 4) - torch.ones(3, 4).to(d),
+        ],
+        # reductions, in-place and out= variants
+        [
+            lambda d: torch.softmax(_on(d, [[1.0, 2.0], [0.5, -1.0]]), -1),
+            lambda d: torch.softmax(_on(d, [[1.0, 2.0], [0.5, -1.0]]), 0),
+            lambda d: _on(d, [[1, 2], [3, 4]]).sum(),
+            lambda d: _on(d, [0.0, 1.0, 2.0]).add_(_on(d, [1.0, 1.0, 1.0])),
+            lambda d: torch.mul(_on(d, [0.0, 1.0]), _on(d, [2.0, 3.0]), out=_on(d, [0.0, 0.0])),
+        ],
+    ],
+    ids=["dtypes", "0-dim", "numbers", "shapes-and-views", "variants"],
+)
+def test_a_kept_strict_program_is_taken_only_by_calls_of_its_operand_key(make_calls):
+    _twice_then(make_calls)
+
+
+def test_a_kept_strict_program_follows_the_default_dtype():
+    before = torch.get_default_dtype()
+    a, b = torch.arange(1, 5, dtype=torch.int32), torch.full((4,), 3, dtype=torch.int32)
+    try:
+        for default in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(default)
+            for _ in range(2):  # integers divide into the default dtype
+                got = torch.true_divide(a.to("tpu"), b.to("tpu"))
+                assert got.dtype == default
+                torch.testing.assert_close(got.cpu(), torch.true_divide(a, b), rtol=0, atol=0)
+    finally:
+        torch.set_default_dtype(before)
+
+
+def test_a_kept_strict_program_is_not_taken_in_fused_mode_or_under_another_matmul_precision(monkeypatch):
+    from torch_tpu.runtime import precision
+
+    x, w = torch.randn(4, 8, device="tpu"), torch.randn(4, 8, device="tpu")
+    for _ in range(2):
+        expected = (x * w).cpu()
+    torch_tpu.sync()
+    with torch_tpu.eager_mode("fused"):
+        y = x * w
+        assert torch_tpu.execution.pending_ops() == 1  # recorded, not run at once
+    torch.testing.assert_close(y.cpu(), expected, rtol=0, atol=0)
+
+    calls = []
+    real_call = precision.call
+    monkeypatch.setattr(precision, "call", lambda fn, *a, **k: calls.append(fn) or real_call(fn, *a, **k))
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        for _ in range(2):
+            x * w
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert len(calls) == 2  # each ran under the setting's precision
+
+
+def test_an_error_in_a_call_of_a_kept_strict_program_is_the_general_paths():
+    """The kept program keys no shapes: a mismatch reaches it, and the error raised is the one
+    the general path raises for the same shapes (from views, which never take the fast path)."""
+    for _ in range(2):
+        torch.ones(3, device="tpu") + torch.ones(3, device="tpu")
+    with pytest.raises(RuntimeError) as general:
+        torch.ones(5, device="tpu")[1:4] + torch.ones(6, device="tpu")[2:]
+    with pytest.raises(RuntimeError) as fast:
+        torch.ones(3, device="tpu") + torch.ones(4, device="tpu")
+    assert str(fast.value) == str(general.value) and "4" in str(fast.value)
+    assert (torch.ones(3, device="tpu") + 1).sum().item() == 6.0  # the process goes on

@@ -556,6 +556,50 @@ py::object whole_value(py::handle object) {
   return value;
 }
 
+// The whole values (whole_value) of an op's positional arguments when every one of them is a
+// tpu tensor that is its whole storage or a Python number (kept as it is), with a key of what
+// promotion and programs depend on: per argument one byte, a tensor's dtype and whether it is
+// 0-dim, or a number's type; arguments of other dtypes, dimensionality, types or number give
+// another key. Else None (a view, a list, a CPU tensor, more than 8 arguments): the op's general
+// path. Strict eager's fast path keys the programs it reuses on it (ops/dispatch.py).
+constexpr uint64_t kNumberKeys = 0xF0;  // | 1 bool, 2 int, 3 float, 4 complex
+static_assert(static_cast<int>(c10::ScalarType::NumOptions) * 2 + 2 < kNumberKeys, "a dtype's key takes one byte");
+py::object whole_operands(py::tuple args) {
+  const Py_ssize_t count = PyTuple_GET_SIZE(args.ptr());
+  if (count == 0 || count > 8) {
+    return py::none();
+  }
+  uint64_t key = 0;
+  py::tuple values(count);
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    PyObject* item = PyTuple_GET_ITEM(args.ptr(), i);
+    uint64_t code;
+    if (PyBool_Check(item)) {
+      code = kNumberKeys | 1;
+    } else if (PyLong_CheckExact(item)) {
+      code = kNumberKeys | 2;
+    } else if (PyFloat_CheckExact(item)) {
+      code = kNumberKeys | 3;
+    } else if (PyComplex_CheckExact(item)) {
+      code = kNumberKeys | 4;
+    } else {
+      py::object value = whole_value(item);
+      if (value.is_none()) {
+        return py::none();
+      }
+      const at::Tensor& tensor = THPVariable_Unpack(item);
+      code = (static_cast<uint64_t>(tensor.scalar_type()) << 1 | (tensor.dim() == 0)) + 1;
+      PyTuple_SET_ITEM(values.ptr(), i, value.release().ptr());
+      key = key << 8 | code;
+      continue;
+    }
+    Py_INCREF(item);
+    PyTuple_SET_ITEM(values.ptr(), i, item);
+    key = key << 8 | code;
+  }
+  return py::make_tuple(key, std::move(values));
+}
+
 // A new contiguous tpu:0 tensor whose storage holds `value` (a committed array or a pending
 // Deferred one, of a dtype tpu has), else None: Python wraps it (tensor.wrap).
 py::object wrap_value(py::handle value) {
@@ -659,6 +703,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("configure_values", &configure_values);
   m.def("whole_value", &whole_value);
   m.def("wrap_value", &wrap_value);
+  m.def("whole_operands", &whole_operands);
   m.def("default_generator", [](c10::DeviceIndex index) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(index)));
   });

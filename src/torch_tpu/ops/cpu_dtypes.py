@@ -203,7 +203,10 @@ def guard(
     common_dtype: Callable | None = None,
 ) -> Callable | None:
     """A check ``(values, types)`` of one call raising CPU's NotImplementedError where CPU's
-    kernel for this op lacks the dtype it would run on; None when the op needs none.
+    kernel for this op lacks the dtype it would run on; None when the op needs none. The check
+    returns whether its verdict hung on more than the dtypes of the call's tensors and dtype
+    arguments and the promoted types (a condition on a value, as clamp's bounds): when it did
+    not, every call of those dtypes passes too.
     ``common_dtype(values, types)``: for elementwise ops, the dtype CPU's TensorIterator
     dispatches on (the promotion of the operands at ``operand_pos``, before any integer-to-float
     step)."""
@@ -217,8 +220,8 @@ def guard(
     first, second = checks
 
     def both(values, types):
-        first(values, types)
-        second(values, types)
+        consulted = first(values, types)
+        return second(values, types) or consulted
 
     both.types_only = getattr(first, "types_only", False) and getattr(second, "types_only", False)
     return both
@@ -259,19 +262,25 @@ def table_guard(op, names, operand_pos=None, common_dtype=None) -> Callable | No
         if (ds := _dtypes(spelled_dtypes) - runs)
     ]
 
-    def check(values, types):  # (the dtype first: the conditions cost more, and rarely matter)
+    def check(values, types) -> bool:  # (the dtype first: the conditions cost more, and rarely matter)
+        consulted = False  # whether a condition on more than dtypes let this call pass
         for i, dtypes, jax_dtypes, applies in entries:
             if i is None:
                 common = common_dtype(values, types)
-                if common in jax_dtypes and applies(values):
-                    raise _refusal(op, common, operand_pos)
+                if common in jax_dtypes:
+                    if applies(values):
+                        raise _refusal(op, common, operand_pos)
+                    consulted = True
                 continue
             value = values[i]
             for t in value if isinstance(value, (list, tuple)) else (value,):
                 # a tensor's dtype, or the ``dtype=`` the kernel runs in (cumsum's)
                 dtype = t.dtype if isinstance(t, torch.Tensor) else t
-                if dtype in dtypes and applies(values):
-                    raise _refusal(op, dtype, (i,))
+                if dtype in dtypes:
+                    if applies(values):
+                        raise _refusal(op, dtype, (i,))
+                    consulted = True
+        return consulted
 
     # its verdict holds for every call with these types (the dispatcher then checks once per
     # plan) when no entry hangs on a value and each reads an operand whose dtype is in the key

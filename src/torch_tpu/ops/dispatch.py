@@ -397,6 +397,29 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     )
 
     guard_by_types = getattr(dtype_guard, "types_only", False)
+    # Strict eager's fast path: a call whose positional arguments are all tensors that are their
+    # whole storage or Python numbers (no keywords) reuses the program and the converted defaults
+    # of the first such call with the same key (the tensors' dtypes and 0-dim-ness, the numbers'
+    # types, and the default dtype), skipping binding, promotion and conversion. Not for ops
+    # whose calls differ in more than that: a check or a host computation that sees values, a
+    # random key, donated buffers
+    whole_operands = tensor.whole_operands
+    #: key -> (program, converted defaults, default dtype, (position, schema default) of each
+    #: number that becomes a device scalar)
+    fast_plans: dict[int, tuple[Callable, tuple, torch.dtype, tuple]] = {}
+    fast = traced and check is None and not draws_key and not generator_pos and not entry.donate
+    scalar_defaults = dict(defaulted)
+
+    def number_rules(args: tuple) -> tuple | None:
+        """How the fast path converts the numbers among ``args`` (as the converters do)."""
+        rules = []
+        for i, x in enumerate(args):
+            if isinstance(x, torch.Tensor) or kinds[i] == _STATIC or i in static_pos:
+                continue  # (a static number reaches the program as it is)
+            if kinds[i] not in (_TENSOR, _SCALAR):
+                return None
+            rules.append((i, scalar_defaults.get(i, _NO_DEFAULT)))
+        return tuple(rules)
 
     def plan_for(key: tuple, values: list, args: tuple, kwargs: dict) -> tuple[Types, Callable, bool]:
         types = promoted(entry.promote, key[0], key[1])
@@ -406,6 +429,33 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         return plan
 
     def compute(args: tuple, kwargs: dict):
+        learn = None  # the fast path's key this call's program is kept under
+        if fast and not kwargs:
+            operands = whole_operands(args)
+            if (
+                operands is not None
+                and context.recorder is None
+                and not (platform.attention_needed or platform.others_used)
+                and precision.setting() == "highest"
+            ):
+                plan = fast_plans.get(operands[0])
+                if plan is None or plan[2] is not torch.get_default_dtype():
+                    learn = operands[0]
+                else:
+                    if recorded_ops is not None:
+                        recorded_ops.add(op)
+                    values = operands[1]
+                    if plan[3]:
+                        values = list(values)
+                        for i, default in plan[3]:
+                            value = values[i]
+                            values[i] = (
+                                None if type(value) is type(default) and value == default else _number(value)
+                            )
+                    try:
+                        return plan[0](*values, *plan[1])
+                    except Exception:  # noqa: BLE001  (the general path raises it, as PyTorch would)
+                        pass
         if platform.attention_needed:
             platform.attend()
         if recorded_ops is not None:
@@ -420,8 +470,8 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             types, lowered, guard = plan
         else:
             types, lowered, guard = None, by_types.get(None) or fn_for(None), dtype_guard is not None
-        if guard:
-            _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs)
+        if guard and _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs):
+            learn = None  # (its verdict holds for these values only)
         index = _op_index(values, tensor_pos) if platform.others_used else 0
         generator = None
         for i in generator_pos:
@@ -448,7 +498,13 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             if traced and recorder is not None:
                 return recorder.record(lowered, values, extra, name)
             if precision.setting() == "highest":  # (the default: no precision context)
-                return lowered(*values, **extra)
+                result = lowered(*values, **extra)
+                if learn is not None:
+                    numbers = number_rules(args)
+                    if numbers is not None:
+                        tail = tuple(values[len(args) :])
+                        fast_plans[learn] = (lowered, tail, torch.get_default_dtype(), numbers)
+                return result
             return precision.call(lowered, *values, **extra)
         except (IndexError, UnsupportedDtypeError, torch.OutOfMemoryError, *NEEDS_VALUES):
             # already the right error: PyTorch's IndexErrors (bounds, mask shapes), or a result
@@ -515,9 +571,10 @@ def _for_host(value: Any) -> Any:
     return value
 
 
-def _check_dtypes(dtype_guard, op, names, values, types, args: tuple, kwargs: dict) -> None:
+def _check_dtypes(dtype_guard, op, names, values, types, args: tuple, kwargs: dict) -> bool:
+    """Run ``dtype_guard``; returns whether its verdict hung on more than dtypes."""
     try:
-        dtype_guard(values, types)
+        return dtype_guard(values, types)
     except NotImplementedError as refusal:  # after PyTorch's own argument checks, as on CPU
         raise _refusal_meta_error(op, names, args, kwargs, refusal) or refusal from None
 

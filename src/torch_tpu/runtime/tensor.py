@@ -64,6 +64,9 @@ whole_value = native._C.whole_value if native.available() else _no_shortcut
 #: :func:`wrap` of a committed array or pending deferred value on tpu:0 in one C++ call, else
 #: None.
 _wrap_value = native._C.wrap_value if native.available() else _no_shortcut
+#: ``(key, values)`` for an op's positional arguments when each is a tensor :func:`whole_value`
+#: takes, the key telling their dtypes and which are 0-dim; else None (strict eager's fast path)
+whole_operands = native._C.whole_operands if native.available() else _no_shortcut
 
 
 def _create(shape, dtype: torch.dtype, index: int = 0) -> torch.Tensor:

@@ -312,17 +312,18 @@ def test_a_view_adds_no_node_to_a_fused_graph():
     torch.testing.assert_close(y.cpu(), torch.nn.functional.linear(x.cpu(), w.cpu()) + w.cpu()[1:2, :3])
 
 
-# ----------------------------------------------------------------------------- strict fast path
-# A strict op whose positional arguments are all tensors that are their whole storage reuses the
-# program of the first such call with the same operand key (dtypes, which are 0-dim, the default
-# dtype). Each case below runs a call twice (the second takes the kept program) and then a call
-# that must not take it.
+# ----------------------------------------------------------------------------- the fast path
+# An op whose positional arguments are all whole tensors or numbers reuses the program of the
+# first such call with the same operand key (dtypes, which are 0-dim, number types, the default
+# dtype). Each case below runs its calls twice (the second time they take the kept programs),
+# calls with keys that must not take each other's.
 
 
-def _twice_then(make_calls) -> None:
+def _twice_then(make_calls, mode: str) -> None:
     cpu = [call("cpu") for call in make_calls]
     for _ in range(2):
-        tpu = [call("tpu") for call in make_calls]
+        with torch_tpu.eager_mode(mode):
+            tpu = [call("tpu") for call in make_calls]
         for got, expected in zip(tpu, cpu):
             assert got.dtype == expected.dtype and got.shape == expected.shape
             assert got.stride() == expected.stride()
@@ -381,11 +382,12 @@ _F16, _F64 = torch.float16, torch.float64
     ],
     ids=["dtypes", "0-dim", "numbers", "shapes-and-views", "variants"],
 )
-def test_a_kept_strict_program_is_taken_only_by_calls_of_its_operand_key(make_calls):
-    _twice_then(make_calls)
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_kept_program_is_taken_only_by_calls_of_its_operand_key(make_calls, mode):
+    _twice_then(make_calls, mode)
 
 
-def test_a_kept_strict_program_follows_the_default_dtype():
+def test_a_kept_program_follows_the_default_dtype():
     before = torch.get_default_dtype()
     a, b = torch.arange(1, 5, dtype=torch.int32), torch.full((4,), 3, dtype=torch.int32)
     try:
@@ -399,7 +401,7 @@ def test_a_kept_strict_program_follows_the_default_dtype():
         torch.set_default_dtype(before)
 
 
-def test_a_kept_strict_program_is_not_taken_in_fused_mode_or_under_another_matmul_precision(monkeypatch):
+def test_a_kept_program_is_recorded_in_fused_mode_and_runs_under_the_matmul_precision(monkeypatch):
     from torch_tpu.runtime import precision
 
     x, w = torch.randn(4, 8, device="tpu"), torch.randn(4, 8, device="tpu")
@@ -424,14 +426,16 @@ def test_a_kept_strict_program_is_not_taken_in_fused_mode_or_under_another_matmu
     assert len(calls) == 2  # each ran under the setting's precision
 
 
-def test_an_error_in_a_call_of_a_kept_strict_program_is_the_general_paths():
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_an_error_in_a_call_of_a_kept_program_is_the_general_paths(mode):
     """The kept program keys no shapes: a mismatch reaches it, and the error raised is the one
     the general path raises for the same shapes (from views, which never take the fast path)."""
-    for _ in range(2):
-        torch.ones(3, device="tpu") + torch.ones(3, device="tpu")
-    with pytest.raises(RuntimeError) as general:
-        torch.ones(5, device="tpu")[1:4] + torch.ones(6, device="tpu")[2:]
-    with pytest.raises(RuntimeError) as fast:
-        torch.ones(3, device="tpu") + torch.ones(4, device="tpu")
-    assert str(fast.value) == str(general.value) and "4" in str(fast.value)
-    assert (torch.ones(3, device="tpu") + 1).sum().item() == 6.0  # the process goes on
+    with torch_tpu.eager_mode(mode):
+        for _ in range(2):
+            (torch.ones(3, device="tpu") + torch.ones(3, device="tpu")).cpu()
+        with pytest.raises(RuntimeError) as general:
+            torch.ones(5, device="tpu")[1:4] + torch.ones(6, device="tpu")[2:]
+        with pytest.raises(RuntimeError) as fast:
+            torch.ones(3, device="tpu") + torch.ones(4, device="tpu")
+        assert str(fast.value) == str(general.value) and "4" in str(fast.value)
+        assert (torch.ones(3, device="tpu") + 1).sum().item() == 6.0  # the process goes on

@@ -397,17 +397,17 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     )
 
     guard_by_types = getattr(dtype_guard, "types_only", False)
-    # Strict eager's fast path: a call whose positional arguments are all tensors that are their
-    # whole storage or Python numbers (no keywords) reuses the program and the converted defaults
-    # of the first such call with the same key (the tensors' dtypes and 0-dim-ness, the numbers'
-    # types, and the default dtype), skipping binding, promotion and conversion. Not for ops
-    # whose calls differ in more than that: a check or a host computation that sees values, a
-    # random key, donated buffers
+    # The fast path: a call whose positional arguments are all tensors that are their whole
+    # storage or Python numbers (no keywords) reuses the program and the converted defaults of
+    # the first such call with the same key (the tensors' dtypes and 0-dim-ness, the numbers'
+    # types, and the default dtype), skipping binding, promotion and conversion; it then runs,
+    # is recorded or traced as any call. Not for ops whose calls differ in more than that: a
+    # host computation, a random key or generator, donated buffers
     whole_operands = tensor.whole_operands
     #: key -> (program, converted defaults, default dtype, (position, schema default) of each
     #: number that becomes a device scalar)
     fast_plans: dict[int, tuple[Callable, tuple, torch.dtype, tuple]] = {}
-    fast = traced and check is None and not draws_key and not generator_pos and not entry.donate
+    fast = traced and not draws_key and not generator_pos and not entry.donate
     scalar_defaults = dict(defaulted)
 
     def number_rules(args: tuple) -> tuple | None:
@@ -429,64 +429,53 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         return plan
 
     def compute(args: tuple, kwargs: dict):
-        learn = None  # the fast path's key this call's program is kept under
+        learn = plan = None  # (the fast path's key a plan is to be kept under; the kept plan)
         if fast and not kwargs:
             operands = whole_operands(args)
-            if (
-                operands is not None
-                and context.recorder is None
-                and not (platform.attention_needed or platform.others_used)
-                and precision.setting() == "highest"
-            ):
+            if operands is not None and not (platform.attention_needed or platform.others_used):
                 plan = fast_plans.get(operands[0])
                 if plan is None or plan[2] is not torch.get_default_dtype():
-                    learn = operands[0]
-                else:
-                    if recorded_ops is not None:
-                        recorded_ops.add(op)
-                    values = operands[1]
-                    if plan[3]:
-                        values = list(values)
-                        for i, default in plan[3]:
-                            value = values[i]
-                            values[i] = (
-                                None if type(value) is type(default) and value == default else _number(value)
-                            )
-                    try:
-                        return plan[0](*values, *plan[1])
-                    except Exception:  # noqa: BLE001  (the general path raises it, as PyTorch would)
-                        pass
-        if platform.attention_needed:
-            platform.attend()
-        if recorded_ops is not None:
-            recorded_ops.add(op)
-        values = binder.bind(args, kwargs)
-        extra = {}
-        if promote_pos is not None:
-            key = (operand_signature(values, promote_pos), torch.get_default_dtype())
-            plan = plans.get(key)
-            if plan is None:
-                plan = plan_for(key, values, args, kwargs)
-            types, lowered, guard = plan
+                    plan, learn = None, operands[0]
+        if plan is not None:
+            if recorded_ops is not None:
+                recorded_ops.add(op)
+            lowered, extra = plan[0], {}
+            values = [*operands[1], *plan[1]]
+            for i, default in plan[3]:
+                value = values[i]
+                values[i] = None if type(value) is type(default) and value == default else _number(value)
         else:
-            types, lowered, guard = None, by_types.get(None) or fn_for(None), dtype_guard is not None
-        if guard and _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs):
-            learn = None  # (its verdict holds for these values only)
-        index = _op_index(values, tensor_pos) if platform.others_used else 0
-        generator = None
-        for i in generator_pos:
-            _check_generator(values[i])
-            generator, values[i] = values[i], None
-        if draws_key:
-            extra["key"] = random.next_key(generator, index)
-        for i, default in defaulted:
-            value = values[i]
-            if type(value) is type(default) and value == default:
-                values[i] = None  # (what ``_with_defaults`` puts back, in the trace)
-        for i, convert in converters:
-            value = values[i]
-            if value is not None:  # (None converts to None)
-                values[i] = convert(value, index)
+            if platform.attention_needed:
+                platform.attend()
+            if recorded_ops is not None:
+                recorded_ops.add(op)
+            values = binder.bind(args, kwargs)
+            extra = {}
+            if promote_pos is not None:
+                key = (operand_signature(values, promote_pos), torch.get_default_dtype())
+                plan = plans.get(key)
+                if plan is None:
+                    plan = plan_for(key, values, args, kwargs)
+                types, lowered, guard = plan
+            else:
+                types, lowered, guard = None, by_types.get(None) or fn_for(None), dtype_guard is not None
+            if guard and _check_dtypes(dtype_guard, op, binder.names, values, types, args, kwargs):
+                learn = None  # (its verdict holds for these values only)
+            index = _op_index(values, tensor_pos) if platform.others_used else 0
+            generator = None
+            for i in generator_pos:
+                _check_generator(values[i])
+                generator, values[i] = values[i], None
+            if draws_key:
+                extra["key"] = random.next_key(generator, index)
+            for i, default in defaulted:
+                value = values[i]
+                if type(value) is type(default) and value == default:
+                    values[i] = None  # (what ``_with_defaults`` puts back, in the trace)
+            for i, convert in converters:
+                value = values[i]
+                if value is not None:  # (None converts to None)
+                    values[i] = convert(value, index)
         ctx = context
         ctx.op = name  # named by the errors of checks reported later
         if on_host:  # the graphs computing the inputs run, and their checks report, first
@@ -496,16 +485,11 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
                 check(*values)
             recorder = ctx.recorder
             if traced and recorder is not None:
-                return recorder.record(lowered, values, extra, name)
-            if precision.setting() == "highest":  # (the default: no precision context)
+                result = recorder.record(lowered, values, extra, name)
+            elif precision.setting() == "highest":  # (the default: no precision context)
                 result = lowered(*values, **extra)
-                if learn is not None:
-                    numbers = number_rules(args)
-                    if numbers is not None:
-                        tail = tuple(values[len(args) :])
-                        fast_plans[learn] = (lowered, tail, torch.get_default_dtype(), numbers)
-                return result
-            return precision.call(lowered, *values, **extra)
+            else:
+                result = precision.call(lowered, *values, **extra)
         except (IndexError, UnsupportedDtypeError, torch.OutOfMemoryError, *NEEDS_VALUES):
             # already the right error: PyTorch's IndexErrors (bounds, mask shapes), or a result
             # dtype tpu does not have, which must keep its clear TypeError; or a compiled
@@ -528,6 +512,11 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             if translated is e:
                 raise
             raise translated from e
+        if learn is not None:
+            numbers = number_rules(args)
+            if numbers is not None:
+                fast_plans[learn] = (lowered, tuple(values[len(args) :]), torch.get_default_dtype(), numbers)
+        return result
 
     return compute, binder
 

@@ -313,21 +313,28 @@ def test_a_view_adds_no_node_to_a_fused_graph():
 
 
 # ----------------------------------------------------------------------------- the fast path
-# An op whose positional arguments are all whole tensors or numbers reuses the program of the
-# first such call with the same operand key (dtypes, which are 0-dim, number types, the default
-# dtype). Each case below runs its calls twice (the second time they take the kept programs),
-# calls with keys that must not take each other's.
+# A call with positional arguments only reuses the program of the first call with the same key
+# (per argument a tensor's dtype, whether it is 0-dim and its whole storage, or another value's
+# type; the default dtype), converting only its views, numbers and static arguments. Each case
+# below runs its calls twice (the second time they take the kept programs), calls with keys that
+# must not take each other's, or with one key and values the kept program must not fix.
 
 
 def _twice_then(make_calls, mode: str) -> None:
+    """Each call's result has CPU's dtype, shape and strides and its values (to CPU's kernels'
+    rounding), the same the second time, when the calls take kept programs, as the first."""
     cpu = [call("cpu") for call in make_calls]
+    rounds = []
     for _ in range(2):
         with torch_tpu.eager_mode(mode):
             tpu = [call("tpu") for call in make_calls]
         for got, expected in zip(tpu, cpu):
             assert got.dtype == expected.dtype and got.shape == expected.shape
             assert got.stride() == expected.stride()
-            torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+            torch.testing.assert_close(got.cpu(), expected)
+        rounds.append([t.cpu() for t in tpu])
+    for first, second in zip(*rounds):
+        torch.testing.assert_close(second, first, rtol=0, atol=0)
 
 
 def _on(device, values, dtype=None) -> torch.Tensor:
@@ -363,13 +370,23 @@ _F16, _F64 = torch.float16, torch.float64
             lambda d: torch.nn.functional.leaky_relu(_on(d, [-1.0, 2.0]), 0.01),
             lambda d: torch.nn.functional.leaky_relu(_on(d, [-1.0, 2.0]), 0.5),
         ],
-        # another shape, and views (transposed, offset, broadcast) of the kept dtypes
+        # another shape, and views (transposed, offset, broadcast) of the kept dtypes: one key
+        # for the three views, each read by its own geometry
         [
             lambda d: torch.arange(6.0).reshape(2, 3).to(d) - torch.ones(2, 3).to(d),
             lambda d: torch.arange(12.0).reshape(3, 4).to(d) - torch.ones(3, 4).to(d),
             lambda d: torch.arange(12.0).reshape(3, 4).to(d).t() - torch.ones(4, 3).to(d),
             lambda d: torch.arange(12.0).reshape(3, 4).to(d)[1:] - torch.ones(2, 4).to(d),
             lambda d: torch.arange(4.0).to(d).expand(3, 4) - torch.ones(3, 4).to(d),
+        ],
+        # static arguments: one key, other values (a dim, a shape list, an approximation)
+        [
+            lambda d: torch.softmax(torch.arange(6.0).reshape(2, 3).to(d), 0),
+            lambda d: torch.softmax(torch.arange(6.0).reshape(2, 3).to(d), 1),
+            lambda d: torch.nn.functional.layer_norm(torch.arange(6.0).reshape(2, 3).to(d), [3]),
+            lambda d: torch.nn.functional.layer_norm(torch.arange(6.0).reshape(2, 3).to(d), [2, 3]),
+            lambda d: torch.nn.functional.gelu(torch.arange(-2.0, 2.0).to(d)),
+            lambda d: torch.nn.functional.gelu(torch.arange(-2.0, 2.0).to(d), approximate="tanh"),
         ],
         # reductions, in-place and out= variants
         [
@@ -380,7 +397,7 @@ _F16, _F64 = torch.float16, torch.float64
             lambda d: torch.mul(_on(d, [0.0, 1.0]), _on(d, [2.0, 3.0]), out=_on(d, [0.0, 0.0])),
         ],
     ],
-    ids=["dtypes", "0-dim", "numbers", "shapes-and-views", "variants"],
+    ids=["dtypes", "0-dim", "numbers", "shapes-and-views", "statics", "variants"],
 )
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_a_kept_program_is_taken_only_by_calls_of_its_operand_key(make_calls, mode):
@@ -429,7 +446,7 @@ def test_a_kept_program_is_recorded_in_fused_mode_and_runs_under_the_matmul_prec
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_an_error_in_a_call_of_a_kept_program_is_the_general_paths(mode):
     """The kept program keys no shapes: a mismatch reaches it, and the error raised is the one
-    the general path raises for the same shapes (from views, which never take the fast path)."""
+    the general path raises for the same shapes (from views: a key with no kept program)."""
     with torch_tpu.eager_mode(mode):
         for _ in range(2):
             (torch.ones(3, device="tpu") + torch.ones(3, device="tpu")).cpu()

@@ -556,14 +556,14 @@ py::object whole_value(py::handle object) {
   return value;
 }
 
-// The whole values (whole_value) of an op's positional arguments when every one of them is a
-// tpu tensor that is its whole storage or a Python number (kept as it is), with a key of what
-// promotion and programs depend on: per argument one byte, a tensor's dtype and whether it is
-// 0-dim, or a number's type; arguments of other dtypes, dimensionality, types or number give
-// another key. Else None (a view, a list, a CPU tensor, more than 8 arguments): the op's general
-// path. Strict eager's fast path keys the programs it reuses on it (ops/dispatch.py).
-constexpr uint64_t kNumberKeys = 0xF0;  // | 1 bool, 2 int, 3 float, 4 complex
-static_assert(static_cast<int>(c10::ScalarType::NumOptions) * 2 + 2 < kNumberKeys, "a dtype's key takes one byte");
+// An op's positional arguments for the per-op fast path (ops/dispatch.py): a key of what binding
+// and promotion depend on, one byte per argument (a tensor's dtype, whether it is 0-dim and
+// whether it is its whole storage; or the type of anything else), and the arguments with each
+// whole tensor replaced by its whole value (whole_value); the others, kept, Python converts.
+// Arguments of other dtypes, dimensionality, types or number give another key. None for more
+// than 8 arguments.
+constexpr uint64_t kOtherKeys = 0xF0;  // | 1 bool, 2 int, 3 float, 4 complex, 5 None, 6 list or tuple, 7 other
+static_assert(static_cast<int>(c10::ScalarType::NumOptions) * 4 < kOtherKeys, "a tensor's key takes one byte");
 py::object whole_operands(py::tuple args) {
   const Py_ssize_t count = PyTuple_GET_SIZE(args.ptr());
   if (count == 0 || count > 8) {
@@ -574,27 +574,26 @@ py::object whole_operands(py::tuple args) {
   for (Py_ssize_t i = 0; i < count; ++i) {
     PyObject* item = PyTuple_GET_ITEM(args.ptr(), i);
     uint64_t code;
-    if (PyBool_Check(item)) {
-      code = kNumberKeys | 1;
-    } else if (PyLong_CheckExact(item)) {
-      code = kNumberKeys | 2;
-    } else if (PyFloat_CheckExact(item)) {
-      code = kNumberKeys | 3;
-    } else if (PyComplex_CheckExact(item)) {
-      code = kNumberKeys | 4;
-    } else {
-      py::object value = whole_value(item);
-      if (value.is_none()) {
-        return py::none();
-      }
+    py::object value;
+    if (THPVariable_Check(item)) {
       const at::Tensor& tensor = THPVariable_Unpack(item);
-      code = (static_cast<uint64_t>(tensor.scalar_type()) << 1 | (tensor.dim() == 0)) + 1;
-      PyTuple_SET_ITEM(values.ptr(), i, value.release().ptr());
-      key = key << 8 | code;
-      continue;
+      value = whole_value(item);
+      const bool whole = !value.is_none();
+      code = (static_cast<uint64_t>(tensor.scalar_type()) << 2 | (tensor.dim() == 0) << 1 | whole) + 1;
+      if (!whole) {
+        value = py::reinterpret_borrow<py::object>(item);
+      }
+    } else {
+      code = kOtherKeys | (PyBool_Check(item)           ? 1
+                           : PyLong_CheckExact(item)    ? 2
+                           : PyFloat_CheckExact(item)   ? 3
+                           : PyComplex_CheckExact(item) ? 4
+                           : item == Py_None            ? 5
+                           : (PyList_Check(item) || PyTuple_Check(item)) ? 6
+                                                                          : 7);
+      value = py::reinterpret_borrow<py::object>(item);
     }
-    Py_INCREF(item);
-    PyTuple_SET_ITEM(values.ptr(), i, item);
+    PyTuple_SET_ITEM(values.ptr(), i, value.release().ptr());
     key = key << 8 | code;
   }
   return py::make_tuple(key, std::move(values));

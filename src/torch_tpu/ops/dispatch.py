@@ -182,6 +182,10 @@ def _scalars(xs: Any, index: int = 0) -> Any:
     return [_scalar(x, index) for x in xs]
 
 
+_NUMBERS = (bool, int, float, complex)
+_NUMBER_CONVERTERS = (_to_jax_arg, _to_program_arg, _scalar)
+
+
 def _static(x: Any) -> Any:
     return tuple(x) if isinstance(x, list) else x
 
@@ -397,28 +401,36 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     )
 
     guard_by_types = getattr(dtype_guard, "types_only", False)
-    # The fast path: a call whose positional arguments are all tensors that are their whole
-    # storage or Python numbers (no keywords) reuses the program and the converted defaults of
-    # the first such call with the same key (the tensors' dtypes and 0-dim-ness, the numbers'
-    # types, and the default dtype), skipping binding, promotion and conversion; it then runs,
-    # is recorded or traced as any call. Not for ops whose calls differ in more than that: a
-    # host computation, a random key or generator, donated buffers
+    # The fast path: a call with positional arguments only reuses the program and the converted
+    # defaults of the first call with the same key (per argument: a tensor's dtype, whether it
+    # is 0-dim and whether it is its whole storage; anything else's type; and the default
+    # dtype), skipping binding and promotion; of its arguments only those that are not whole
+    # tensors (views, numbers, static lists) are converted, each as the general path converts
+    # it. The call then runs, is recorded or checked as any call. Not for ops whose calls differ
+    # in more than that: a host computation, a random key or generator, donated buffers
     whole_operands = tensor.whole_operands
-    #: key -> (program, converted defaults, default dtype, (position, schema default) of each
-    #: number that becomes a device scalar)
+    #: key -> (program, converted defaults, default dtype, (position, schema default, converter)
+    #: of each argument converted at every call)
     fast_plans: dict[int, tuple[Callable, tuple, torch.dtype, tuple]] = {}
     fast = traced and not draws_key and not generator_pos and not entry.donate
-    scalar_defaults = dict(defaulted)
+    default_at, converter_at = dict(defaulted), dict(converters)
+    # (a list of tensors or numbers, a dtype: the key does not tell their dtypes or values)
+    beyond_key = {_TENSOR_LIST, _INDICES, _SCALAR_LIST, _HOST_SCALARS, _DTYPE}
 
-    def number_rules(args: tuple) -> tuple | None:
-        """How the fast path converts the numbers among ``args`` (as the converters do)."""
+    def conversions(args: tuple, operands: tuple) -> tuple | None:
+        """What the fast path converts of a call with the key of ``args``: every argument
+        ``whole_operands`` left as it is, as the general path converts it; None when the key
+        does not decide all it depends on."""
         rules = []
-        for i, x in enumerate(args):
-            if isinstance(x, torch.Tensor) or kinds[i] == _STATIC or i in static_pos:
-                continue  # (a static number reaches the program as it is)
-            if kinds[i] not in (_TENSOR, _SCALAR):
+        for i, (x, operand) in enumerate(zip(args, operands)):
+            if operand is not x:
+                continue  # (a whole tensor's value)
+            if kinds[i] in beyond_key and x is not None:
                 return None
-            rules.append((i, scalar_defaults.get(i, _NO_DEFAULT)))
+            convert = converter_at.get(i)
+            if type(x) in _NUMBERS and convert in _NUMBER_CONVERTERS:
+                convert = _number  # (what each of them comes to for a number)
+            rules.append((i, default_at.get(i, _NO_DEFAULT), convert))
         return tuple(rules)
 
     def plan_for(key: tuple, values: list, args: tuple, kwargs: dict) -> tuple[Types, Callable, bool]:
@@ -441,9 +453,12 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
                 recorded_ops.add(op)
             lowered, extra = plan[0], {}
             values = [*operands[1], *plan[1]]
-            for i, default in plan[3]:
+            for i, default, convert in plan[3]:  # (as the general path's two loops below)
                 value = values[i]
-                values[i] = None if type(value) is type(default) and value == default else _number(value)
+                if type(value) is type(default) and value == default:
+                    values[i] = None
+                elif convert is not None and value is not None:
+                    values[i] = convert(value, 0)
         else:
             if platform.attention_needed:
                 platform.attend()
@@ -513,9 +528,9 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
                 raise
             raise translated from e
         if learn is not None:
-            numbers = number_rules(args)
-            if numbers is not None:
-                fast_plans[learn] = (lowered, tuple(values[len(args) :]), torch.get_default_dtype(), numbers)
+            rules = conversions(args, operands[1])
+            if rules is not None:
+                fast_plans[learn] = (lowered, tuple(values[len(args) :]), torch.get_default_dtype(), rules)
         return result
 
     return compute, binder

@@ -562,7 +562,9 @@ py::object whole_value(py::handle object) {
 // whole tensor replaced by its whole value (whole_value); the others, kept, Python converts.
 // Arguments of other dtypes, dimensionality, types or number give another key. None for more
 // than 8 arguments.
-constexpr uint64_t kOtherKeys = 0xF0;  // | 1 bool, 2 int, 3 float, 4 complex, 5 None, 6 list or tuple, 7 other
+// Keys of what is not a tensor: kOtherKeys | 1 bool, 2 int, 3 float, 4 complex, 5 None, 6 list or
+// tuple, 7 anything else.
+constexpr uint64_t kOtherKeys = 0xF0;
 static_assert(static_cast<int>(c10::ScalarType::NumOptions) * 4 < kOtherKeys, "a tensor's key takes one byte");
 py::object whole_operands(py::tuple args) {
   const Py_ssize_t count = PyTuple_GET_SIZE(args.ptr());

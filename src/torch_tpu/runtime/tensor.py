@@ -64,8 +64,10 @@ whole_value = native._C.whole_value if native.available() else _no_shortcut
 #: :func:`wrap` of a committed array or pending deferred value on tpu:0 in one C++ call, else
 #: None.
 _wrap_value = native._C.wrap_value if native.available() else _no_shortcut
-#: ``(key, values)`` for an op's positional arguments when each is a tensor :func:`whole_value`
-#: takes, the key telling their dtypes and which are 0-dim; else None (strict eager's fast path)
+#: ``(key, values)`` for an op's positional arguments: a key of each one's dtype, 0-dim-ness and
+#: whether it is its whole storage (or its type, for anything but a tensor), and the arguments
+#: with each whole tensor replaced by :func:`whole_value`; None for more than 8 (the per-op fast
+#: path, ``ops/dispatch.py``)
 whole_operands = native._C.whole_operands if native.available() else _no_shortcut
 
 

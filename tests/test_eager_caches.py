@@ -320,7 +320,7 @@ def test_a_view_adds_no_node_to_a_fused_graph():
 # must not take each other's, or with one key and values the kept program must not fix.
 
 
-def _twice_then(make_calls, mode: str) -> None:
+def _twice_as_on_cpu(make_calls, mode: str) -> None:
     """Each call's result has CPU's dtype, shape and strides and its values (to CPU's kernels'
     rounding), the same the second time, when the calls take kept programs, as the first."""
     cpu = [call("cpu") for call in make_calls]
@@ -401,7 +401,7 @@ _F16, _F64 = torch.float16, torch.float64
 )
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_a_kept_program_is_taken_only_by_calls_of_its_operand_key(make_calls, mode):
-    _twice_then(make_calls, mode)
+    _twice_as_on_cpu(make_calls, mode)
 
 
 def test_a_kept_program_follows_the_default_dtype():

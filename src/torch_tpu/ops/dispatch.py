@@ -183,6 +183,9 @@ def _scalars(xs: Any, index: int = 0) -> Any:
 
 
 _NUMBERS = (bool, int, float, complex)
+#: A fast-path key no plan can serve (its list or dtype arguments are beyond the key): whether
+#: one can is decided by the key alone, so it is asked once
+_NO_PLAN = (None, None, None, ())
 _NUMBER_CONVERTERS = (_to_jax_arg, _to_program_arg, _scalar)
 
 
@@ -447,7 +450,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             if operands is not None and not (platform.attention_needed or platform.others_used):
                 plan = fast_plans.get(operands[0])
                 if plan is None or plan[2] is not torch.get_default_dtype():
-                    plan, learn = None, operands[0]
+                    plan, learn = None, None if plan is _NO_PLAN else operands[0]
         if plan is not None:
             if recorded_ops is not None:
                 recorded_ops.add(op)
@@ -529,8 +532,11 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
             raise translated from e
         if learn is not None:
             rules = conversions(args, operands[1])
-            if rules is not None:
-                fast_plans[learn] = (lowered, tuple(values[len(args) :]), torch.get_default_dtype(), rules)
+            fast_plans[learn] = (
+                _NO_PLAN
+                if rules is None
+                else (lowered, tuple(values[len(args) :]), torch.get_default_dtype(), rules)
+            )
         return result
 
     return compute, binder

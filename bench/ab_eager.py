@@ -46,6 +46,8 @@ def _cases() -> dict[str, Callable[[], float]]:
     tokens, table = torch.randint(0, 96, (8, 64)).to("tpu"), torch.randn(96, 128).to("tpu")
     logits, labels = torch.randn(8, 64, 96).to("tpu"), torch.randint(0, 96, (8, 64)).to("tpu")
     q, a = torch.randn(8, 4, 64, 32).to("tpu"), torch.randn(16).to("tpu")
+    small_x, small_w = torch.randn(4, 16).to("tpu"), torch.randn(32, 16).to("tpu")  # bench_eager's
+    rows = torch.tensor([0, 2, 3]).to("tpu")
     with bench_eager._CountOps() as counted:  # the forward's ATen ops, as bench_eager counts them
         replica(idx, targets)
     torch_tpu.sync()
@@ -88,6 +90,8 @@ def _cases() -> dict[str, Callable[[], float]]:
         "strict exp": lambda: a.exp(),
         "strict softmax(a, -1)": lambda: torch.softmax(a, -1),
         "strict in-place mul_": lambda: a.mul_(1.0),
+        "strict linear, transposed weight": lambda: F.linear(small_x, small_w),
+        "strict index with a tensor": lambda: small_w[rows],
     }
 
     def strict(op: Callable) -> float:

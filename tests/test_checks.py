@@ -178,6 +178,13 @@ def test_indices_copied_from_the_host_are_checked_on_the_host(mode, monkeypatch)
         F.embedding(torch.arange(1, 5, device="tpu"), weight).cpu()  # positions
         with pytest.raises(IndexError, match="index out of range in self"):
             F.embedding(torch.arange(6, device="tpu").view(2, 3).t(), weight).cpu()
+        for rows in (torch.tensor([0, 4]), torch.arange(40) % 5):  # few entries, and more
+            rows = rows.to("tpu")
+            F.embedding(rows, weight).cpu()  # (its range, read once, meets each size)
+            with pytest.raises(IndexError, match="index out of range in self"):
+                F.embedding(rows, weight[:4]).cpu()
+            with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 0 with size 4"):
+                weight[:4][rows].cpu()
         assert not device_checks
         index.add_(1)  # now 5 and 1, computed on the device: its old host copy is not used
         with pytest.raises(IndexError, match="index out of range in self"):

@@ -379,6 +379,22 @@ _F16, _F64 = torch.float16, torch.float64
             lambda d: torch.arange(12.0).reshape(3, 4).to(d)[1:] - torch.ones(2, 4).to(d),
             lambda d: torch.arange(4.0).to(d).expand(3, 4) - torch.ones(3, 4).to(d),
         ],
+        # whole storages with axes permuted (their values, read by the op's program), other
+        # views of the same dtypes and dims (read by Python), whole tensors: three keys each
+        [
+            lambda d: torch.arange(12.0).reshape(3, 4).to(d).t() @ torch.ones(3, 2).to(d),
+            lambda d: torch.arange(20.0).reshape(5, 4).to(d)[1:].t() @ torch.ones(4, 2).to(d),
+            lambda d: torch.arange(12.0).reshape(4, 3).to(d) @ torch.ones(3, 2).to(d),
+            lambda d: torch.arange(24.0).reshape(2, 3, 4).to(d).permute(2, 0, 1) * 2,
+            lambda d: torch.arange(24.0).reshape(2, 3, 4).to(d).transpose(0, 2) * 2,
+            lambda d: torch.arange(24.0).reshape(2, 3, 4).to(d)[:, 1:].transpose(0, 2) * 2,
+            lambda d: torch.arange(6.0).reshape(1, 2, 3).to(d).transpose(1, 2) + 1,
+            lambda d: torch.nn.functional.linear(
+                torch.ones(2, 4).to(d), torch.arange(12.0).reshape(3, 4).to(d), torch.ones(3).to(d)
+            ),
+            # (an op whose check reads its operands' values takes views as Python reads them)
+            lambda d: torch.gather(torch.arange(12.0).reshape(3, 4).to(d).t(), 0, torch.tensor([[0, 2, 1]]).to(d)),
+        ],
         # static arguments: one key, other values (a dim, a shape list, an approximation)
         [
             lambda d: torch.softmax(torch.arange(6.0).reshape(2, 3).to(d), 0),
@@ -397,11 +413,57 @@ _F16, _F64 = torch.float16, torch.float64
             lambda d: torch.mul(_on(d, [0.0, 1.0]), _on(d, [2.0, 3.0]), out=_on(d, [0.0, 0.0])),
         ],
     ],
-    ids=["dtypes", "0-dim", "numbers", "shapes-and-views", "statics", "variants"],
+    ids=["dtypes", "0-dim", "numbers", "shapes-and-views", "permuted", "statics", "variants"],
 )
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_a_kept_program_is_taken_only_by_calls_of_its_operand_key(make_calls, mode):
     _twice_as_on_cpu(make_calls, mode)
+
+
+def _tensors_and_views() -> list[torch.Tensor]:
+    base = torch.arange(24.0, device="tpu").reshape(2, 3, 4)
+    column = torch.arange(4.0, device="tpu").reshape(4, 1)
+    return [
+        base,
+        base.permute(2, 0, 1),
+        base.transpose(1, 2),
+        base.transpose(0, 1)[1:],
+        base[:, :2].transpose(1, 2),
+        base[1].t(),
+        base.reshape(6, 4).t(),
+        column.t(),
+        column.expand(4, 3).t(),
+        torch.arange(6.0, device="tpu").reshape(1, 2, 3).transpose(1, 2),
+        torch.arange(6, device="tpu").reshape(2, 3).view(torch.float32).t(),
+        torch.tensor([[1 + 2j, 3j], [4.0, 5j]], device="tpu").t(),
+        torch.tensor([[1 + 2j, 3j], [4.0, 5j]], device="tpu").t().conj(),
+        torch.tensor(3.0, device="tpu"),
+    ]
+
+
+def test_the_cores_reading_of_a_permuted_storage_is_pythons():
+    """What ``whole_operands`` hands a program for a tensor at a position reading views in its
+    program is what the general path's ``read_in_program`` hands it (a whole storage with axes
+    permuted: the same StridedView), else the tensor itself, left for Python to read; and a
+    permuted tensor at a position without that bit is left too. (The core may leave any tensor
+    to Python, which reads every one.)"""
+    from torch_tpu.runtime import buffer, tensor
+
+    permuted = 0
+    for t in _tensors_and_views():
+        key, (operand,) = tensor.whole_operands((t,), 1)
+        assert tensor.whole_operands((t,), 0)[1][0] is t or tensor.whole_value(t) is not None
+        if operand is t:  # (Python reads it: a view, a reinterpreted or conjugated storage)
+            continue
+        if tensor.whole_value(t) is not None:
+            assert operand is tensor.whole_value(t)
+            continue
+        read = tensor.read_in_program(t)
+        assert type(operand) is type(read) is buffer.StridedView
+        assert operand.buf is read.buf and operand.start is read.start is None
+        assert (operand.shape, operand.strides) == (read.shape, read.strides)
+        permuted += 1
+    assert permuted == 5
 
 
 def test_a_kept_program_follows_the_default_dtype():

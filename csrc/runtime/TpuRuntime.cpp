@@ -43,6 +43,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -50,6 +51,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <type_traits>
 
 namespace py = pybind11;
@@ -447,6 +449,7 @@ struct ValueTypes {
   PyObject* attr = nullptr;  // the storage attribute holding the value
   PyTypeObject* array = nullptr;  // jax's concrete array type
   PyTypeObject* deferred = nullptr;  // buffer.Deferred
+  PyObject* strided_view = nullptr;  // buffer.StridedView
   PyObject* to_torch = nullptr;  // {numpy dtype: torch.dtype}
   std::array<PyObject*, static_cast<size_t>(c10::ScalarType::NumOptions)> to_jax{};
   // the attribute names read
@@ -459,8 +462,16 @@ struct ValueTypes {
 ValueTypes g_values;
 
 void configure_values(
-    py::str attr, py::handle array, py::handle deferred, py::dict torch_to_jax, py::dict jax_to_torch) {
-  TORCH_CHECK(PyType_Check(array.ptr()) && PyType_Check(deferred.ptr()), "configure_values takes two types");
+    py::str attr,
+    py::handle array,
+    py::handle deferred,
+    py::handle strided_view,
+    py::dict torch_to_jax,
+    py::dict jax_to_torch) {
+  TORCH_CHECK(
+      PyType_Check(array.ptr()) && PyType_Check(deferred.ptr()) && PyType_Check(strided_view.ptr()),
+      "configure_values takes three types");
+  g_values.strided_view = strided_view.inc_ref().ptr();
   g_values.attr = attr.inc_ref().ptr();
   PyUnicode_InternInPlace(&g_values.attr);
   g_values.array = reinterpret_cast<PyTypeObject*>(array.inc_ref().ptr());
@@ -513,18 +524,14 @@ bool same_sizes(const py::object& shape, c10::IntArrayRef sizes) {
   return true;
 }
 
-// The value of a tpu tensor that is its whole storage in order (contiguous, at offset 0, of the
-// value's shape and of its dtype, no lazy conjugate or negative bit), else None: a view, a
-// reinterpreted dtype or any other value, read by Python (tensor._view). A Deferred value whose
-// graph has run is replaced by its array first, as buffer.get does: every storage a graph wrote
-// stays on this path at its first read after the graph ran.
-py::object whole_value(py::handle object) {
-  if (g_values.attr == nullptr || !THPVariable_Check(object.ptr())) {
-    return py::none();
-  }
-  const at::Tensor& tensor = THPVariable_Unpack(object.ptr());
+// The value of a tpu tensor's storage if the tensor reads it at offset 0 with its dtype (no lazy
+// conjugate or negative bit) and the value is a concrete array or a pending Deferred one: its
+// shape then comes back too. Else None: Python reads the tensor (tensor._view). A Deferred value
+// whose graph has run is replaced by its array first, as buffer.get does: every storage a graph
+// wrote stays on this path at its first read after the graph ran.
+py::object storage_value(const at::Tensor& tensor, py::object& shape) {
   if (tensor.device().type() != kTpu || !tensor.has_storage() || tensor.storage_offset() != 0 ||
-      !tensor.is_contiguous() || tensor.is_conj() || tensor.is_neg()) {
+      tensor.is_conj() || tensor.is_neg()) {
     return py::none();
   }
   PyObject* wanted = g_values.to_jax[static_cast<size_t>(tensor.scalar_type())];
@@ -549,24 +556,103 @@ py::object whole_value(py::handle object) {
       value = std::move(computed);
     }
   }
-  py::object shape, dtype;
-  if (!describe(value.ptr(), shape, dtype) || dtype.ptr() != wanted || !same_sizes(shape, tensor.sizes())) {
+  py::object dtype;
+  if (!describe(value.ptr(), shape, dtype) || dtype.ptr() != wanted || !PyTuple_Check(shape.ptr())) {
     return py::none();
   }
   return value;
 }
 
+// The value of a tpu tensor that is its whole storage in order (contiguous, of the value's
+// shape: storage_value's conditions), else None: a view, a reinterpreted dtype or any other
+// value, read by Python (tensor._view).
+py::object whole_value(py::handle object) {
+  if (g_values.attr == nullptr || !THPVariable_Check(object.ptr())) {
+    return py::none();
+  }
+  const at::Tensor& tensor = THPVariable_Unpack(object.ptr());
+  if (!tensor.is_contiguous()) {
+    return py::none();
+  }
+  py::object shape;
+  py::object value = storage_value(tensor, shape);
+  if (value.is_none() || !same_sizes(shape, tensor.sizes())) {
+    return py::none();
+  }
+  return value;
+}
+
+// A tpu tensor that is its whole storage value with axes permuted (w.t(), x.transpose(1, 2)) as
+// the StridedView tensor.read_in_program makes of it: the value, no start, the tensor's shape
+// and its strides with those of size-1 dims made row-major's (tensor._addressing_strides). Else
+// None. The rule is tensor._is_whole_permutation's; ops read such views in their own program.
+py::object permuted_view(const at::Tensor& tensor) {
+  const int64_t dims = tensor.dim();
+  if (dims < 2 || tensor.is_contiguous()) {
+    return py::none();
+  }
+  const auto sizes = tensor.sizes();
+  const auto strides = tensor.strides();
+  std::vector<int64_t> addressing(dims);
+  int64_t row_major = 1;
+  for (int64_t d = dims - 1; d >= 0; --d) {
+    addressing[d] = sizes[d] == 1 ? row_major : strides[d];
+    row_major *= sizes[d];
+  }
+  std::vector<int64_t> order(dims);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return addressing[a] > addressing[b]; });
+  int64_t expected = 1;
+  bool permuted = false;
+  for (int64_t k = dims - 1; k >= 0; --k) {
+    const int64_t d = order[k];
+    if (sizes[d] != 1 && addressing[d] != expected) {
+      return py::none();  // not dense: a slice, a broadcast
+    }
+    expected *= sizes[d];
+    permuted = permuted || d != k;
+  }
+  if (!permuted) {
+    return py::none();
+  }
+  py::object shape;
+  py::object value = storage_value(tensor, shape);
+  if (value.is_none()) {
+    return py::none();
+  }
+  int64_t count = 1;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(shape.ptr()); ++i) {
+    count *= PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), i));
+  }
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return py::none();
+  }
+  if (count != tensor.numel()) {
+    return py::none();
+  }
+  py::tuple view_shape(dims), view_strides(dims);
+  for (int64_t d = 0; d < dims; ++d) {
+    PyTuple_SET_ITEM(view_shape.ptr(), d, PyLong_FromLongLong(sizes[d]));
+    PyTuple_SET_ITEM(view_strides.ptr(), d, PyLong_FromLongLong(addressing[d]));
+  }
+  return py::reinterpret_borrow<py::object>(g_values.strided_view)(value, py::none(), view_shape, view_strides);
+}
+
 // An op's positional arguments for the per-op fast path (ops/dispatch.py): a key of what binding
-// and promotion depend on, one byte per argument (a tensor's dtype, whether it is 0-dim and
-// whether it is its whole storage; or the type of anything else), and the arguments with each
-// whole tensor replaced by its whole value (whole_value); the others, kept, Python converts.
-// Arguments of other dtypes, dimensionality, types or number give another key. None for more
-// than 8 arguments.
+// and promotion depend on, one byte per argument, and the arguments with each whole tensor
+// replaced by its whole value (whole_value) and, at the positions set in `views_read_in_program`
+// (bit i: argument i), each whole storage with axes permuted by its StridedView
+// (permuted_view); the others, kept, Python converts. A tensor's byte is its dtype and one of
+// kTensorStates; anything else's, its type. Arguments of other dtypes, states, types or number
+// give another key. None for more than 8 arguments.
+enum TensorState : uint64_t { kView, kWhole, kZeroDimView, kZeroDimWhole, kPermuted, kTensorStates };
 // Keys of what is not a tensor: kOtherKeys | 1 bool, 2 int, 3 float, 4 complex, 5 None, 6 list or
 // tuple, 7 anything else.
 constexpr uint64_t kOtherKeys = 0xF0;
-static_assert(static_cast<int>(c10::ScalarType::NumOptions) * 4 < kOtherKeys, "a tensor's key takes one byte");
-py::object whole_operands(py::tuple args) {
+static_assert(
+    static_cast<uint64_t>(c10::ScalarType::NumOptions) * kTensorStates < kOtherKeys, "a tensor's key takes one byte");
+py::object whole_operands(py::tuple args, uint64_t views_read_in_program) {
   const Py_ssize_t count = PyTuple_GET_SIZE(args.ptr());
   if (count == 0 || count > 8) {
     return py::none();
@@ -580,9 +666,15 @@ py::object whole_operands(py::tuple args) {
     if (THPVariable_Check(item)) {
       const at::Tensor& tensor = THPVariable_Unpack(item);
       value = whole_value(item);
-      const bool whole = !value.is_none();
-      code = (static_cast<uint64_t>(tensor.scalar_type()) << 2 | (tensor.dim() == 0) << 1 | whole) + 1;
-      if (!whole) {
+      uint64_t state = tensor.dim() == 0 ? kZeroDimView : kView;
+      if (!value.is_none()) {
+        state += 1;  // (the matching whole state)
+      } else if (views_read_in_program >> i & 1) {
+        value = permuted_view(tensor);
+        state = value.is_none() ? state : kPermuted;
+      }
+      code = static_cast<uint64_t>(tensor.scalar_type()) * kTensorStates + state + 1;
+      if (value.is_none()) {
         value = py::reinterpret_borrow<py::object>(item);
       }
     } else {

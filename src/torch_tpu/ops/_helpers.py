@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..runtime import checks
-from ..runtime.buffer import apply, host_copy
+from ..runtime.buffer import apply, host_copy, host_range
 from ..runtime.context import context
 from ..runtime.dtypes import item_name, to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
 from .registry import OutDtype, Promote, lower
@@ -156,29 +156,19 @@ def _first_out_of_bounds_in(xp, index, low, high, ignore=None) -> tuple:
 _first_out_of_bounds = jax.jit(functools.partial(_first_out_of_bounds_in, jnp))
 
 
-#: Up to this many entries, a host copy's range is taken in Python (numpy's reductions cost
-#: more per call than the loop over so few)
-_FEW = 32
-
-
-def _host_range(host: np.ndarray) -> tuple[int, int]:
-    if host.size <= _FEW:
-        values = host.ravel().tolist()
-        return min(values), max(values)
-    return host.min(), host.max()
-
-
 def _out_of_bounds(index, low: int, high: int, ignore: int | None) -> tuple | None:
-    """:func:`_first_out_of_bounds_in` of ``index``: on its host copy if it was copied from the
-    host (no program, no wait; None when every entry is in bounds, the common case, taken from
-    its range alone), else as a small program on the device."""
-    host = host_copy(index)
-    if host is not None:
-        smallest, largest = _host_range(host)
-        if low <= smallest and largest < high:
+    """:func:`_first_out_of_bounds_in` of a non-empty ``index``: on its host copy if it was
+    copied from the host (no program, no wait; None when every entry is in bounds, the common
+    case, taken from its range alone), else as a small program on the device (None: ``index``
+    is traced by a JAX transformation, with no values to check)."""
+    known = host_range(index)
+    if known is not None:
+        if low <= known[0] and known[1] < high:
             return None
-        return _first_out_of_bounds_in(np, host, low, high, ignore)
-    return apply_check(_first_out_of_bounds, index, low, high, ignore)
+        return _first_out_of_bounds_in(np, host_copy(index), low, high, ignore)
+    if index.size and has_values(index):
+        return apply_check(_first_out_of_bounds, index, low, high, ignore)
+    return None
 
 
 def check_bounds(
@@ -194,11 +184,10 @@ def check_bounds(
     results, where = [], []  # (where: not the index arrays: a check kept with a fused graph
     # must not keep the graph's values, and so the graph, alive)
     for position, (index, size, negative_ok) in enumerate(checks):
-        if index.size and has_values(index):
-            result = _out_of_bounds(index, -size if negative_ok else 0, size, ignore)
-            if result is not None:  # (None: in bounds, known on the host)
-                results.append(result)
-                where.append((position, size))
+        result = _out_of_bounds(index, -size if negative_ok else 0, size, ignore)
+        if result is not None:
+            results.append(result)
+            where.append((position, size))
     if not results:
         return
 

@@ -156,7 +156,7 @@ def _host_scalars(x: Any, index: int = 0) -> list:
 
 def _index_to_jax(x: Any, index: int = 0) -> Any:
     """Index tensors may live on the host, as on CUDA (``x[torch.tensor([0, 2])]``)."""
-    if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+    if isinstance(x, torch.Tensor) and x.is_cpu:
         return transfer.to_device(x, index)
     return _to_jax_arg(x, index)
 
@@ -412,13 +412,16 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     # it. The call then runs, is recorded or checked as any call. Not for ops whose calls differ
     # in more than that: a host computation, a random key or generator, donated buffers
     whole_operands = tensor.whole_operands
+    views_in_program = sum(1 << i for i in in_program if kinds[i] == _TENSOR)
     #: key -> (program, converted defaults, default dtype, (position, schema default, converter)
     #: of each argument converted at every call)
     fast_plans: dict[int, tuple[Callable, tuple, torch.dtype, tuple]] = {}
-    fast = traced and not draws_key and not generator_pos and not entry.donate
-    default_at, converter_at = dict(defaulted), dict(converters)
-    # (a list of tensors or numbers, a dtype: the key does not tell their dtypes or values)
+    # (a list of tensors or numbers, a dtype: the key does not tell their dtypes or values; an
+    # op with such a required argument, ``cat``, the ``_foreach_*`` ops, never has a plan)
     beyond_key = {_TENSOR_LIST, _INDICES, _SCALAR_LIST, _HOST_SCALARS, _DTYPE}
+    always_beyond_key = any(k in beyond_key and d is _NO_DEFAULT for k, d in zip(kinds, binder.defaults))
+    fast = traced and not draws_key and not generator_pos and not entry.donate and not always_beyond_key
+    default_at, converter_at = dict(defaulted), dict(converters)
 
     def conversions(args: tuple, operands: tuple) -> tuple | None:
         """What the fast path converts of a call with the key of ``args``: every argument
@@ -446,7 +449,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     def compute(args: tuple, kwargs: dict):
         learn = plan = None  # (the fast path's key a plan is to be kept under; the kept plan)
         if fast and not kwargs:
-            operands = whole_operands(args)
+            operands = whole_operands(args, views_in_program)
             if operands is not None and not (platform.attention_needed or platform.others_used):
                 plan = fast_plans.get(operands[0])
                 if plan is None or plan[2] is not torch.get_default_dtype():

@@ -42,7 +42,9 @@ from .creation import linear_steps
 from .registry import Promote, Runs, lower
 
 aten = torch.ops.aten
-_INDEX_DTYPES = (jnp.int64, jnp.int32)
+# (numpy dtypes: an array's dtype compares with them in C, with JAX's scalar types in Python)
+_INDEX_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
+_MASK_DTYPES = (np.dtype(np.bool_), np.dtype(np.uint8))
 
 
 # ----------------------------------------------------------------------------- validation
@@ -107,37 +109,40 @@ def _advanced_indices(x: jax.Array, indices) -> list[jax.Array | None]:
     """``Tensor?[] indices`` with boolean masks replaced by their nonzero coordinates (a host
     sync), validated and bounds-checked like PyTorch CPU."""
     expanded: list[jax.Array | None] = []
-    dim = 0
+    shape = x.shape
+    bounds = []  # (index, the size of the dimension it indexes, negative entries allowed)
     for index in indices:
         if index is None:
             expanded.append(None)
-            dim += 1
             continue
-        if index.dtype in (jnp.bool_, jnp.uint8):
-            if index.dtype == jnp.uint8:
+        dtype = index.dtype
+        if dtype in _INDEX_DTYPES:
+            if len(expanded) < len(shape):
+                bounds.append((index, shape[len(expanded)], True))
+            expanded.append(index)
+        elif dtype in _MASK_DTYPES:
+            if dtype == np.uint8:
                 warn(_UINT8_MASK_DEPRECATED)
             if index.ndim == 0:
                 _reject("0-dim mask index")
-            if x.shape[dim : dim + index.ndim] != index.shape:
-                for k, (mask_size, size) in enumerate(zip(index.shape, x.shape[dim:])):
+            dim = len(expanded)
+            if shape[dim : dim + index.ndim] != index.shape:
+                for k, (mask_size, size) in enumerate(zip(index.shape, shape[dim:])):
                     if mask_size != size:
                         raise IndexError(
                             f"The shape of the mask {list(index.shape)} at index {k} does not "
-                            f"match the shape of the indexed tensor {list(x.shape)} at index "
+                            f"match the shape of the indexed tensor {list(shape)} at index "
                             f"{dim + k}"
                         )
-                raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
-            expanded.extend(jnp.nonzero(checks.before_host_read(index)))  # a sync point in fused eager
-            dim += index.ndim
-        elif index.dtype in _INDEX_DTYPES:
-            expanded.append(index)
-            dim += 1
+                raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
+            coordinates = jnp.nonzero(checks.before_host_read(index))  # a sync point in fused eager
+            bounds.extend((c, size, True) for c, size in zip(coordinates, shape[dim:]))
+            expanded.extend(coordinates)
         else:
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
-    if dim > x.ndim:
-        raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
-    tensor_dims = [(index, x.shape[d]) for d, index in enumerate(expanded) if index is not None]
-    check_bounds([(index, size, True) for index, size in tensor_dims], _out_of_bounds)
+    if len(expanded) > len(shape):
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
+    check_bounds(bounds, _out_of_bounds)
     return expanded
 
 

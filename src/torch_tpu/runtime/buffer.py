@@ -274,8 +274,11 @@ def concrete(storage) -> jax.Array:
 #: program on the device and waiting for it. A value changed on the device is a new array,
 #: without one: a host copy is never stale.
 HOST_COPY_BYTES = 1 << 20
-#: id(array) -> (weak reference to it, its host copy)
-_host_copies: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+#: id(array) -> (weak reference to it, its host copy, [its (min, max) once asked])
+_host_copies: dict[int, tuple[weakref.ref, np.ndarray, list]] = {}
+#: Up to this many entries, a host copy's range is taken in Python (numpy's reductions cost
+#: more per call than the loop over so few)
+_FEW = 32
 
 
 def keep_host_copy(value: Any, array: np.ndarray, shared: bool = False) -> None:
@@ -291,7 +294,7 @@ def keep_host_copy(value: Any, array: np.ndarray, shared: bool = False) -> None:
         copy.flags.writeable = False
     key = id(value)
     # (the callback runs while ``value`` is freed, before its id can be reused)
-    _host_copies[key] = (weakref.ref(value, lambda _: _host_copies.pop(key, None)), copy)
+    _host_copies[key] = (weakref.ref(value, lambda _: _host_copies.pop(key, None)), copy, [])
 
 
 def host_copy(value: Any) -> np.ndarray | None:
@@ -302,6 +305,26 @@ def host_copy(value: Any) -> np.ndarray | None:
     if entry is None or entry[0]() is not value:
         return None
     return entry[1]
+
+
+def host_range(value: Any) -> tuple[int, int] | None:
+    """The smallest and largest entries of :func:`host_copy`'s copy of ``value``, taken once
+    per copy (an index tensor reused every step is not read again); None without one, or for
+    an empty one."""
+    entry = _host_copies.get(id(value))
+    if entry is None or entry[0]() is not value:
+        return None
+    known = entry[2]
+    if not known:
+        host = entry[1]
+        if not host.size:
+            return None
+        if host.size <= _FEW:
+            values = host.ravel().tolist()
+            known.append((min(values), max(values)))
+        else:
+            known.append((host.min().item(), host.max().item()))
+    return known[0]
 
 
 # ----------------------------------------------------------------------------- storage values

@@ -51,12 +51,14 @@ def _python_empty(shape, strides, dtype: torch.dtype, nbytes: int, index: int) -
 _empty = native._C.empty if native.available() else _python_empty
 
 
-def _no_shortcut(x: object) -> None:
+def _no_shortcut(*args: object) -> None:
     return None
 
 
 if native.available():
-    native._C.configure_values(buffer.STORAGE_ATTR, buffer.ARRAY_TYPE, Deferred, TORCH_TO_JAX, JAX_TO_TORCH)
+    native._C.configure_values(
+        buffer.STORAGE_ATTR, buffer.ARRAY_TYPE, Deferred, buffer.StridedView, TORCH_TO_JAX, JAX_TO_TORCH
+    )
 #: The value of a tensor that is its whole storage in order (contiguous, at offset 0, of the
 #: value's shape and dtype; a concrete array or a pending deferred one), else None: the common
 #: read of every op in one C++ call (:func:`_view` handles the rest, to the same answer).
@@ -64,10 +66,12 @@ whole_value = native._C.whole_value if native.available() else _no_shortcut
 #: :func:`wrap` of a committed array or pending deferred value on tpu:0 in one C++ call, else
 #: None.
 _wrap_value = native._C.wrap_value if native.available() else _no_shortcut
-#: ``(key, values)`` for an op's positional arguments: a key of each one's dtype, 0-dim-ness and
-#: whether it is its whole storage (or its type, for anything but a tensor), and the arguments
-#: with each whole tensor replaced by :func:`whole_value`; None for more than 8 (the per-op fast
-#: path, ``ops/dispatch.py``)
+#: ``whole_operands(args, views_read_in_program)``: ``(key, values)`` for an op's positional
+#: arguments: a key of each one's dtype, 0-dim-ness and whether it is its whole storage, or its
+#: whole storage with axes permuted (or its type, for anything but a tensor), and the arguments
+#: with each whole tensor replaced by :func:`whole_value` and, at the positions whose bit is set
+#: in ``views_read_in_program``, each permuted one by the StridedView :func:`read_in_program`
+#: makes of it; None for more than 8 (the per-op fast path, ``ops/dispatch.py``)
 whole_operands = native._C.whole_operands if native.available() else _no_shortcut
 
 

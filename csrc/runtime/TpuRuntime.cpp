@@ -652,7 +652,7 @@ enum TensorState : uint64_t { kView, kWhole, kZeroDimView, kZeroDimWhole, kPermu
 constexpr uint64_t kOtherKeys = 0xF0;
 static_assert(
     static_cast<uint64_t>(c10::ScalarType::NumOptions) * kTensorStates < kOtherKeys, "a tensor's key takes one byte");
-py::object whole_operands(py::tuple args, uint64_t views_read_in_program) {
+py::object whole_operands(py::handle args, uint64_t views_read_in_program) {
   const Py_ssize_t count = PyTuple_GET_SIZE(args.ptr());
   if (count == 0 || count > 8) {
     return py::none();
@@ -728,6 +728,48 @@ py::object wrap_value(py::handle value) {
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(tensor)));
 }
 
+// The functions every op calls, several times for some, as plain CPython functions: pybind11's
+// call machinery would cost about as much as their work.
+template <py::object (*fn)(py::handle)>
+PyObject* call_with_one(PyObject* /*module*/, PyObject* arg) {
+  try {
+    return fn(arg).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+PyObject* call_whole_operands(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
+  if (count != 2 || !PyTuple_Check(args[0]) || !PyLong_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "whole_operands(args: tuple, views_read_in_program: int)");
+    return nullptr;
+  }
+  const uint64_t positions = PyLong_AsUnsignedLongLong(args[1]);
+  if (PyErr_Occurred()) {
+    return nullptr;
+  }
+  try {
+    return whole_operands(args[0], positions).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+PyMethodDef g_per_op_functions[] = {
+    {"whole_value", call_with_one<whole_value>, METH_O, "whole_value(tensor): its whole storage's value, or None"},
+    {"wrap_value", call_with_one<wrap_value>, METH_O, "wrap_value(value): a new tpu tensor holding it, or None"},
+    {"whole_operands",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_whole_operands)),
+     METH_FASTCALL,
+     "whole_operands(args, views_read_in_program): (key, values), or None"},
+    {nullptr, nullptr, 0, nullptr}};
+
 // Take `count` consecutive counter values from a tpu generator: (seed, first offset).
 std::pair<uint64_t, uint64_t> draw(at::Generator generator, uint64_t count) {
   auto* impl = at::check_generator<TpuGenerator>(generator);
@@ -794,9 +836,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("empty", &empty);
   m.def("draw", &draw);
   m.def("configure_values", &configure_values);
-  m.def("whole_value", &whole_value);
-  m.def("wrap_value", &wrap_value);
-  m.def("whole_operands", &whole_operands);
+  if (PyModule_AddFunctions(m.ptr(), g_per_op_functions) != 0) {
+    throw py::error_already_set();
+  }
   m.def("default_generator", [](c10::DeviceIndex index) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(index)));
   });

@@ -761,9 +761,33 @@ PyObject* call_whole_operands(PyObject* /*module*/, PyObject* const* args, Py_ss
   return nullptr;
 }
 
+// wrap_value(value[, inputs]): with inputs (an elementwise op's arguments), only where every
+// tensor among them is contiguous, the output's layout then (tensor.wrap_elementwise).
+PyObject* call_wrap_value(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
+  if (count == 2) {
+    if (!PyTuple_Check(args[1])) {
+      PyErr_SetString(PyExc_TypeError, "wrap_value(value, inputs: tuple)");
+      return nullptr;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[1]); ++i) {
+      PyObject* item = PyTuple_GET_ITEM(args[1], i);
+      if (THPVariable_Check(item) && !THPVariable_Unpack(item).is_contiguous()) {
+        Py_RETURN_NONE;
+      }
+    }
+  } else if (count != 1) {
+    PyErr_SetString(PyExc_TypeError, "wrap_value(value[, inputs])");
+    return nullptr;
+  }
+  return call_with_one<wrap_value>(nullptr, args[0]);
+}
+
 PyMethodDef g_per_op_functions[] = {
     {"whole_value", call_with_one<whole_value>, METH_O, "whole_value(tensor): its whole storage's value, or None"},
-    {"wrap_value", call_with_one<wrap_value>, METH_O, "wrap_value(value): a new tpu tensor holding it, or None"},
+    {"wrap_value",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_wrap_value)),
+     METH_FASTCALL,
+     "wrap_value(value[, inputs]): a new contiguous tpu tensor holding it, or None"},
     {"whole_operands",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_whole_operands)),
      METH_FASTCALL,

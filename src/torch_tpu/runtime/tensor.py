@@ -64,7 +64,8 @@ if native.available():
 #: read of every op in one C++ call (:func:`_view` handles the rest, to the same answer).
 whole_value = native._C.whole_value if native.available() else _no_shortcut
 #: :func:`wrap` of a committed array or pending deferred value on tpu:0 in one C++ call, else
-#: None.
+#: None; ``_wrap_value(value, inputs)``: also None unless every tensor in the tuple ``inputs``
+#: is contiguous (:func:`wrap_elementwise`'s common case).
 _wrap_value = native._C.wrap_value if native.available() else _no_shortcut
 #: ``whole_operands(args, views_read_in_program)``: ``(key, values)`` for an op's positional
 #: arguments: a key of each one's dtype, 0-dim-ness and whether it is its whole storage, or its
@@ -134,6 +135,10 @@ def wrap_elementwise(value: jax.Array, inputs) -> torch.Tensor:
     """``wrap(value)`` laid out as PyTorch lays out an elementwise op's output: like its tensor
     ``inputs`` (``x.t() + 1`` is transposed, a channels-last input gives a channels-last output);
     contiguous when they all are. Other values in ``inputs`` are ignored."""
+    if not platform.others_used:
+        t = _wrap_value(value, inputs)  # (the common case in one call: contiguous inputs)
+        if t is not None:
+            return t
     for x in inputs:
         if isinstance(x, torch.Tensor) and not x.is_contiguous():
             break

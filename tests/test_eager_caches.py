@@ -393,7 +393,9 @@ _F16, _F64 = torch.float16, torch.float64
                 torch.ones(2, 4).to(d), torch.arange(12.0).reshape(3, 4).to(d), torch.ones(3).to(d)
             ),
             # (an op whose check reads its operands' values takes views as Python reads them)
-            lambda d: torch.gather(torch.arange(12.0).reshape(3, 4).to(d).t(), 0, torch.tensor([[0, 2, 1]]).to(d)),
+            lambda d: torch.gather(
+                torch.arange(12.0).reshape(3, 4).to(d).t(), 0, torch.tensor([[0, 2, 1]]).to(d)
+            ),
         ],
         # static arguments: one key, other values (a dim, a shape list, an approximation)
         [

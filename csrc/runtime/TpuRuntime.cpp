@@ -729,17 +729,23 @@ py::object wrap_value(py::handle value) {
 }
 
 // The functions every op calls, several times for some, as plain CPython functions: pybind11's
-// call machinery would cost about as much as their work.
-template <py::object (*fn)(py::handle)>
-PyObject* call_with_one(PyObject* /*module*/, PyObject* arg) {
+// call machinery would cost about as much as their work. `returning` runs one, turning a C++
+// exception into a Python one.
+template <class Fn>
+PyObject* returning(Fn&& fn) {
   try {
-    return fn(arg).release().ptr();
+    return fn().release().ptr();
   } catch (py::error_already_set& e) {
     e.restore();
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   }
   return nullptr;
+}
+
+template <py::object (*fn)(py::handle)>
+PyObject* call_with_one(PyObject* /*module*/, PyObject* arg) {
+  return returning([&] { return fn(arg); });
 }
 
 PyObject* call_whole_operands(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
@@ -751,14 +757,7 @@ PyObject* call_whole_operands(PyObject* /*module*/, PyObject* const* args, Py_ss
   if (PyErr_Occurred()) {
     return nullptr;
   }
-  try {
-    return whole_operands(args[0], positions).release().ptr();
-  } catch (py::error_already_set& e) {
-    e.restore();
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-  }
-  return nullptr;
+  return returning([&] { return whole_operands(args[0], positions); });
 }
 
 // wrap_value(value[, inputs]): with inputs (an elementwise op's arguments), only where every

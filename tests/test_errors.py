@@ -99,6 +99,32 @@ def test_shape_errors_like_cpu(fn, args):
     assert_raises_like_cpu(fn, *args)
 
 
+# Elementwise operands that do not broadcast: CPU's TensorIterator error, word for word (the
+# meta kernels' Python references word it otherwise)
+BROADCAST_ERRORS = {
+    "add": (lambda a, b: a + b, (3,), (4,)),
+    "mul_batched": (torch.mul, (2, 3), (4, 1, 2)),
+    "where": (lambda a, b: torch.where(a > 0, a, b), (3,), (5,)),
+    "addcmul": (lambda a, b: torch.addcmul(a, a, b), (3,), (4,)),
+    "lerp": (lambda a, b: torch.lerp(a, b, 0.5), (3,), (4,)),
+    "eq": (torch.eq, (3,), (4,)),
+    "sub_out": (lambda a, b: torch.sub(a, b, out=torch.empty_like(a)), (3,), (4,)),
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize(
+    "fn,shapes", [(c[0], c[1:]) for c in BROADCAST_ERRORS.values()], ids=BROADCAST_ERRORS.keys()
+)
+def test_broadcast_errors_read_as_on_cpu(fn, shapes, mode):
+    tensors = [torch.ones(shape) for shape in shapes]
+    with pytest.raises(RuntimeError) as cpu_error:
+        fn(*tensors)
+    with torch_tpu.eager_mode(mode):
+        tpu_error = assert_raises_like_cpu(fn, *tensors)
+    assert str(tpu_error) == str(cpu_error.value)
+
+
 # Products whose inner (or batch) sizes differ by a size-1 dimension, which einsum would broadcast
 # (a 5x1 by 2x3 mm once returned a 5x3 tensor of 2s): CPU's exception and message.
 PRODUCT_SIZE_ERRORS = {

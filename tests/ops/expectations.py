@@ -152,5 +152,4 @@ ERROR_XFAILS: dict[str, dict[int, str]] = {
     "nn.functional.conv1d": dict.fromkeys((2, 4, 5, 6, 7), _CONV),
     "nn.functional.conv2d": dict.fromkeys((2, 4, 6, 7), _CONV),
     "nn.functional.conv3d": dict.fromkeys((2, 4, 6, 7), _CONV),
-    "nn.functional.gaussian_nll_loss": {2: "the broadcast error is the meta replay's wording, not CPU's"},
 }

@@ -519,7 +519,7 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
         except (TypeError, ValueError) as e:
             if "incompatible devices" in str(e):  # JAX refuses arrays of two devices
                 raise _mixed_devices(args, kwargs) or e from None
-            raise _translate(op, e, args, kwargs) from e
+            raise _translate(op, e, args, kwargs, elementwise=promote_pos is not None) from e
         except (KeyError, ArithmeticError, StopIteration) as e:
             # errors PyTorch never raises, from a lowering meeting arguments it does not expect
             # (a zero count, a dtype it has no entry for): PyTorch's error for them if its meta
@@ -642,9 +642,36 @@ def _meta_error(op, args: tuple, kwargs: dict) -> Exception | None:
     return None
 
 
-def _translate(op, error: Exception, args: tuple, kwargs: dict) -> Exception:
-    """PyTorch's exception for these arguments (``_meta_error``), else one naming the op."""
-    return _meta_error(op, args, kwargs) or RuntimeError(f"{op} on tpu: {error}")
+#: How the meta kernels of elementwise ops (Python references) word operands that do not
+#: broadcast; CPU's TensorIterator says it as ``at::infer_size`` does (other ops' meta kernels
+#: word it as CPU's do, or broadcast only some dims: theirs is kept)
+_PRIMS_BROADCAST_ERROR = "Attempting to broadcast a dimension of length"
+
+
+def _broadcast_error(op, args: tuple, kwargs: dict) -> RuntimeError | None:
+    """CPU's error for an elementwise op whose tensors do not broadcast: TensorIterator folds
+    their shapes in argument order (``out=`` tensors, resized to the result, left out) with
+    ``at::infer_size``, whose error names the shape so far ("tensor a") and the next one
+    ("tensor b"); None if they broadcast (the meta kernel refused something else)."""
+    outs = {a.name for a in op._schema.arguments if _is_out(a)}
+    values = [*args, *(v for k, v in kwargs.items() if k not in outs)]
+    shape = None
+    try:
+        for t in values:
+            if isinstance(t, torch.Tensor):
+                shape = t.shape if not shape else torch._C._infer_size(shape, t.shape)
+    except RuntimeError as error:
+        return error
+    return None
+
+
+def _translate(op, error: Exception, args: tuple, kwargs: dict, elementwise: bool = False) -> Exception:
+    """PyTorch's exception for these arguments (``_meta_error``; for an ``elementwise`` op's
+    operands that do not broadcast, TensorIterator's), else one naming the op."""
+    translated = _meta_error(op, args, kwargs)
+    if elementwise and str(translated).startswith(_PRIMS_BROADCAST_ERROR):
+        translated = _broadcast_error(op, args, kwargs) or translated
+    return translated or RuntimeError(f"{op} on tpu: {error}")
 
 
 def _block(outputs) -> None:

@@ -172,7 +172,6 @@ Value = jax.Array | Uninitialized | Deferred
 
 
 # ----------------------------------------------------------------------------- views into programs
-@jax.tree_util.register_pytree_node_class
 class StridedView:
     """A tensor argument handed to an op's program as its storage's array and the view's
     geometry, for the program to read the view itself: a view then costs no program (strict
@@ -185,13 +184,6 @@ class StridedView:
     def __init__(self, buf: Any, start: Any, shape: tuple, strides: tuple):
         self.buf, self.start, self.shape, self.strides = buf, start, shape, strides
 
-    def tree_flatten(self) -> tuple:
-        return (self.buf, self.start), (self.shape, self.strides)
-
-    @classmethod
-    def tree_unflatten(cls, geometry: tuple, leaves: tuple) -> StridedView:
-        return cls(*leaves, *geometry)
-
     def resolved(self) -> StridedView:
         """The view over its storage's array (a deferred one computed)."""
         buf = self.buf
@@ -200,6 +192,10 @@ class StridedView:
     @property
     def geometry(self) -> tuple:
         return self.shape, self.strides
+
+
+# (as a dataclass node, JAX flattens it in C++: no Python call per program call)
+jax.tree_util.register_dataclass(StridedView, data_fields=["buf", "start"], meta_fields=["shape", "strides"])
 
 
 # ----------------------------------------------------------------------------- deferred values

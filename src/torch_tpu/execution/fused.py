@@ -475,7 +475,11 @@ class Graph:
         if kind is _ARRAY or (
             kind not in _PLAIN and kind is not tuple and kind is not list and isinstance(x, jax.Array)
         ):
-            aval = (x.shape, x.dtype, x.weak_type if kind is _ARRAY else getattr(x, "weak_type", False))
+            if kind is _ARRAY:  # (its ``shape``, ``dtype``, ``weak_type`` are Python properties
+                described = x.aval  # reading ``aval``)
+                aval = (described.shape, described.dtype, described.weak_type)
+            else:
+                aval = (x.shape, x.dtype, getattr(x, "weak_type", False))
             index = self.leaf_ids.get(id(x))
             # Scalars get a leaf per use: most are cached numbers (``transfer.device_scalar``,
             # one array per value), and sharing leaves would make the graph's structure depend

@@ -406,11 +406,12 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     guard_by_types = getattr(dtype_guard, "types_only", False)
     # The fast path: a call with positional arguments only reuses the program and the converted
     # defaults of the first call with the same key (per argument: a tensor's dtype, whether it
-    # is 0-dim and whether it is its whole storage; anything else's type; and the default
-    # dtype), skipping binding and promotion; of its arguments only those that are not whole
-    # tensors (views, numbers, static lists) are converted, each as the general path converts
-    # it. The call then runs, is recorded or checked as any call. Not for ops whose calls differ
-    # in more than that: a host computation, a random key or generator, donated buffers
+    # is 0-dim and whether it is its whole storage, that storage with axes permuted, or another
+    # view; anything else's type; and the default dtype), skipping binding and promotion; of its
+    # arguments only those the core did not read (views, numbers, static lists) are converted,
+    # each as the general path converts it. The call then runs, is recorded or checked as any
+    # call. Not for ops whose calls differ in more than that: a host computation, a random key
+    # or generator, donated buffers
     whole_operands = tensor.whole_operands
     views_in_program = sum(1 << i for i in in_program if kinds[i] == _TENSOR)
     #: key -> (program, converted defaults, default dtype, (position, schema default, converter)

@@ -293,22 +293,25 @@ def keep_host_copy(value: Any, array: np.ndarray, shared: bool = False) -> None:
     _host_copies[key] = (weakref.ref(value, lambda _: _host_copies.pop(key, None)), copy, [])
 
 
+def _host_entry(value: Any) -> tuple | None:
+    entry = _host_copies.get(id(value))
+    return None if entry is None or entry[0]() is not value else entry
+
+
 def host_copy(value: Any) -> np.ndarray | None:
     """The host copy kept of ``value`` (read-only), or None: ``value`` was computed on the
     device, or is not a small integer or boolean array copied from the host
     (``transfer.to_device``), a view read from one, or an integer ``arange``."""
-    entry = _host_copies.get(id(value))
-    if entry is None or entry[0]() is not value:
-        return None
-    return entry[1]
+    entry = _host_entry(value)
+    return None if entry is None else entry[1]
 
 
 def host_range(value: Any) -> tuple[int, int] | None:
     """The smallest and largest entries of :func:`host_copy`'s copy of ``value``, taken once
     per copy (an index tensor reused every step is not read again); None without one, or for
     an empty one."""
-    entry = _host_copies.get(id(value))
-    if entry is None or entry[0]() is not value:
+    entry = _host_entry(value)
+    if entry is None:
         return None
     known = entry[2]
     if not known:

@@ -520,3 +520,114 @@ def test_an_error_in_a_call_of_a_kept_program_is_the_general_paths(mode):
             torch.ones(3, device="tpu") + torch.ones(4, device="tpu")
         assert str(fast.value) == str(general.value) and "4" in str(fast.value)
         assert (torch.ones(3, device="tpu") + 1).sum().item() == 6.0  # the process goes on
+
+
+# ----------------------------------------------------------------------------- plans the core serves
+# A planned call (every argument a tensor the core reads whole, positional) runs from the C++
+# core's PlannedKernel with no Python frame; every state the Python kernel handles differently
+# sends the call back to it, and what it then does is what it does without a plan.
+def _python_frames(call) -> int:
+    """How many torch_tpu Python functions ``call`` ran."""
+    import sys
+
+    frames = []
+
+    def profile(frame, event, _arg):
+        if event == "call" and "torch_tpu" in frame.f_code.co_filename:
+            frames.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return len(frames)
+
+
+@pytest.fixture
+def planned():
+    """Two tpu operands whose ``torch.add`` has a plan (run twice: learned, then served)."""
+    from torch_tpu.runtime import native
+
+    if not native.available():
+        pytest.skip("the C++ runtime core is not built")
+    a, b = torch.arange(4.0, device="tpu"), torch.full((4,), 0.5, device="tpu")
+    for _ in range(2):
+        torch.add(a, b)
+    return a, b
+
+
+def test_a_planned_call_runs_no_python(planned):
+    a, b = planned
+    assert _python_frames(lambda: torch.add(a, b)) == 0
+    assert _python_frames(lambda: torch.add(a[1:], b[1:])) > 0  # (views: Python reads them)
+    assert _python_frames(lambda: torch.add(a, b, alpha=2)) > 0  # (a number to convert)
+    torch.testing.assert_close(torch.add(a, b).cpu(), torch.arange(4.0) + 0.5, rtol=0, atol=0)
+
+
+def test_a_planned_call_leaves_every_other_state_to_the_python_kernel(planned, monkeypatch):
+    from torch_tpu import config
+    from torch_tpu.ops import dispatch
+    from torch_tpu.runtime import platform
+    from torch_tpu.runtime.context import context
+
+    a, b = planned
+    expected = torch.arange(4.0) + 0.5
+
+    def served_by_python():
+        frames = _python_frames(lambda: torch.add(a, b))
+        torch.testing.assert_close(torch.add(a, b).cpu(), expected, rtol=0, atol=0)
+        return frames > 0
+
+    with monkeypatch.context() as m:
+        m.setattr(context, "launch_blocking", True)
+        assert served_by_python()
+    with monkeypatch.context() as m:
+        m.setattr(config, "check_meta", True)
+        assert served_by_python()
+    with monkeypatch.context() as m:
+        m.setattr(platform, "attention_needed", True)
+        assert served_by_python()
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        assert served_by_python()
+    finally:
+        torch.set_float32_matmul_precision(before)
+    before = dispatch.recorded_ops
+    try:
+        seen = dispatch.record_ops()
+        assert _python_frames(lambda: torch.add(a, b)) == 0  # (served, and recorded as reached)
+        assert seen == {torch.ops.aten.add.Tensor}
+    finally:
+        dispatch.recorded_ops = before
+    with torch_tpu.eager_mode("fused"):
+        y = torch.add(a, b)
+        assert torch_tpu.execution.pending_ops() == 1  # recorded, not run
+    torch.testing.assert_close(y.cpu(), expected, rtol=0, atol=0)
+    assert not served_by_python()  # (and served again once every state is back)
+
+
+def test_a_plan_serves_one_thread_while_another_records(planned):
+    import threading
+
+    a, b = planned
+    pending, errors = [], []
+
+    def fused_thread():
+        try:
+            with torch_tpu.eager_mode("fused"):
+                y = torch.add(a, b)
+                pending.append(torch_tpu.execution.pending_ops())
+                pending.append(y.cpu())
+        except Exception as error:  # noqa: BLE001  (raised again in the test's thread)
+            errors.append(error)
+
+    thread = threading.Thread(target=fused_thread)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    assert pending[0] == 1
+    assert _python_frames(lambda: torch.add(a, b)) == 0
+    torch.testing.assert_close(pending[1], torch.arange(4.0) + 0.5, rtol=0, atol=0)

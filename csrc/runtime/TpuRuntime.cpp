@@ -36,12 +36,15 @@
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
+
+#include <structmember.h>
 
 #include <algorithm>
 #include <array>
@@ -781,6 +784,199 @@ PyObject* call_wrap_value(PyObject* /*module*/, PyObject* const* args, Py_ssize_
   return call_with_one<wrap_value>(nullptr, args[0]);
 }
 
+// ----------------------------------------------------------------------------- planned kernels
+// A kernel the dispatcher calls (an op's tpu kernel, ops/dispatch.py) that serves a call from a
+// plan the op's Python kernel kept when every argument was a tensor the core reads whole
+// (whole_operands: the key, the values) and nothing else was converted: the plan's program runs
+// on those values and its output becomes the new tensor here, with no Python frame between the
+// dispatcher and the program (the op joins dispatch.recorded_ops as there). Everything else goes
+// to the Python kernel: keyword arguments, an unplanned key, a thread recording a fused graph,
+// launch blocking, a float32 matmul precision other than "highest", more than one device, a
+// pending job, meta checks, and a program that raises (the Python kernel runs the call again and
+// raises PyTorch's error).
+struct PlanState {
+  PyObject* platform = nullptr;  // torch_tpu.runtime.platform's namespace
+  PyObject* dispatch = nullptr;  // torch_tpu.ops.dispatch's
+  PyObject* config = nullptr;  // torch_tpu.config's
+  PyObject* context = nullptr;  // runtime.context.context, the thread's execution state
+  PyObject* wrap = nullptr;  // tensor.wrap
+  PyObject* wrap_elementwise = nullptr;  // tensor.wrap_elementwise
+  // names read
+  PyObject* attention_needed = nullptr;
+  PyObject* others_used = nullptr;
+  PyObject* recorded_ops = nullptr;
+  PyObject* check_meta = nullptr;
+  PyObject* recorder = nullptr;
+  PyObject* launch_blocking = nullptr;
+  PyObject* op = nullptr;
+};
+PlanState g_plans;
+
+struct PlannedKernel {
+  PyObject_HEAD PyObject* kernel;  // the op's Python kernel
+  PyObject* plans;  // {key: (program, the trailing arguments' converted defaults, default dtype)}
+  PyObject* op;  // the OpOverload (dispatch.recorded_ops)
+  PyObject* name;  // the op's name (context.op, named by errors of checks reported later)
+  uint64_t views_read_in_program;  // as whole_operands takes it
+  bool elementwise;  // laid out like its inputs (tensor.wrap_elementwise), else contiguous
+};
+
+void configure_plans(
+    py::dict platform, py::dict dispatch, py::dict config, py::handle context, py::handle wrap, py::handle wrap_elementwise) {
+  g_plans.platform = platform.inc_ref().ptr();
+  g_plans.dispatch = dispatch.inc_ref().ptr();
+  g_plans.config = config.inc_ref().ptr();
+  g_plans.context = context.inc_ref().ptr();
+  g_plans.wrap = wrap.inc_ref().ptr();
+  g_plans.wrap_elementwise = wrap_elementwise.inc_ref().ptr();
+  g_plans.attention_needed = PyUnicode_InternFromString("attention_needed");
+  g_plans.others_used = PyUnicode_InternFromString("others_used");
+  g_plans.recorded_ops = PyUnicode_InternFromString("recorded_ops");
+  g_plans.check_meta = PyUnicode_InternFromString("check_meta");
+  g_plans.recorder = PyUnicode_InternFromString("recorder");
+  g_plans.launch_blocking = PyUnicode_InternFromString("launch_blocking");
+  g_plans.op = PyUnicode_InternFromString("op");
+}
+
+// Whether a module global is the object `expected` (a missing one is not).
+bool global_is(PyObject* globals, PyObject* name, PyObject* expected) {
+  return PyDict_GetItemWithError(globals, name) == expected;
+}
+
+// Whether a call of `op` may run from a plan: the per-process and per-thread state the Python
+// kernel's fast path tests (ops/dispatch.py, compute and kernel), as it is now.
+bool plans_apply(PyObject* op) {
+  if (!global_is(g_plans.platform, g_plans.attention_needed, Py_False) ||
+      !global_is(g_plans.platform, g_plans.others_used, Py_False) ||
+      !global_is(g_plans.config, g_plans.check_meta, Py_False) ||
+      at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST) {
+    return false;
+  }
+  auto recorder = py::reinterpret_steal<py::object>(PyObject_GetAttr(g_plans.context, g_plans.recorder));
+  if (recorder.ptr() != Py_None) {
+    return false;
+  }
+  auto blocking = py::reinterpret_steal<py::object>(PyObject_GetAttr(g_plans.context, g_plans.launch_blocking));
+  if (blocking.ptr() != Py_False) {
+    return false;
+  }
+  PyObject* recorded = PyDict_GetItemWithError(g_plans.dispatch, g_plans.recorded_ops);
+  return recorded == Py_None || (recorded != nullptr && PySet_CheckExact(recorded) && PySet_Add(recorded, op) == 0);
+}
+
+// The call served from its plan: a new tensor; nullptr and no error where no plan applies.
+PyObject* run_plan(PlannedKernel* self, PyObject* args) {
+  if (g_plans.context == nullptr || !plans_apply(self->op)) {
+    PyErr_Clear();  // (a state not readable as expected: the Python kernel's own reading)
+    return nullptr;
+  }
+  py::object operands = whole_operands(args, self->views_read_in_program);
+  if (operands.is_none()) {
+    return nullptr;
+  }
+  // (held: another thread may replace the entry while the program runs without the GIL)
+  auto plan = py::reinterpret_borrow<py::object>(
+      PyDict_GetItemWithError(self->plans, PyTuple_GET_ITEM(operands.ptr(), 0)));
+  auto* default_dtype = reinterpret_cast<PyObject*>(
+      torch::getTHPDtype(c10::typeMetaToScalarType(c10::get_default_dtype())));
+  if (!plan || PyTuple_GET_ITEM(plan.ptr(), 2) != default_dtype) {
+    return nullptr;
+  }
+  PyObject* values = PyTuple_GET_ITEM(operands.ptr(), 1);
+  PyObject* defaults = PyTuple_GET_ITEM(plan.ptr(), 1);
+  const Py_ssize_t given = PyTuple_GET_SIZE(values);
+  const Py_ssize_t count = given + PyTuple_GET_SIZE(defaults);
+  c10::SmallVector<PyObject*, 16> stack(count + 1);  // (slot 0 free: PY_VECTORCALL_ARGUMENTS_OFFSET)
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    stack[i + 1] = i < given ? PyTuple_GET_ITEM(values, i) : PyTuple_GET_ITEM(defaults, i - given);
+  }
+  if (PyObject_SetAttr(g_plans.context, g_plans.op, self->name) != 0) {
+    return nullptr;
+  }
+  auto out = py::reinterpret_steal<py::object>(PyObject_Vectorcall(
+      PyTuple_GET_ITEM(plan.ptr(), 0), stack.data() + 1, count | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
+  if (!out) {
+    if (PyErr_ExceptionMatches(PyExc_Exception)) {
+      PyErr_Clear();  // the Python kernel runs the call again and raises PyTorch's error
+    }
+    return nullptr;
+  }
+  bool contiguous = true;
+  for (Py_ssize_t i = 0; self->elementwise && i < PyTuple_GET_SIZE(args); ++i) {
+    PyObject* item = PyTuple_GET_ITEM(args, i);
+    contiguous = contiguous && !(THPVariable_Check(item) && !THPVariable_Unpack(item).is_contiguous());
+  }
+  py::object tensor = contiguous ? wrap_value(out) : py::none();
+  if (!tensor.is_none()) {
+    return tensor.release().ptr();
+  }
+  return self->elementwise ? PyObject_CallFunctionObjArgs(g_plans.wrap_elementwise, out.ptr(), args, nullptr)
+                           : PyObject_CallOneArg(g_plans.wrap, out.ptr());
+}
+
+PyObject* planned_kernel_call(PyObject* object, PyObject* args, PyObject* kwargs) {
+  auto* self = reinterpret_cast<PlannedKernel*>(object);
+  if (kwargs == nullptr || PyDict_GET_SIZE(kwargs) == 0) {
+    PyObject* result = returning([&] { return py::reinterpret_steal<py::object>(run_plan(self, args)); });
+    if (result != nullptr || PyErr_Occurred()) {
+      return result;
+    }
+  }
+  return PyObject_Call(self->kernel, args, kwargs);
+}
+
+PyObject* planned_kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  PyObject *kernel, *plans, *op, *name, *views, *elementwise;
+  static const char* names[] = {"kernel", "plans", "op", "name", "views_read_in_program", "elementwise", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(
+          args, kwargs, "OO!OUO!O!:PlannedKernel", const_cast<char**>(names), &kernel, &PyDict_Type, &plans, &op,
+          &name, &PyLong_Type, &views, &PyBool_Type, &elementwise)) {
+    return nullptr;
+  }
+  const uint64_t positions = PyLong_AsUnsignedLongLong(views);
+  if (PyErr_Occurred()) {
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<PlannedKernel*>(type->tp_alloc(type, 0));
+  if (self == nullptr) {
+    return nullptr;
+  }
+  self->kernel = Py_NewRef(kernel);
+  self->plans = Py_NewRef(plans);
+  self->op = Py_NewRef(op);
+  self->name = Py_NewRef(name);
+  self->views_read_in_program = positions;
+  self->elementwise = elementwise == Py_True;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void planned_kernel_dealloc(PyObject* object) {
+  auto* self = reinterpret_cast<PlannedKernel*>(object);
+  Py_XDECREF(self->kernel);
+  Py_XDECREF(self->plans);
+  Py_XDECREF(self->op);
+  Py_XDECREF(self->name);
+  Py_TYPE(object)->tp_free(object);
+}
+
+PyMemberDef g_planned_kernel_members[] = {
+    {"kernel", T_OBJECT_EX, offsetof(PlannedKernel, kernel), READONLY, "the op's Python kernel"},
+    {"plans", T_OBJECT_EX, offsetof(PlannedKernel, plans), READONLY, "{key: (program, defaults, default dtype)}"},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyType_Slot g_planned_kernel_slots[] = {
+    {Py_tp_new, reinterpret_cast<void*>(planned_kernel_new)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(planned_kernel_dealloc)},
+    {Py_tp_call, reinterpret_cast<void*>(planned_kernel_call)},
+    {Py_tp_members, g_planned_kernel_members},
+    {Py_tp_doc,
+     const_cast<char*>("PlannedKernel(kernel, plans, op, name, views_read_in_program, elementwise): an op's tpu "
+                       "kernel serving planned calls in C++, the others by `kernel`")},
+    {0, nullptr}};
+
+PyType_Spec g_planned_kernel_spec = {
+    "torch_tpu._C.PlannedKernel", sizeof(PlannedKernel), 0, Py_TPFLAGS_DEFAULT, g_planned_kernel_slots};
+
 PyMethodDef g_per_op_functions[] = {
     {"whole_value", call_with_one<whole_value>, METH_O, "whole_value(tensor): its whole storage's value, or None"},
     {"wrap_value",
@@ -860,6 +1056,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("draw", &draw);
   m.def("configure_values", &configure_values);
   if (PyModule_AddFunctions(m.ptr(), g_per_op_functions) != 0) {
+    throw py::error_already_set();
+  }
+  m.def("configure_plans", &configure_plans);
+  PyObject* planned_kernel = PyType_FromSpec(&g_planned_kernel_spec);
+  if (planned_kernel == nullptr || PyModule_AddObject(m.ptr(), "PlannedKernel", planned_kernel) != 0) {
     throw py::error_already_set();
   }
   m.def("default_generator", [](c10::DeviceIndex index) {

@@ -12,14 +12,14 @@ from __future__ import annotations
 import collections
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import torch
 
 from .. import config
 from ..execution.tracing import NEEDS_VALUES
-from ..runtime import buffer, checks, memory, overlap, platform, precision, random, tensor, transfer
+from ..runtime import buffer, checks, memory, native, overlap, platform, precision, random, tensor, transfer
 from ..runtime.buffer import Deferred
 from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
@@ -297,8 +297,20 @@ def _returns_shape(schema: torch._C.FunctionSchema) -> str:
     return "tuple"
 
 
-def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
-    """A function (args, kwargs) -> (JAX outputs, result torch dtypes) for a pure lowering."""
+class _Compute(NamedTuple):
+    """A pure lowering's call (args, kwargs) -> its JAX outputs, and what serves it."""
+
+    compute: Callable
+    binder: _Binder
+    #: key -> (program, converted defaults, default dtype) of the calls the C++ core may serve
+    #: (:func:`_planned`); None for an op it never serves
+    native_plans: dict[int, tuple] | None
+    #: the op's tensor positions read as views in its program (``whole_operands``'s bit mask)
+    views_in_program: int
+
+
+def _compute_fn(entry: Lowering) -> _Compute:
+    """The call of a pure lowering (:class:`_Compute`)."""
     op = entry.op
     binder = _Binder(op._schema)
     # float/int arguments the lowering asks to receive as device scalars (a learning rate that
@@ -423,6 +435,12 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
     always_beyond_key = any(k in beyond_key and d is _NO_DEFAULT for k, d in zip(kinds, binder.defaults))
     fast = traced and not draws_key and not generator_pos and not entry.donate and not always_beyond_key
     default_at, converter_at = dict(defaulted), dict(converters)
+    # the plans of calls whose every argument the core read (nothing converted at each call),
+    # which the C++ core serves before this kernel is reached (_planned); not for an op whose
+    # call does more than run its program (a check, a host computation)
+    native_plans: dict[int, tuple] | None = (
+        {} if fast and check is None and not on_host and native.available() else None
+    )
 
     def conversions(args: tuple, operands: tuple) -> tuple | None:
         """What the fast path converts of a call with the key of ``args``: every argument
@@ -541,9 +559,11 @@ def _compute_fn(entry: Lowering) -> tuple[Callable, _Binder]:
                 if rules is None
                 else (lowered, tuple(values[len(args) :]), torch.get_default_dtype(), rules)
             )
+            if rules == () and native_plans is not None:
+                native_plans[learn] = (lowered, tuple(values[len(args) :]), torch.get_default_dtype())
         return result
 
-    return compute, binder
+    return _Compute(compute, binder, native_plans, views_in_program)
 
 
 def _with_defaults(fn: Callable, defaulted: list[tuple[int, Any]]) -> Callable:
@@ -1040,20 +1060,40 @@ def current_device() -> int:
     return torch.accelerator.current_device_index()
 
 
-def _kernel(entry: Lowering, compute: Callable) -> Callable:
+def _kernel(entry: Lowering, computed: _Compute) -> Callable:
     from .meta_check import checked  # TORCH_TPU_CHECK_META (a no-op unless switched on)
 
-    return checked(entry.op, _routed_by_device(entry.op, _functional_kernel(entry, compute)))
+    kernel = checked(entry.op, _routed_by_device(entry.op, _functional_kernel(entry, computed.compute)))
+    return _planned(entry, computed, kernel)
+
+
+def _planned(entry: Lowering, computed: _Compute, kernel: Callable) -> Callable:
+    """``kernel`` behind the C++ core's :class:`PlannedKernel`, which serves the calls it has a
+    plan for (``computed.native_plans``) with no Python frame, where the op returns one tensor
+    and does nothing else around its program (no layout rule, shortcut or device argument)."""
+    op = entry.op
+    if (
+        computed.native_plans is None
+        or entry.layout is not None
+        or entry.shortcut is not None
+        or _returns_shape(op._schema) != "one"
+        or "device" in computed.binder.names
+    ):
+        return kernel
+    elementwise = entry.promote is not None
+    return native._C.PlannedKernel(
+        kernel, computed.native_plans, op, str(op), computed.views_in_program, elementwise
+    )
 
 
 def kernel_of(entry: Lowering, check_meta: bool = True) -> Callable:
     """The tpu kernel of a lowering that is not in the table: a user's op
     (``torch_tpu.pallas.jax_op``), which then runs, records and traces like an ATen op.
     (``check_meta=False`` for an op that reaches it from its meta call: one with no tensors.)"""
-    compute = _compute_fn(entry)[0]
+    computed = _compute_fn(entry)
     if not check_meta:
-        return _routed_by_device(entry.op, _functional_kernel(entry, compute))
-    return _kernel(entry, compute)
+        return _routed_by_device(entry.op, _functional_kernel(entry, computed.compute))
+    return _kernel(entry, computed)
 
 
 def install() -> None:
@@ -1062,6 +1102,10 @@ def install() -> None:
     from . import sparse
     from .meta_check import checked  # TORCH_TPU_CHECK_META (a no-op unless switched on)
 
+    if native.available():  # (what PlannedKernel reads of the state an op's call runs in)
+        native._C.configure_plans(
+            vars(platform), globals(), vars(config), context, tensor.wrap, tensor.wrap_elementwise
+        )
     lib = torch.library.Library("aten", "IMPL")
     _libraries.append(lib)
     explicit = set(LOWERINGS)
@@ -1077,8 +1121,9 @@ def install() -> None:
             )
             continue
         # one compute (and so one set of compiled executables) serves the op and its variants
-        compute, _ = _compute_fn(entry)
-        lib.impl(op, _kernel(entry, compute), "PrivateUse1")
+        computed = _compute_fn(entry)
+        compute = computed.compute
+        lib.impl(op, _kernel(entry, computed), "PrivateUse1")
         for variant, resize in _derived_variants(op):
             if variant in explicit or variant in DERIVED:
                 continue

@@ -565,6 +565,65 @@ def test_a_planned_call_runs_no_python(planned):
     torch.testing.assert_close(torch.add(a, b).cpu(), torch.arange(4.0) + 0.5, rtol=0, atol=0)
 
 
+#: what a planned call may still run in Python: a number's conversion to a device scalar
+_NUMBER_FRAMES = {"_number", "device_scalar", "get"}
+
+
+def _served(call) -> bool:
+    import sys
+
+    frames = set()
+
+    def profile(frame, event, _arg):
+        if event == "call" and "torch_tpu" in frame.f_code.co_filename:
+            frames.add(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return frames <= _NUMBER_FRAMES
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        # static arguments: other values of one key (a dims list, a dim, keepdim)
+        [lambda x: x.sum([0]), lambda x: x.sum([1]), lambda x: x.sum([0, 1], True), lambda x: x.softmax(-1)],
+        # numbers: their values are the program's inputs; a default's is its constant
+        [
+            lambda x: x * 2,
+            lambda x: x * 3,
+            lambda x: torch.nn.functional.leaky_relu(x, 0.01),
+            lambda x: torch.nn.functional.leaky_relu(x, 0.3),
+        ],
+        # tuples of tensors; an optional tensor left None
+        [
+            lambda x: torch.max(x, 1),
+            lambda x: torch.max(x, 0),
+            lambda x: torch.nn.functional.layer_norm(x, [4]),
+            lambda x: torch.nn.functional.layer_norm(x, [3, 4]),
+        ],
+    ],
+    ids=["statics", "numbers", "tuples"],
+)
+def test_the_core_converts_a_planned_calls_arguments_as_python_does(planned, calls):
+    """Each call the second time is served (no Python but a number's conversion) and equals
+    what it gave the first time, through the Python kernel, and CPU's result."""
+    x = torch.arange(12.0).reshape(3, 4) - 5
+    on_tpu = x.to("tpu")
+    for call in calls:
+        expected = call(x)
+        first = call(on_tpu)
+        assert _served(lambda: call(on_tpu))
+        second = call(on_tpu)
+        for got, was, cpu in zip(*(torch.utils._pytree.tree_leaves(r) for r in (second, first, expected))):
+            assert got.dtype == cpu.dtype and got.shape == cpu.shape and got.stride() == cpu.stride()
+            torch.testing.assert_close(got.cpu(), was.cpu(), rtol=0, atol=0)
+            torch.testing.assert_close(got.cpu(), cpu)
+
+
 def test_a_planned_call_leaves_every_other_state_to_the_python_kernel(planned, monkeypatch):
     from torch_tpu import config
     from torch_tpu.ops import dispatch

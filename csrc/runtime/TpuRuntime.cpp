@@ -786,10 +786,11 @@ PyObject* call_wrap_value(PyObject* /*module*/, PyObject* const* args, Py_ssize_
 
 // ----------------------------------------------------------------------------- planned kernels
 // A kernel the dispatcher calls (an op's tpu kernel, ops/dispatch.py) that serves a call from a
-// plan the op's Python kernel kept when every argument was a tensor the core reads whole
-// (whole_operands: the key, the values) and nothing else was converted: the plan's program runs
-// on those values and its output becomes the new tensor here, with no Python frame between the
-// dispatcher and the program (the op joins dispatch.recorded_ops as there). Everything else goes
+// plan the op's Python kernel kept when every tensor argument was one the core reads whole
+// (whole_operands: the key, the values) and every other one a static argument or a number
+// (dispatch._native_rules): the plan's program runs on those values and its output becomes the
+// new tensor here, with no Python frame between the dispatcher and the program but a number's
+// conversion (the op joins dispatch.recorded_ops as there). Everything else goes
 // to the Python kernel: keyword arguments, an unplanned key, a thread recording a fused graph,
 // launch blocking, a float32 matmul precision other than "highest", more than one device, a
 // pending job, meta checks, and a program that raises (the Python kernel runs the call again and
@@ -801,6 +802,8 @@ struct PlanState {
   PyObject* context = nullptr;  // runtime.context.context, the thread's execution state
   PyObject* wrap = nullptr;  // tensor.wrap
   PyObject* wrap_elementwise = nullptr;  // tensor.wrap_elementwise
+  PyObject* number = nullptr;  // dispatch._number: a Python number as the program's input
+  PyObject* wrap_output = nullptr;  // dispatch._wrap_output: one output of a tuple
   // names read
   PyObject* attention_needed = nullptr;
   PyObject* others_used = nullptr;
@@ -811,24 +814,43 @@ struct PlanState {
   PyObject* op = nullptr;
 };
 PlanState g_plans;
+PyObject* g_zero = nullptr;  // 0, the tpu index numbers are converted for (one device in use)
 
 struct PlannedKernel {
   PyObject_HEAD PyObject* kernel;  // the op's Python kernel
-  PyObject* plans;  // {key: (program, the trailing arguments' converted defaults, default dtype)}
+  // {key: (program, the trailing arguments' converted defaults, default dtype, the conversions:
+  // (position, kNativeStatic or kNativeNumber, default))}
+  PyObject* plans;
   PyObject* op;  // the OpOverload (dispatch.recorded_ops)
   PyObject* name;  // the op's name (context.op, named by errors of checks reported later)
   uint64_t views_read_in_program;  // as whole_operands takes it
-  bool elementwise;  // laid out like its inputs (tensor.wrap_elementwise), else contiguous
+  long returns;  // a Returns
 };
 
+// (dispatch._NATIVE_STATIC and _NATIVE_NUMBER)
+enum NativeRule : long { kNativeStatic, kNativeNumber };
+// What an op returns (dispatch._RETURNS): one contiguous tensor, one tensor laid out like its
+// tensor inputs (an elementwise op's: tensor.wrap_elementwise), a tuple (dispatch._wrap_output)
+enum Returns : long { kOne, kLikeInputs, kTuple };
+
 void configure_plans(
-    py::dict platform, py::dict dispatch, py::dict config, py::handle context, py::handle wrap, py::handle wrap_elementwise) {
+    py::dict platform,
+    py::dict dispatch,
+    py::dict config,
+    py::handle context,
+    py::handle wrap,
+    py::handle wrap_elementwise,
+    py::handle number,
+    py::handle wrap_output) {
   g_plans.platform = platform.inc_ref().ptr();
   g_plans.dispatch = dispatch.inc_ref().ptr();
   g_plans.config = config.inc_ref().ptr();
   g_plans.context = context.inc_ref().ptr();
   g_plans.wrap = wrap.inc_ref().ptr();
   g_plans.wrap_elementwise = wrap_elementwise.inc_ref().ptr();
+  g_plans.number = number.inc_ref().ptr();
+  g_plans.wrap_output = wrap_output.inc_ref().ptr();
+  g_zero = PyLong_FromLong(0);
   g_plans.attention_needed = PyUnicode_InternFromString("attention_needed");
   g_plans.others_used = PyUnicode_InternFromString("others_used");
   g_plans.recorded_ops = PyUnicode_InternFromString("recorded_ops");
@@ -864,6 +886,41 @@ bool plans_apply(PyObject* op) {
   return recorded == Py_None || (recorded != nullptr && PySet_CheckExact(recorded) && PySet_Add(recorded, op) == 0);
 }
 
+// The op's outputs as its Python kernel returns them (ops/dispatch.py, _functional_kernel).
+PyObject* wrap_outputs(long returns, const py::object& out, PyObject* args) {
+  if (returns == kTuple) {
+    if (!PyTuple_Check(out.ptr())) {
+      PyErr_SetString(PyExc_TypeError, "PlannedKernel: a program of a tuple-returning op returned no tuple");
+      return nullptr;
+    }
+    const Py_ssize_t count = PyTuple_GET_SIZE(out.ptr());
+    py::tuple tensors(count);
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      PyObject* item = PyTuple_GET_ITEM(out.ptr(), i);
+      py::object tensor = wrap_value(item);
+      if (tensor.is_none()) {  // (None, a list of outputs, a value to put on the device first)
+        tensor = py::reinterpret_steal<py::object>(PyObject_CallOneArg(g_plans.wrap_output, item));
+        if (!tensor) {
+          return nullptr;
+        }
+      }
+      PyTuple_SET_ITEM(tensors.ptr(), i, tensor.release().ptr());
+    }
+    return tensors.release().ptr();
+  }
+  bool contiguous = true;
+  for (Py_ssize_t i = 0; returns == kLikeInputs && i < PyTuple_GET_SIZE(args); ++i) {
+    PyObject* item = PyTuple_GET_ITEM(args, i);
+    contiguous = contiguous && !(THPVariable_Check(item) && !THPVariable_Unpack(item).is_contiguous());
+  }
+  py::object tensor = contiguous ? wrap_value(out) : py::none();
+  if (!tensor.is_none()) {
+    return tensor.release().ptr();
+  }
+  return returns == kLikeInputs ? PyObject_CallFunctionObjArgs(g_plans.wrap_elementwise, out.ptr(), args, nullptr)
+                                : PyObject_CallOneArg(g_plans.wrap, out.ptr());
+}
+
 // The call served from its plan: a new tensor; nullptr and no error where no plan applies.
 PyObject* run_plan(PlannedKernel* self, PyObject* args) {
   if (g_plans.context == nullptr || !plans_apply(self->op)) {
@@ -890,6 +947,42 @@ PyObject* run_plan(PlannedKernel* self, PyObject* args) {
   for (Py_ssize_t i = 0; i < count; ++i) {
     stack[i + 1] = i < given ? PyTuple_GET_ITEM(values, i) : PyTuple_GET_ITEM(defaults, i - given);
   }
+  // the plan's conversions, as the Python kernel's fast path does them (dispatch._native_rules)
+  c10::SmallVector<py::object, 4> converted;
+  PyObject* rules = PyTuple_GET_ITEM(plan.ptr(), 3);
+  for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(rules); ++r) {
+    PyObject* rule = PyTuple_GET_ITEM(rules, r);
+    PyObject*& value = stack[PyLong_AsSsize_t(PyTuple_GET_ITEM(rule, 0)) + 1];
+    PyObject* fallback = PyTuple_GET_ITEM(rule, 2);
+    if (PyLong_AsLong(PyTuple_GET_ITEM(rule, 1)) == kNativeStatic) {
+      if (PyList_Check(value)) {  // (a shape or dims list: the program's static tuple)
+        converted.push_back(py::reinterpret_steal<py::object>(PyList_AsTuple(value)));
+        if (!converted.back()) {
+          return nullptr;
+        }
+        value = converted.back().ptr();
+      }
+      continue;
+    }
+    if (Py_TYPE(value) == Py_TYPE(fallback)) {
+      const int same = PyObject_RichCompareBool(value, fallback, Py_EQ);
+      if (same < 0) {
+        return nullptr;
+      }
+      if (same) {
+        value = Py_None;  // (its default: a constant of the program)
+        continue;
+      }
+    }
+    if (value != Py_None) {
+      PyObject* pair[] = {value, g_zero};
+      converted.push_back(py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_plans.number, pair, 2, nullptr)));
+      if (!converted.back()) {
+        return nullptr;
+      }
+      value = converted.back().ptr();
+    }
+  }
   if (PyObject_SetAttr(g_plans.context, g_plans.op, self->name) != 0) {
     return nullptr;
   }
@@ -901,21 +994,15 @@ PyObject* run_plan(PlannedKernel* self, PyObject* args) {
     }
     return nullptr;
   }
-  bool contiguous = true;
-  for (Py_ssize_t i = 0; self->elementwise && i < PyTuple_GET_SIZE(args); ++i) {
-    PyObject* item = PyTuple_GET_ITEM(args, i);
-    contiguous = contiguous && !(THPVariable_Check(item) && !THPVariable_Unpack(item).is_contiguous());
-  }
-  py::object tensor = contiguous ? wrap_value(out) : py::none();
-  if (!tensor.is_none()) {
-    return tensor.release().ptr();
-  }
-  return self->elementwise ? PyObject_CallFunctionObjArgs(g_plans.wrap_elementwise, out.ptr(), args, nullptr)
-                           : PyObject_CallOneArg(g_plans.wrap, out.ptr());
+  return wrap_outputs(self->returns, out, args);
 }
 
 PyObject* planned_kernel_call(PyObject* object, PyObject* args, PyObject* kwargs) {
   auto* self = reinterpret_cast<PlannedKernel*>(object);
+  if (self->kernel == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "PlannedKernel: cleared");
+    return nullptr;
+  }
   if (kwargs == nullptr || PyDict_GET_SIZE(kwargs) == 0) {
     PyObject* result = returning([&] { return py::reinterpret_steal<py::object>(run_plan(self, args)); });
     if (result != nullptr || PyErr_Occurred()) {
@@ -926,11 +1013,16 @@ PyObject* planned_kernel_call(PyObject* object, PyObject* args, PyObject* kwargs
 }
 
 PyObject* planned_kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  PyObject *kernel, *plans, *op, *name, *views, *elementwise;
-  static const char* names[] = {"kernel", "plans", "op", "name", "views_read_in_program", "elementwise", nullptr};
+  PyObject *kernel, *plans, *op, *name, *views;
+  long returns;
+  static const char* names[] = {"kernel", "plans", "op", "name", "views_read_in_program", "returns", nullptr};
   if (!PyArg_ParseTupleAndKeywords(
-          args, kwargs, "OO!OUO!O!:PlannedKernel", const_cast<char**>(names), &kernel, &PyDict_Type, &plans, &op,
-          &name, &PyLong_Type, &views, &PyBool_Type, &elementwise)) {
+          args, kwargs, "OO!OUO!l:PlannedKernel", const_cast<char**>(names), &kernel, &PyDict_Type, &plans, &op,
+          &name, &PyLong_Type, &views, &returns)) {
+    return nullptr;
+  }
+  if (returns < kOne || returns > kTuple) {
+    PyErr_SetString(PyExc_ValueError, "PlannedKernel: returns is 0 (one tensor), 1 (laid out like inputs) or 2 (a tuple)");
     return nullptr;
   }
   const uint64_t positions = PyLong_AsUnsignedLongLong(views);
@@ -946,17 +1038,35 @@ PyObject* planned_kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwarg
   self->op = Py_NewRef(op);
   self->name = Py_NewRef(name);
   self->views_read_in_program = positions;
-  self->elementwise = elementwise == Py_True;
+  self->returns = returns;
   return reinterpret_cast<PyObject*>(self);
 }
 
-void planned_kernel_dealloc(PyObject* object) {
+int planned_kernel_traverse(PyObject* object, visitproc visit, void* arg) {
   auto* self = reinterpret_cast<PlannedKernel*>(object);
-  Py_XDECREF(self->kernel);
-  Py_XDECREF(self->plans);
-  Py_XDECREF(self->op);
-  Py_XDECREF(self->name);
-  Py_TYPE(object)->tp_free(object);
+  Py_VISIT(self->kernel);
+  Py_VISIT(self->plans);
+  Py_VISIT(self->op);
+  Py_VISIT(self->name);
+  Py_VISIT(Py_TYPE(object));  // (a heap type)
+  return 0;
+}
+
+int planned_kernel_clear(PyObject* object) {
+  auto* self = reinterpret_cast<PlannedKernel*>(object);
+  Py_CLEAR(self->kernel);
+  Py_CLEAR(self->plans);
+  Py_CLEAR(self->op);
+  Py_CLEAR(self->name);
+  return 0;
+}
+
+void planned_kernel_dealloc(PyObject* object) {
+  PyTypeObject* type = Py_TYPE(object);
+  PyObject_GC_UnTrack(object);
+  planned_kernel_clear(object);
+  type->tp_free(object);
+  Py_DECREF(type);
 }
 
 PyMemberDef g_planned_kernel_members[] = {
@@ -967,15 +1077,18 @@ PyMemberDef g_planned_kernel_members[] = {
 PyType_Slot g_planned_kernel_slots[] = {
     {Py_tp_new, reinterpret_cast<void*>(planned_kernel_new)},
     {Py_tp_dealloc, reinterpret_cast<void*>(planned_kernel_dealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(planned_kernel_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(planned_kernel_clear)},
     {Py_tp_call, reinterpret_cast<void*>(planned_kernel_call)},
     {Py_tp_members, g_planned_kernel_members},
     {Py_tp_doc,
-     const_cast<char*>("PlannedKernel(kernel, plans, op, name, views_read_in_program, elementwise): an op's tpu "
+     const_cast<char*>("PlannedKernel(kernel, plans, op, name, views_read_in_program, returns): an op's tpu "
                        "kernel serving planned calls in C++, the others by `kernel`")},
     {0, nullptr}};
 
 PyType_Spec g_planned_kernel_spec = {
-    "torch_tpu._C.PlannedKernel", sizeof(PlannedKernel), 0, Py_TPFLAGS_DEFAULT, g_planned_kernel_slots};
+    "torch_tpu._C.PlannedKernel", sizeof(PlannedKernel), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    g_planned_kernel_slots};
 
 PyMethodDef g_per_op_functions[] = {
     {"whole_value", call_with_one<whole_value>, METH_O, "whole_value(tensor): its whole storage's value, or None"},

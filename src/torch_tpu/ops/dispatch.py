@@ -193,6 +193,30 @@ def _static(x: Any) -> Any:
     return tuple(x) if isinstance(x, list) else x
 
 
+def _static_arg(x: Any, index: int = 0) -> Any:
+    return _static(x)
+
+
+#: How the C++ core converts an argument of a planned call (``PlannedKernel``): a static one as
+#: :func:`_static` does, a number as :func:`_number` does (None where it equals its default)
+_NATIVE_STATIC, _NATIVE_NUMBER = 0, 1
+
+
+def _native_rules(rules: tuple, args: tuple) -> tuple | None:
+    """A fast plan's conversions (``(position, default, converter)``) of a call with ``args`` as
+    the C++ core does them, ``(position, how, default)``; None where one is beyond it (a view, a
+    list of tensors). (A None stays None: the key tells that it is None.)"""
+    native = []
+    for i, default, convert in rules:
+        if convert is _number:
+            native.append((i, _NATIVE_NUMBER, default))
+        elif (convert is None or convert is _static_arg or args[i] is None) and default is _NO_DEFAULT:
+            native.append((i, _NATIVE_STATIC, None))
+        else:
+            return None
+    return tuple(native)
+
+
 def _check_generator(g) -> None:
     if g is not None and g.device.type != "tpu":
         raise RuntimeError(f"Expected a 'tpu' device type for generator but found '{g.device.type}'")
@@ -302,8 +326,8 @@ class _Compute(NamedTuple):
 
     compute: Callable
     binder: _Binder
-    #: key -> (program, converted defaults, default dtype) of the calls the C++ core may serve
-    #: (:func:`_planned`); None for an op it never serves
+    #: key -> (program, converted defaults, default dtype, :func:`_native_rules`) of the calls
+    #: the C++ core may serve (:func:`_planned`); None for an op it never serves
     native_plans: dict[int, tuple] | None
     #: the op's tensor positions read as views in its program (``whole_operands``'s bit mask)
     views_in_program: int
@@ -388,7 +412,7 @@ def _compute_fn(entry: Lowering) -> _Compute:
         _TENSOR_LIST: lambda xs, index: [_to_jax_arg(x, index) for x in xs],
         _INDICES: lambda xs, index: [_index_to_jax(x, index) for x in xs],
         _DTYPE: lambda d, index: None if d is None else to_jax(d),
-        _STATIC: lambda x, index: _static(x),
+        _STATIC: _static_arg,
         _SCALAR: _scalar,
         _SCALAR_LIST: _scalars,
         _HOST_SCALARS: _host_scalars,
@@ -435,9 +459,9 @@ def _compute_fn(entry: Lowering) -> _Compute:
     always_beyond_key = any(k in beyond_key and d is _NO_DEFAULT for k, d in zip(kinds, binder.defaults))
     fast = traced and not draws_key and not generator_pos and not entry.donate and not always_beyond_key
     default_at, converter_at = dict(defaulted), dict(converters)
-    # the plans of calls whose every argument the core read (nothing converted at each call),
-    # which the C++ core serves before this kernel is reached (_planned); not for an op whose
-    # call does more than run its program (a check, a host computation)
+    # the plans of calls whose every argument the core reads or converts (_native_rules), which
+    # the C++ core serves before this kernel is reached (_planned); not for an op whose call does
+    # more than run its program (a check, a host computation)
     native_plans: dict[int, tuple] | None = (
         {} if fast and check is None and not on_host and native.available() else None
     )
@@ -559,8 +583,14 @@ def _compute_fn(entry: Lowering) -> _Compute:
                 if rules is None
                 else (lowered, tuple(values[len(args) :]), torch.get_default_dtype(), rules)
             )
-            if rules == () and native_plans is not None:
-                native_plans[learn] = (lowered, tuple(values[len(args) :]), torch.get_default_dtype())
+            native_rules = None if rules is None or native_plans is None else _native_rules(rules, args)
+            if native_rules is not None:
+                native_plans[learn] = (
+                    lowered,
+                    tuple(values[len(args) :]),
+                    torch.get_default_dtype(),
+                    native_rules,
+                )
         return result
 
     return _Compute(compute, binder, native_plans, views_in_program)
@@ -1067,22 +1097,32 @@ def _kernel(entry: Lowering, computed: _Compute) -> Callable:
     return _planned(entry, computed, kernel)
 
 
+#: ``PlannedKernel``'s ``returns``: one contiguous tensor, one laid out like the op's tensor
+#: inputs (an elementwise op's, :func:`tensor.wrap_elementwise`), a tuple (:func:`_wrap_output`)
+_RETURNS_ONE, _RETURNS_LIKE_INPUTS, _RETURNS_TUPLE = range(3)
+
+
 def _planned(entry: Lowering, computed: _Compute, kernel: Callable) -> Callable:
-    """``kernel`` behind the C++ core's :class:`PlannedKernel`, which serves the calls it has a
-    plan for (``computed.native_plans``) with no Python frame, where the op returns one tensor
-    and does nothing else around its program (no layout rule, shortcut or device argument)."""
+    """``kernel`` behind the C++ core's ``PlannedKernel``, which serves the calls it has a plan
+    for (``computed.native_plans``) with no Python frame, where the op returns one tensor or a
+    tuple and does nothing else around its program (no layout rule, shortcut or device
+    argument)."""
     op = entry.op
+    shape = _returns_shape(op._schema)
     if (
         computed.native_plans is None
         or entry.layout is not None
         or entry.shortcut is not None
-        or _returns_shape(op._schema) != "one"
+        or shape == "list"
         or "device" in computed.binder.names
     ):
         return kernel
-    elementwise = entry.promote is not None
+    if shape == "tuple":
+        returns = _RETURNS_TUPLE
+    else:
+        returns = _RETURNS_ONE if entry.promote is None else _RETURNS_LIKE_INPUTS
     return native._C.PlannedKernel(
-        kernel, computed.native_plans, op, str(op), computed.views_in_program, elementwise
+        kernel, computed.native_plans, op, str(op), computed.views_in_program, returns
     )
 
 
@@ -1104,7 +1144,14 @@ def install() -> None:
 
     if native.available():  # (what PlannedKernel reads of the state an op's call runs in)
         native._C.configure_plans(
-            vars(platform), globals(), vars(config), context, tensor.wrap, tensor.wrap_elementwise
+            vars(platform),
+            globals(),
+            vars(config),
+            context,
+            tensor.wrap,
+            tensor.wrap_elementwise,
+            _number,
+            _wrap_output,
         )
     lib = torch.library.Library("aten", "IMPL")
     _libraries.append(lib)

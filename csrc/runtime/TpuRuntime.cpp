@@ -8,7 +8,10 @@
 //   same work CPU's kernels do, so PrivateUse1 runs those kernels instead of a Python round trip;
 // - the two storage-value calls of every op: reading the value of a tensor that is its whole
 //   storage, and attaching an op's result to a new tensor (each one call instead of a dozen
-//   Python-level ones; every other case answers None and Python handles it).
+//   Python-level ones; every other case answers None and Python handles it);
+// - planned kernels: an op's calls that repeat a plan its Python kernel kept (the same program
+//   on the same kinds of arguments) run from here with no Python frame; every other call goes to
+//   the Python kernel, which decides everything.
 //
 // Everything Python can decide stays in Python: synchronization, what a storage resize does to
 // the JAX buffer behind it, memory statistics and the device count come from callbacks on the
@@ -867,15 +870,16 @@ bool global_is(PyObject* globals, PyObject* name, PyObject* expected) {
 
 // Whether a call of `op` may run from a plan: the per-process and per-thread state the Python
 // kernel's fast path tests (ops/dispatch.py, compute and kernel), as it is now.
+// (A fused recorder first: a thread in fused mode goes to the Python kernel at the first test.)
 bool plans_apply(PyObject* op) {
+  auto recorder = py::reinterpret_steal<py::object>(PyObject_GetAttr(g_plans.context, g_plans.recorder));
+  if (recorder.ptr() != Py_None) {
+    return false;
+  }
   if (!global_is(g_plans.platform, g_plans.attention_needed, Py_False) ||
       !global_is(g_plans.platform, g_plans.others_used, Py_False) ||
       !global_is(g_plans.config, g_plans.check_meta, Py_False) ||
       at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST) {
-    return false;
-  }
-  auto recorder = py::reinterpret_steal<py::object>(PyObject_GetAttr(g_plans.context, g_plans.recorder));
-  if (recorder.ptr() != Py_None) {
     return false;
   }
   auto blocking = py::reinterpret_steal<py::object>(PyObject_GetAttr(g_plans.context, g_plans.launch_blocking));
@@ -1071,7 +1075,7 @@ void planned_kernel_dealloc(PyObject* object) {
 
 PyMemberDef g_planned_kernel_members[] = {
     {"kernel", T_OBJECT_EX, offsetof(PlannedKernel, kernel), READONLY, "the op's Python kernel"},
-    {"plans", T_OBJECT_EX, offsetof(PlannedKernel, plans), READONLY, "{key: (program, defaults, default dtype)}"},
+    {"plans", T_OBJECT_EX, offsetof(PlannedKernel, plans), READONLY, "{key: (program, defaults, default dtype, conversions)}"},
     {nullptr, 0, 0, 0, nullptr}};
 
 PyType_Slot g_planned_kernel_slots[] = {

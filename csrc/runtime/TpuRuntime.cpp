@@ -768,17 +768,26 @@ PyObject* call_whole_operands(PyObject* /*module*/, PyObject* const* args, Py_ss
 
 // wrap_value(value[, inputs]): with inputs (an elementwise op's arguments), only where every
 // tensor among them is contiguous, the output's layout then (tensor.wrap_elementwise).
+// Whether every tensor in the tuple `inputs` is contiguous (an elementwise op's output is then
+// laid out contiguously too: tensor.wrap_elementwise's common case).
+bool tensors_contiguous(PyObject* inputs) {
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); ++i) {
+    PyObject* item = PyTuple_GET_ITEM(inputs, i);
+    if (THPVariable_Check(item) && !THPVariable_Unpack(item).is_contiguous()) {
+      return false;
+    }
+  }
+  return true;
+}
+
 PyObject* call_wrap_value(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   if (count == 2) {
     if (!PyTuple_Check(args[1])) {
       PyErr_SetString(PyExc_TypeError, "wrap_value(value, inputs: tuple)");
       return nullptr;
     }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[1]); ++i) {
-      PyObject* item = PyTuple_GET_ITEM(args[1], i);
-      if (THPVariable_Check(item) && !THPVariable_Unpack(item).is_contiguous()) {
-        Py_RETURN_NONE;
-      }
+    if (!tensors_contiguous(args[1])) {
+      Py_RETURN_NONE;
     }
   } else if (count != 1) {
     PyErr_SetString(PyExc_TypeError, "wrap_value(value[, inputs])");
@@ -912,11 +921,7 @@ PyObject* wrap_outputs(long returns, const py::object& out, PyObject* args) {
     }
     return tensors.release().ptr();
   }
-  bool contiguous = true;
-  for (Py_ssize_t i = 0; returns == kLikeInputs && i < PyTuple_GET_SIZE(args); ++i) {
-    PyObject* item = PyTuple_GET_ITEM(args, i);
-    contiguous = contiguous && !(THPVariable_Check(item) && !THPVariable_Unpack(item).is_contiguous());
-  }
+  const bool contiguous = returns != kLikeInputs || tensors_contiguous(args);
   py::object tensor = contiguous ? wrap_value(out) : py::none();
   if (!tensor.is_none()) {
     return tensor.release().ptr();

@@ -578,19 +578,14 @@ def _compute_fn(entry: Lowering) -> _Compute:
             raise translated from e
         if learn is not None:
             rules = conversions(args, operands[1])
-            fast_plans[learn] = (
+            kept = fast_plans[learn] = (
                 _NO_PLAN
                 if rules is None
                 else (lowered, tuple(values[len(args) :]), torch.get_default_dtype(), rules)
             )
             native_rules = None if rules is None or native_plans is None else _native_rules(rules, args)
-            if native_rules is not None:
-                native_plans[learn] = (
-                    lowered,
-                    tuple(values[len(args) :]),
-                    torch.get_default_dtype(),
-                    native_rules,
-                )
+            if native_rules is not None:  # (the same plan, its conversions as the core does them)
+                native_plans[learn] = (*kept[:3], native_rules)
         return result
 
     return _Compute(compute, binder, native_plans, views_in_program)

@@ -677,3 +677,68 @@ def test_a_plan_serves_one_thread_while_another_records(planned):
     assert pending[0] == 1
     assert not _python_frames(lambda: torch.add(a, b))
     torch.testing.assert_close(pending[1], torch.arange(4.0) + 0.5, rtol=0, atol=0)
+
+
+# The dispatcher calls an op's PlannedKernel itself (no Python kernel holder around it), passing
+# the call's arguments as the holder would: trailing and keyword-only arguments left out where
+# they equal their defaults, other keyword-only ones by name.
+def _registered_where(op: str) -> str:
+    (line,) = (line for line in torch._C._dispatch_dump(op).splitlines() if line.startswith("PrivateUse1:"))
+    return line
+
+
+def test_the_dispatcher_calls_the_core_for_a_planned_op(planned):
+    assert "TpuRuntime.cpp" in _registered_where("aten::add.Tensor")
+    # (an op with a dtype argument is not converted by the core: Python's holder converts it)
+    assert "TpuRuntime.cpp" not in _registered_where("aten::sum.dim_IntList")
+
+
+@pytest.mark.parametrize(
+    "call, served",
+    [
+        (lambda x, y: torch.add(x, y, alpha=1), True),  # a keyword argument equal to its default
+        (lambda x, y: torch.add(x, y, alpha=2), False),  # ... another: the Python kernel's
+        (lambda x, y: torch.add(x, y, alpha=0.5), False),
+        (lambda x, y: torch.softmax(x + y, -1), True),
+        (lambda x, y: torch.max(x - y, 0, False), True),  # a trailing default given
+        (lambda x, y: torch.max(x - y, 0, True), True),
+        (lambda x, y: torch.max(x - y, 0, keepdim=True), True),
+    ],
+)
+def test_the_core_passes_the_dispatchers_arguments_as_pythons_holder_does(planned, call, served):
+    x = torch.arange(12.0).reshape(3, 4) - 5
+    y = torch.full((3, 4), 0.25)
+    on_tpu = x.to("tpu"), y.to("tpu")
+    expected = call(x, y)
+    call(*on_tpu)
+    if served:
+        assert _served(lambda: call(*on_tpu))
+    for got, cpu in zip(*(torch.utils._pytree.tree_leaves(r) for r in (call(*on_tpu), expected))):
+        assert got.dtype == cpu.dtype and got.shape == cpu.shape and got.stride() == cpu.stride()
+        torch.testing.assert_close(got.cpu(), cpu)
+
+
+def test_a_dispatch_mode_sees_the_calls_the_core_serves(planned):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    a, b = planned
+    seen = []
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Recording():
+        y = torch.add(a, b)
+    assert seen == [torch.ops.aten.add.Tensor]
+    torch.testing.assert_close(y.cpu(), torch.arange(4.0) + 0.5, rtol=0, atol=0)
+
+
+def test_an_error_raised_under_the_core_is_pytorchs_and_loses_nothing(planned):
+    a, b = planned
+    with pytest.raises(RuntimeError, match=r"size of tensor a \(4\) must match the size of tensor b \(3\)"):
+        torch.add(a, b[:3].clone())
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        torch.softmax(a, 3)
+    torch.testing.assert_close(torch.add(a, b).cpu(), torch.arange(4.0) + 0.5, rtol=0, atol=0)

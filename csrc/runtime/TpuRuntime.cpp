@@ -41,9 +41,11 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
@@ -700,21 +702,21 @@ py::object whole_operands(py::handle args, uint64_t views_read_in_program) {
 }
 
 // A new contiguous tpu:0 tensor whose storage holds `value` (a committed array or a pending
-// Deferred one, of a dtype tpu has), else None: Python wraps it (tensor.wrap).
-py::object wrap_value(py::handle value) {
+// Deferred one, of a dtype tpu has), else an undefined tensor: Python wraps it (tensor.wrap).
+at::Tensor value_tensor(py::handle value) {
   py::object shape, dtype;
   if (g_values.attr == nullptr || !describe(value.ptr(), shape, dtype) || !PyTuple_Check(shape.ptr())) {
-    return py::none();
+    return {};
   }
   if (Py_TYPE(value.ptr()) == g_values.array && !PyObject_IsTrue(value.attr(g_values.committed).ptr())) {
-    return py::none();  // put on the device first (buffer.put)
+    return {};  // put on the device first (buffer.put)
   }
   PyObject* torch_dtype = PyDict_GetItemWithError(g_values.to_torch, dtype.ptr());
   if (torch_dtype == nullptr) {
     if (PyErr_Occurred()) {
       throw py::error_already_set();
     }
-    return py::none();
+    return {};
   }
   auto scalar_type = reinterpret_cast<THPDtype*>(torch_dtype)->scalar_type;
   std::vector<int64_t> sizes(PyTuple_GET_SIZE(shape.ptr()));
@@ -730,6 +732,15 @@ py::object wrap_value(py::handle value) {
   auto storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(tensor.storage()));
   if (!storage || PyObject_SetAttr(storage.ptr(), g_values.attr, value.ptr()) != 0) {
     throw py::error_already_set();
+  }
+  return tensor;
+}
+
+// value_tensor's tensor as a Python object; None where Python wraps the value.
+py::object wrap_value(py::handle value) {
+  at::Tensor tensor = value_tensor(value);
+  if (!tensor.defined()) {
+    return py::none();
   }
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(tensor)));
 }
@@ -930,8 +941,8 @@ PyObject* wrap_outputs(long returns, const py::object& out, PyObject* args) {
                                 : PyObject_CallOneArg(g_plans.wrap, out.ptr());
 }
 
-// The call served from its plan: a new tensor; nullptr and no error where no plan applies.
-PyObject* run_plan(PlannedKernel* self, PyObject* args) {
+// The output of the plan's program run for the call; nullptr and no error where no plan applies.
+PyObject* run_program(PlannedKernel* self, PyObject* args) {
   if (g_plans.context == nullptr || !plans_apply(self->op)) {
     PyErr_Clear();  // (a state not readable as expected: the Python kernel's own reading)
     return nullptr;
@@ -995,15 +1006,18 @@ PyObject* run_plan(PlannedKernel* self, PyObject* args) {
   if (PyObject_SetAttr(g_plans.context, g_plans.op, self->name) != 0) {
     return nullptr;
   }
-  auto out = py::reinterpret_steal<py::object>(PyObject_Vectorcall(
-      PyTuple_GET_ITEM(plan.ptr(), 0), stack.data() + 1, count | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr));
-  if (!out) {
-    if (PyErr_ExceptionMatches(PyExc_Exception)) {
-      PyErr_Clear();  // the Python kernel runs the call again and raises PyTorch's error
-    }
-    return nullptr;
+  PyObject* out = PyObject_Vectorcall(
+      PyTuple_GET_ITEM(plan.ptr(), 0), stack.data() + 1, count | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  if (out == nullptr && PyErr_ExceptionMatches(PyExc_Exception)) {
+    PyErr_Clear();  // the Python kernel runs the call again and raises PyTorch's error
   }
-  return wrap_outputs(self->returns, out, args);
+  return out;
+}
+
+// The call served from its plan: a new tensor; nullptr and no error where no plan applies.
+PyObject* run_plan(PlannedKernel* self, PyObject* args) {
+  auto out = py::reinterpret_steal<py::object>(run_program(self, args));
+  return out ? wrap_outputs(self->returns, out, args) : nullptr;
 }
 
 PyObject* planned_kernel_call(PyObject* object, PyObject* args, PyObject* kwargs) {
@@ -1111,6 +1125,185 @@ PyMethodDef g_per_op_functions[] = {
      "whole_operands(args, views_read_in_program): (key, values), or None"},
     {nullptr, nullptr, 0, nullptr}};
 
+// ----------------------------------------------------------------------------- boxed planned kernels
+// A PlannedKernel registered with the dispatcher directly, in place of the Python kernel holder
+// torch.library would wrap around it: the call's arguments become Python objects as that holder
+// makes them (torch::jit::toPyObject; trailing positional and keyword-only arguments equal to
+// their defaults left out, other keyword-only ones passed by name), the PlannedKernel runs, and
+// its tensors go back on the stack. Only ops whose arguments the holder converts with
+// toPyObject too (no dtype, layout or memory-format argument) and that return tensors are served
+// here (serve_boxed); the holder's own steps for tensor subclasses and dispatch modes call the
+// same Python function, which this calls in every case.
+bool converted_like_the_holder(const c10::TypePtr& type) {
+  const c10::TypePtr& inner = type->kind() == c10::TypeKind::OptionalType
+      ? type->castRaw<c10::OptionalType>()->getElementType()
+      : type;
+  switch (inner->kind()) {
+    case c10::TypeKind::TensorType:
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::NumberType:
+      return true;
+    case c10::TypeKind::ListType: {
+      const auto kind = inner->castRaw<c10::ListType>()->getElementType()->kind();
+      return kind == c10::TypeKind::IntType || kind == c10::TypeKind::SymIntType ||
+          kind == c10::TypeKind::FloatType || kind == c10::TypeKind::BoolType;
+    }
+    default:
+      return false;
+  }
+}
+
+struct BoxedPlannedKernel final : c10::OperatorKernel {
+  explicit BoxedPlannedKernel(PyObject* planned) : planned(planned) {}
+  PyObject* planned;  // the PlannedKernel (kept for the process's lifetime, as the library is)
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
+    const auto& schema = op.schema();
+    const auto& declared = schema.arguments();
+    const size_t count = declared.size();
+    auto arguments = torch::jit::last(*stack, count);
+    auto is_default = [&](size_t i) {
+      const auto& fallback = declared[i].default_value();
+      return fallback.has_value() && *fallback == arguments[i];
+    };
+    size_t keywords_start = count;
+    while (keywords_start > 0 && declared[keywords_start - 1].kwarg_only()) {
+      --keywords_start;
+    }
+    size_t positional = keywords_start;
+    while (positional > 0 && is_default(positional - 1)) {
+      --positional;
+    }
+    py::gil_scoped_acquire gil;
+    py::tuple args(positional);
+    for (size_t i = 0; i < positional; ++i) {
+      PyTuple_SET_ITEM(args.ptr(), i, torch::jit::toPyObject(arguments[i]).release().ptr());
+    }
+    py::object kwargs;  // (made only for a keyword argument given)
+    for (size_t i = keywords_start; i < count; ++i) {
+      if (!is_default(i)) {
+        if (!kwargs) {
+          kwargs = py::dict();
+        }
+        kwargs[declared[i].name().c_str()] = torch::jit::toPyObject(arguments[i]);
+      }
+    }
+    auto* self = reinterpret_cast<PlannedKernel*>(planned);
+    TORCH_CHECK(self->kernel != nullptr, schema.name(), ": its PlannedKernel was cleared");
+    if (!kwargs) {
+      auto out = py::reinterpret_steal<py::object>(run_program(self, args.ptr()));
+      if (out) {  // (the program's outputs become tensors here: no Python object made for them)
+        c10::SmallVector<at::Tensor, 2> tensors;
+        output_tensors(schema, self->returns, out.ptr(), args.ptr(), tensors);
+        torch::jit::drop(*stack, count);
+        for (auto& tensor : tensors) {
+          torch::jit::push(*stack, std::move(tensor));
+        }
+        return;
+      }
+      raise_if_set();
+    }
+    auto result = py::reinterpret_steal<py::object>(PyObject_Call(self->kernel, args.ptr(), kwargs.ptr()));
+    raise_if_set();
+    const size_t returns = schema.returns().size();
+    torch::jit::drop(*stack, count);
+    if (returns == 1) {
+      torch::jit::push(*stack, unpacked(result.ptr(), schema));
+      return;
+    }
+    TORCH_CHECK(
+        PyTuple_Check(result.ptr()) && static_cast<size_t>(PyTuple_GET_SIZE(result.ptr())) == returns,
+        schema.name(), ": its tpu kernel returned no tuple of ", returns, " tensors");
+    for (size_t i = 0; i < returns; ++i) {
+      torch::jit::push(*stack, unpacked(PyTuple_GET_ITEM(result.ptr(), i), schema));
+    }
+  }
+
+  // A Python error raised by the call as the C++ exception PyTorch's bindings raise again.
+  static void raise_if_set() {
+    if (PyErr_Occurred()) {
+      python_error error;
+      error.persist();
+      throw std::move(error);
+    }
+  }
+
+  static at::Tensor unpacked(PyObject* item, const c10::FunctionSchema& schema) {
+    if (item == Py_None) {
+      return at::Tensor();  // (an output not computed: as the holder's conversion)
+    }
+    TORCH_CHECK(
+        THPVariable_Check(item), schema.name(), ": its tpu kernel returned a ", Py_TYPE(item)->tp_name,
+        ", not a tensor");
+    return THPVariable_Unpack(item);
+  }
+
+  // A program's outputs as wrap_outputs makes them, as tensors: value_tensor's where it makes
+  // one, else the Python wrap's.
+  static void output_tensors(
+      const c10::FunctionSchema& schema,
+      long returns,
+      PyObject* out,
+      PyObject* args,
+      c10::SmallVector<at::Tensor, 2>& tensors) {
+    if (returns != kTuple) {
+      at::Tensor tensor = returns != kLikeInputs || tensors_contiguous(args) ? value_tensor(out) : at::Tensor();
+      if (!tensor.defined()) {
+        auto wrapped = py::reinterpret_steal<py::object>(
+            returns == kLikeInputs ? PyObject_CallFunctionObjArgs(g_plans.wrap_elementwise, out, args, nullptr)
+                                   : PyObject_CallOneArg(g_plans.wrap, out));
+        raise_if_set();
+        tensor = unpacked(wrapped.ptr(), schema);
+      }
+      tensors.push_back(std::move(tensor));
+      return;
+    }
+    TORCH_CHECK(
+        PyTuple_Check(out) && static_cast<size_t>(PyTuple_GET_SIZE(out)) == schema.returns().size(),
+        schema.name(), ": its program returned no tuple of ", schema.returns().size(), " outputs");
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(out); ++i) {
+      PyObject* item = PyTuple_GET_ITEM(out, i);
+      at::Tensor tensor = value_tensor(item);
+      if (!tensor.defined()) {
+        auto wrapped = py::reinterpret_steal<py::object>(PyObject_CallOneArg(g_plans.wrap_output, item));
+        raise_if_set();
+        tensor = unpacked(wrapped.ptr(), schema);
+      }
+      tensors.push_back(std::move(tensor));
+    }
+  }
+};
+
+// Registers `planned` (a PlannedKernel) as the tpu kernel of aten::`name`.`overload` ("" for
+// the default one) where BoxedPlannedKernel serves the op's schema; false, and nothing
+// registered, where not.
+bool serve_boxed(const std::string& name, const std::string& overload, py::handle planned) {
+  static auto* library = new torch::Library(
+      torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  const auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(("aten::" + name).c_str(), overload.c_str());
+  const auto& schema = handle.schema();
+  if (schema.is_vararg() || schema.is_varret() || schema.returns().empty()) {
+    return false;
+  }
+  for (const auto& argument : schema.arguments()) {
+    if (!converted_like_the_holder(argument.real_type())) {
+      return false;
+    }
+  }
+  for (const auto& output : schema.returns()) {
+    if (output.type()->kind() != c10::TypeKind::TensorType) {
+      return false;
+    }
+  }
+  library->impl(
+      (overload.empty() ? name : name + "." + overload).c_str(),
+      torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedPlannedKernel>(planned.inc_ref().ptr())));
+  return true;
+}
+
 // Take `count` consecutive counter values from a tpu generator: (seed, first offset).
 std::pair<uint64_t, uint64_t> draw(at::Generator generator, uint64_t count) {
   auto* impl = at::check_generator<TpuGenerator>(generator);
@@ -1181,6 +1374,7 @@ PYBIND11_MODULE(_C, m) {
     throw py::error_already_set();
   }
   m.def("configure_plans", &configure_plans);
+  m.def("serve_boxed", &serve_boxed);
   PyObject* planned_kernel = PyType_FromSpec(&g_planned_kernel_spec);
   if (planned_kernel == nullptr || PyModule_AddObject(m.ptr(), "PlannedKernel", planned_kernel) != 0) {
     throw py::error_already_set();

@@ -1121,6 +1121,17 @@ def _planned(entry: Lowering, computed: _Compute, kernel: Callable) -> Callable:
     )
 
 
+def _register_kernel(lib: torch.library.Library, op: torch._ops.OpOverload, kernel: Callable) -> None:
+    """``kernel`` as ``op``'s tpu kernel: a ``PlannedKernel`` straight with the dispatcher where
+    the C++ core can convert the op's arguments (no Python kernel holder between them), any other
+    kernel through ``lib``."""
+    overload = "" if op._overloadname == "default" else op._overloadname
+    if native.available() and isinstance(kernel, native._C.PlannedKernel):
+        if native._C.serve_boxed(op._opname, overload, kernel):
+            return
+    lib.impl(op, kernel, "PrivateUse1")
+
+
 def kernel_of(entry: Lowering, check_meta: bool = True) -> Callable:
     """The tpu kernel of a lowering that is not in the table: a user's op
     (``torch_tpu.pallas.jax_op``), which then runs, records and traces like an ATen op.
@@ -1165,7 +1176,7 @@ def install() -> None:
         # one compute (and so one set of compiled executables) serves the op and its variants
         computed = _compute_fn(entry)
         compute = computed.compute
-        lib.impl(op, _kernel(entry, computed), "PrivateUse1")
+        _register_kernel(lib, op, _kernel(entry, computed))
         for variant, resize in _derived_variants(op):
             if variant in explicit or variant in DERIVED:
                 continue

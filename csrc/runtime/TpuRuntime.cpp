@@ -777,8 +777,6 @@ PyObject* call_whole_operands(PyObject* /*module*/, PyObject* const* args, Py_ss
   return returning([&] { return whole_operands(args[0], positions); });
 }
 
-// wrap_value(value[, inputs]): with inputs (an elementwise op's arguments), only where every
-// tensor among them is contiguous, the output's layout then (tensor.wrap_elementwise).
 // Whether every tensor in the tuple `inputs` is contiguous (an elementwise op's output is then
 // laid out contiguously too: tensor.wrap_elementwise's common case).
 bool tensors_contiguous(PyObject* inputs) {
@@ -791,6 +789,8 @@ bool tensors_contiguous(PyObject* inputs) {
   return true;
 }
 
+// wrap_value(value[, inputs]): with inputs (an elementwise op's arguments), only where every
+// tensor among them is contiguous, the output's layout then (tensor.wrap_elementwise).
 PyObject* call_wrap_value(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   if (count == 2) {
     if (!PyTuple_Check(args[1])) {
@@ -910,35 +910,66 @@ bool plans_apply(PyObject* op) {
   return recorded == Py_None || (recorded != nullptr && PySet_CheckExact(recorded) && PySet_Add(recorded, op) == 0);
 }
 
+// One output of a planned program as the op's tensor: the core's (value_tensor) where it makes
+// one, else Python's wrap of it (tensor.wrap; tensor.wrap_elementwise for an elementwise op,
+// which the core leaves to Python where its inputs are not all contiguous; for an item of a
+// tuple dispatch._wrap_output: None, a list of outputs, a value to put on the device first).
+struct WrappedOutput {
+  at::Tensor tensor;  // the core's, where defined
+  py::object python;  // else Python's (null where its wrap raised)
+};
+
+WrappedOutput wrap_program_output(long returns, PyObject* item, PyObject* args) {
+  if (returns != kLikeInputs || tensors_contiguous(args)) {
+    at::Tensor tensor = value_tensor(item);
+    if (tensor.defined()) {
+      return {std::move(tensor), {}};
+    }
+  }
+  PyObject* wrapped = returns == kTuple ? PyObject_CallOneArg(g_plans.wrap_output, item)
+      : returns == kLikeInputs          ? PyObject_CallFunctionObjArgs(g_plans.wrap_elementwise, item, args, nullptr)
+                                        : PyObject_CallOneArg(g_plans.wrap, item);
+  return {{}, py::reinterpret_steal<py::object>(wrapped)};
+}
+
+// The outputs of a planned program (one, or each of a tuple's) as wrap_program_output makes them, in
+// order; false, with the error set, where a Python wrap raised or a tuple-returning op's program
+// returned no tuple.
+bool wrap_each_output(long returns, PyObject* out, PyObject* args, c10::SmallVector<WrappedOutput, 2>& outputs) {
+  if (returns != kTuple) {
+    outputs.push_back(wrap_program_output(returns, out, args));
+    return outputs.back().tensor.defined() || outputs.back().python;
+  }
+  if (!PyTuple_Check(out)) {
+    PyErr_SetString(PyExc_TypeError, "PlannedKernel: a program of a tuple-returning op returned no tuple");
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(out); ++i) {
+    outputs.push_back(wrap_program_output(kTuple, PyTuple_GET_ITEM(out, i), args));
+    if (!outputs.back().tensor.defined() && !outputs.back().python) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // The op's outputs as its Python kernel returns them (ops/dispatch.py, _functional_kernel).
 PyObject* wrap_outputs(long returns, const py::object& out, PyObject* args) {
-  if (returns == kTuple) {
-    if (!PyTuple_Check(out.ptr())) {
-      PyErr_SetString(PyExc_TypeError, "PlannedKernel: a program of a tuple-returning op returned no tuple");
-      return nullptr;
-    }
-    const Py_ssize_t count = PyTuple_GET_SIZE(out.ptr());
-    py::tuple tensors(count);
-    for (Py_ssize_t i = 0; i < count; ++i) {
-      PyObject* item = PyTuple_GET_ITEM(out.ptr(), i);
-      py::object tensor = wrap_value(item);
-      if (tensor.is_none()) {  // (None, a list of outputs, a value to put on the device first)
-        tensor = py::reinterpret_steal<py::object>(PyObject_CallOneArg(g_plans.wrap_output, item));
-        if (!tensor) {
-          return nullptr;
-        }
-      }
-      PyTuple_SET_ITEM(tensors.ptr(), i, tensor.release().ptr());
-    }
-    return tensors.release().ptr();
+  c10::SmallVector<WrappedOutput, 2> outputs;
+  if (!wrap_each_output(returns, out.ptr(), args, outputs)) {
+    return nullptr;
   }
-  const bool contiguous = returns != kLikeInputs || tensors_contiguous(args);
-  py::object tensor = contiguous ? wrap_value(out) : py::none();
-  if (!tensor.is_none()) {
-    return tensor.release().ptr();
+  auto as_object = [](WrappedOutput& output) {
+    return output.tensor.defined() ? THPVariable_Wrap(std::move(output.tensor)) : output.python.release().ptr();
+  };
+  if (returns != kTuple) {
+    return as_object(outputs[0]);
   }
-  return returns == kLikeInputs ? PyObject_CallFunctionObjArgs(g_plans.wrap_elementwise, out.ptr(), args, nullptr)
-                                : PyObject_CallOneArg(g_plans.wrap, out.ptr());
+  py::tuple tensors(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    PyTuple_SET_ITEM(tensors.ptr(), i, as_object(outputs[i]));
+  }
+  return tensors.release().ptr();
 }
 
 // The output of the plan's program run for the call; nullptr and no error where no plan applies.
@@ -1157,8 +1188,9 @@ bool converted_like_the_holder(const c10::TypePtr& type) {
 }
 
 struct BoxedPlannedKernel final : c10::OperatorKernel {
-  explicit BoxedPlannedKernel(PyObject* planned) : planned(planned) {}
+  BoxedPlannedKernel(PyObject* planned, size_t keywords_start) : planned(planned), keywords_start(keywords_start) {}
   PyObject* planned;  // the PlannedKernel (kept for the process's lifetime, as the library is)
+  size_t keywords_start;  // the schema's first keyword-only argument (their count if none)
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet /*keys*/, torch::jit::Stack* stack) {
     const auto& schema = op.schema();
@@ -1169,10 +1201,6 @@ struct BoxedPlannedKernel final : c10::OperatorKernel {
       const auto& fallback = declared[i].default_value();
       return fallback.has_value() && *fallback == arguments[i];
     };
-    size_t keywords_start = count;
-    while (keywords_start > 0 && declared[keywords_start - 1].kwarg_only()) {
-      --keywords_start;
-    }
     size_t positional = keywords_start;
     while (positional > 0 && is_default(positional - 1)) {
       --positional;
@@ -1195,12 +1223,17 @@ struct BoxedPlannedKernel final : c10::OperatorKernel {
     TORCH_CHECK(self->kernel != nullptr, schema.name(), ": its PlannedKernel was cleared");
     if (!kwargs) {
       auto out = py::reinterpret_steal<py::object>(run_program(self, args.ptr()));
-      if (out) {  // (the program's outputs become tensors here: no Python object made for them)
-        c10::SmallVector<at::Tensor, 2> tensors;
-        output_tensors(schema, self->returns, out.ptr(), args.ptr(), tensors);
+      if (out) {  // (the core's tensors go on the stack as they are: no Python object made for them)
+        c10::SmallVector<WrappedOutput, 2> outputs;
+        if (!wrap_each_output(self->returns, out.ptr(), args.ptr(), outputs)) {
+          raise_if_set();
+        }
+        TORCH_CHECK(
+            outputs.size() == schema.returns().size(), schema.name(), ": its program returned ", outputs.size(),
+            " outputs, not ", schema.returns().size());
         torch::jit::drop(*stack, count);
-        for (auto& tensor : tensors) {
-          torch::jit::push(*stack, std::move(tensor));
+        for (auto& output : outputs) {
+          torch::jit::push(*stack, output.tensor.defined() ? std::move(output.tensor) : unpacked(output.python.ptr(), schema));
         }
         return;
       }
@@ -1241,40 +1274,6 @@ struct BoxedPlannedKernel final : c10::OperatorKernel {
     return THPVariable_Unpack(item);
   }
 
-  // A program's outputs as wrap_outputs makes them, as tensors: value_tensor's where it makes
-  // one, else the Python wrap's.
-  static void output_tensors(
-      const c10::FunctionSchema& schema,
-      long returns,
-      PyObject* out,
-      PyObject* args,
-      c10::SmallVector<at::Tensor, 2>& tensors) {
-    if (returns != kTuple) {
-      at::Tensor tensor = returns != kLikeInputs || tensors_contiguous(args) ? value_tensor(out) : at::Tensor();
-      if (!tensor.defined()) {
-        auto wrapped = py::reinterpret_steal<py::object>(
-            returns == kLikeInputs ? PyObject_CallFunctionObjArgs(g_plans.wrap_elementwise, out, args, nullptr)
-                                   : PyObject_CallOneArg(g_plans.wrap, out));
-        raise_if_set();
-        tensor = unpacked(wrapped.ptr(), schema);
-      }
-      tensors.push_back(std::move(tensor));
-      return;
-    }
-    TORCH_CHECK(
-        PyTuple_Check(out) && static_cast<size_t>(PyTuple_GET_SIZE(out)) == schema.returns().size(),
-        schema.name(), ": its program returned no tuple of ", schema.returns().size(), " outputs");
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(out); ++i) {
-      PyObject* item = PyTuple_GET_ITEM(out, i);
-      at::Tensor tensor = value_tensor(item);
-      if (!tensor.defined()) {
-        auto wrapped = py::reinterpret_steal<py::object>(PyObject_CallOneArg(g_plans.wrap_output, item));
-        raise_if_set();
-        tensor = unpacked(wrapped.ptr(), schema);
-      }
-      tensors.push_back(std::move(tensor));
-    }
-  }
 };
 
 // Registers `planned` (a PlannedKernel) as the tpu kernel of aten::`name`.`overload` ("" for
@@ -1298,9 +1297,14 @@ bool serve_boxed(const std::string& name, const std::string& overload, py::handl
       return false;
     }
   }
+  size_t keywords_start = schema.arguments().size();
+  while (keywords_start > 0 && schema.arguments()[keywords_start - 1].kwarg_only()) {
+    --keywords_start;
+  }
   library->impl(
       (overload.empty() ? name : name + "." + overload).c_str(),
-      torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedPlannedKernel>(planned.inc_ref().ptr())));
+      torch::CppFunction::makeFromBoxedFunctor(
+          std::make_unique<BoxedPlannedKernel>(planned.inc_ref().ptr(), keywords_start)));
   return true;
 }
 

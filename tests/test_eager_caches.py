@@ -524,16 +524,17 @@ def test_an_error_in_a_call_of_a_kept_program_is_the_general_paths(mode):
 
 # ----------------------------------------------------------------------------- plans the core serves
 # A planned call (every argument a tensor the core reads whole, positional) runs from the C++
-# core's PlannedKernel with no Python frame; every state the Python kernel handles differently
-# sends the call back to it, and what it then does is what it does without a plan.
-def _python_frames(call) -> list[str]:
-    """The torch_tpu Python functions ``call`` ran."""
+# core's PlannedKernel with no Python frame (in fused mode: none but the recorder's); every state
+# the Python kernel handles differently sends the call back to it, and what it then does is what
+# it does without a plan.
+def _python_frames(call, under: str = "torch_tpu") -> list[str]:
+    """The Python functions ``call`` ran from files whose path contains ``under``."""
     import sys
 
     frames = []
 
     def profile(frame, event, _arg):
-        if event == "call" and "torch_tpu" in frame.f_code.co_filename:
+        if event == "call" and under in frame.f_code.co_filename:
             frames.append(frame.f_code.co_name)
 
     sys.setprofile(profile)
@@ -565,12 +566,19 @@ def test_a_planned_call_runs_no_python(planned):
     torch.testing.assert_close(torch.add(a, b).cpu(), torch.arange(4.0) + 0.5, rtol=0, atol=0)
 
 
-#: what a planned call may still run in Python: a number's conversion to a device scalar
-_NUMBER_FRAMES = {"_number", "device_scalar", "get"}
+#: what a planned call may still run in Python: a number's conversion to a device scalar, a
+#: view's StridedView (its constructor)
+_CONVERSION_FRAMES = {"_number", "device_scalar", "get", "__init__"}
 
 
 def _served(call) -> bool:
-    return set(_python_frames(call)) <= _NUMBER_FRAMES
+    """Whether the core served ``call``: no Python ran but a number's conversion, or, while
+    this thread records a fused graph, no op kernel's (its recorder's record is Python)."""
+    from torch_tpu.runtime.context import context
+
+    if context.recorder is not None:
+        return set(_python_frames(call, "torch_tpu/ops/")) <= {"_number"}
+    return set(_python_frames(call)) <= _CONVERSION_FRAMES
 
 
 @pytest.mark.parametrize(
@@ -595,20 +603,77 @@ def _served(call) -> bool:
     ],
     ids=["statics", "numbers", "tuples"],
 )
-def test_the_core_converts_a_planned_calls_arguments_as_python_does(planned, calls):
-    """Each call the second time is served (no Python but a number's conversion) and equals
-    what it gave the first time, through the Python kernel, and CPU's result."""
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_the_core_converts_a_planned_calls_arguments_as_python_does(planned, calls, mode):
+    """Each call the second time is served (no Python but a number's conversion; fused: recorded
+    from the core) and equals what it gave the first time, through the Python kernel, and CPU's
+    result."""
     x = torch.arange(12.0).reshape(3, 4) - 5
     on_tpu = x.to("tpu")
     for call in calls:
         expected = call(x)
-        first = call(on_tpu)
-        assert _served(lambda: call(on_tpu))
-        second = call(on_tpu)
+        with torch_tpu.eager_mode(mode):
+            first = call(on_tpu)
+            assert _served(lambda: call(on_tpu))
+            pending = torch_tpu.execution.pending_ops()
+            second = call(on_tpu)
+            assert torch_tpu.execution.pending_ops() == (pending + 1 if mode == "fused" else 0)
         for got, was, cpu in zip(*(torch.utils._pytree.tree_leaves(r) for r in (second, first, expected))):
             assert got.dtype == cpu.dtype and got.shape == cpu.shape and got.stride() == cpu.stride()
             torch.testing.assert_close(got.cpu(), was.cpu(), rtol=0, atol=0)
             torch.testing.assert_close(got.cpu(), cpu)
+
+
+@pytest.mark.parametrize(
+    "view, served_strict",
+    [
+        # a whole storage reshaped (strict eager reads it apart once and keeps it in that shape)
+        (lambda x: x.reshape(4, 3), True),
+        (lambda x: x[1:], False),  # at an offset
+        (lambda x: x[:, 1:2], False),  # a size-1 dim's stride, at an offset
+        (lambda x: x.t(), True),  # a whole storage permuted: read in the program in both modes
+        (lambda x: (x * 2)[1:], False),  # a view of a value the graph still computes
+    ],
+    ids=["reshaped", "offset", "size-1", "permuted", "pending"],
+)
+def test_a_recorded_call_reads_its_views_in_the_core(planned, view, served_strict):
+    """While a fused graph records, every view an op's program reads comes from the core as
+    Python hands it (``tensor.read_in_program``): served, one node, and CPU's values and layout;
+    strict eager keeps reading slices apart in Python."""
+    x = torch.arange(12.0).reshape(3, 4) - 5
+    on_tpu = x.to("tpu")
+    expected = torch.exp(view(x)) + view(x)
+    for mode in ("fused", "strict"):
+        with torch_tpu.eager_mode(mode):
+            results = [torch.exp(view(on_tpu)) + view(on_tpu)]  # (the first call keeps the plan)
+            v = view(on_tpu)
+            v.sum([0])  # (a plan kept; its output is contiguous: no Python wrap for a layout)
+            assert _served(lambda: v.sum([0])) == (mode == "fused" or served_strict)
+            pending = torch_tpu.execution.pending_ops()
+            results.append(torch.exp(v) + v)
+            if mode == "fused" and expected.is_contiguous():  # (else each output is stored transposed)
+                assert torch_tpu.execution.pending_ops() == pending + 2  # (exp and add: no read of its own)
+        for got in results:  # (the Python kernel's and the core's: the same program)
+            assert got.stride() == expected.stride()
+            torch.testing.assert_close(got.cpu(), results[0].cpu(), rtol=0, atol=0)
+            torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_a_view_the_core_does_not_read_is_pythons(planned):
+    """A view of the same key the core leaves to Python: a CPU tensor's (PyTorch's device
+    error), a complex one (read resolved)."""
+    a = torch.arange(12.0, device="tpu").reshape(3, 4)
+    with torch_tpu.eager_mode("fused"):
+        for _ in range(2):
+            torch.add(a[1:], a[:2])
+        with pytest.raises(RuntimeError, match="same device"):
+            torch.add(a[1:], torch.ones(3, 4)[1:])
+        z = torch.arange(6.0).reshape(3, 2).to(torch.complex64)
+        on_tpu = z.to("tpu")
+        for _ in range(2):
+            got = torch.add(on_tpu[1:], on_tpu[:2])
+        torch.testing.assert_close(got.cpu(), z[1:] + z[:2], rtol=0, atol=0)
+        assert torch.add(a[1:], a[:2]).sum().item() == 88.0  # the process goes on
 
 
 def test_a_planned_call_leaves_every_other_state_to_the_python_kernel(planned, monkeypatch):
@@ -648,8 +713,9 @@ def test_a_planned_call_leaves_every_other_state_to_the_python_kernel(planned, m
     finally:
         dispatch.recorded_ops = before
     with torch_tpu.eager_mode("fused"):
+        assert not _python_frames(lambda: torch.add(a, b), "torch_tpu/ops/")  # (recorded from the core)
         y = torch.add(a, b)
-        assert torch_tpu.execution.pending_ops() == 1  # recorded, not run
+        assert torch_tpu.execution.pending_ops() == 2  # recorded, not run
     torch.testing.assert_close(y.cpu(), expected, rtol=0, atol=0)
     assert not served_by_python()  # (and served again once every state is back)
 

@@ -459,6 +459,9 @@ struct ValueTypes {
   PyTypeObject* deferred = nullptr;  // buffer.Deferred
   PyObject* strided_view = nullptr;  // buffer.StridedView
   PyObject* to_torch = nullptr;  // {numpy dtype: torch.dtype}
+  // to_torch's entries by the dtype object's identity, tried before the dict: hashing a numpy
+  // dtype costs a tenth of a microsecond, paid by every output otherwise
+  c10::SmallVector<std::pair<PyObject*, c10::ScalarType>, 24> by_identity;
   std::array<PyObject*, static_cast<size_t>(c10::ScalarType::NumOptions)> to_jax{};
   // the attribute names read
   PyObject* aval = nullptr;
@@ -491,6 +494,8 @@ void configure_values(
   }
   for (auto [jax_dtype, torch_dtype] : jax_to_torch) {
     TORCH_CHECK(THPDtype_Check(torch_dtype.ptr()), "configure_values: jax_to_torch's values must be torch dtypes");
+    g_values.by_identity.emplace_back(
+        jax_dtype.inc_ref().ptr(), reinterpret_cast<THPDtype*>(torch_dtype.ptr())->scalar_type);
   }
   g_values.to_torch = jax_to_torch.inc_ref().ptr();
   g_values.aval = PyUnicode_InternFromString("aval");
@@ -532,14 +537,13 @@ bool same_sizes(const py::object& shape, c10::IntArrayRef sizes) {
   return true;
 }
 
-// The value of a tpu tensor's storage if the tensor reads it at offset 0 with its dtype (no lazy
-// conjugate or negative bit) and the value is a concrete array or a pending Deferred one: its
-// shape then comes back too. Else None: Python reads the tensor (tensor._view). A Deferred value
-// whose graph has run is replaced by its array first, as buffer.get does: every storage a graph
-// wrote stays on this path at its first read after the graph ran.
+// The value of a tpu tensor's storage if the tensor reads it with its dtype (no lazy conjugate
+// or negative bit) and the value is a concrete array or a pending Deferred one: its shape then
+// comes back too. Else None: Python reads the tensor (tensor._view). A Deferred value whose
+// graph has run is replaced by its array first, as buffer.get does: every storage a graph wrote
+// stays on this path at its first read after the graph ran.
 py::object storage_value(const at::Tensor& tensor, py::object& shape) {
-  if (tensor.device().type() != kTpu || !tensor.has_storage() || tensor.storage_offset() != 0 ||
-      tensor.is_conj() || tensor.is_neg()) {
+  if (tensor.device().type() != kTpu || !tensor.has_storage() || tensor.is_conj() || tensor.is_neg()) {
     return py::none();
   }
   PyObject* wanted = g_values.to_jax[static_cast<size_t>(tensor.scalar_type())];
@@ -579,7 +583,7 @@ py::object whole_value(py::handle object) {
     return py::none();
   }
   const at::Tensor& tensor = THPVariable_Unpack(object.ptr());
-  if (!tensor.is_contiguous()) {
+  if (!tensor.is_contiguous() || tensor.storage_offset() != 0) {
     return py::none();
   }
   py::object shape;
@@ -590,23 +594,42 @@ py::object whole_value(py::handle object) {
   return value;
 }
 
-// A tpu tensor that is its whole storage value with axes permuted (w.t(), x.transpose(1, 2)) as
-// the StridedView tensor.read_in_program makes of it: the value, no start, the tensor's shape
-// and its strides with those of size-1 dims made row-major's (tensor._addressing_strides). Else
-// None. The rule is tensor._is_whole_permutation's; ops read such views in their own program.
-py::object permuted_view(const at::Tensor& tensor) {
-  const int64_t dims = tensor.dim();
-  if (dims < 2 || tensor.is_contiguous()) {
-    return py::none();
-  }
+// A view's strides as its StridedView addresses the storage with them: those of size-1 dims,
+// which address nothing, made row-major's (tensor._addressing_strides).
+c10::SmallVector<int64_t, 6> addressing_strides(const at::Tensor& tensor) {
   const auto sizes = tensor.sizes();
   const auto strides = tensor.strides();
-  std::vector<int64_t> addressing(dims);
+  c10::SmallVector<int64_t, 6> addressing(sizes.size());
   int64_t row_major = 1;
-  for (int64_t d = dims - 1; d >= 0; --d) {
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
     addressing[d] = sizes[d] == 1 ? row_major : strides[d];
     row_major *= sizes[d];
   }
+  return addressing;
+}
+
+// StridedView(value, start, the tensor's shape, `addressing`), as tensor.read_in_program makes it.
+py::object strided_view(py::handle value, py::handle start, c10::IntArrayRef sizes, c10::ArrayRef<int64_t> addressing) {
+  const auto dims = static_cast<Py_ssize_t>(sizes.size());
+  py::tuple view_shape(dims), view_strides(dims);
+  for (Py_ssize_t d = 0; d < dims; ++d) {
+    PyTuple_SET_ITEM(view_shape.ptr(), d, PyLong_FromLongLong(sizes[d]));
+    PyTuple_SET_ITEM(view_strides.ptr(), d, PyLong_FromLongLong(addressing[d]));
+  }
+  return py::reinterpret_borrow<py::object>(g_values.strided_view)(value, start, view_shape, view_strides);
+}
+
+// A tpu tensor that is its whole storage value with axes permuted (w.t(), x.transpose(1, 2)) as
+// the StridedView tensor.read_in_program makes of it: the value, no start, the tensor's shape
+// and addressing strides. Else None. The rule is tensor._is_whole_permutation's; ops read such
+// views in their own program.
+py::object permuted_view(const at::Tensor& tensor) {
+  const int64_t dims = tensor.dim();
+  if (dims < 2 || tensor.is_contiguous() || tensor.storage_offset() != 0) {
+    return py::none();
+  }
+  const auto sizes = tensor.sizes();
+  const auto addressing = addressing_strides(tensor);
   std::vector<int64_t> order(dims);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return addressing[a] > addressing[b]; });
@@ -639,12 +662,7 @@ py::object permuted_view(const at::Tensor& tensor) {
   if (count != tensor.numel()) {
     return py::none();
   }
-  py::tuple view_shape(dims), view_strides(dims);
-  for (int64_t d = 0; d < dims; ++d) {
-    PyTuple_SET_ITEM(view_shape.ptr(), d, PyLong_FromLongLong(sizes[d]));
-    PyTuple_SET_ITEM(view_strides.ptr(), d, PyLong_FromLongLong(addressing[d]));
-  }
-  return py::reinterpret_borrow<py::object>(g_values.strided_view)(value, py::none(), view_shape, view_strides);
+  return strided_view(value, py::none(), sizes, addressing);
 }
 
 // An op's positional arguments for the per-op fast path (ops/dispatch.py): a key of what binding
@@ -711,14 +729,23 @@ at::Tensor value_tensor(py::handle value) {
   if (Py_TYPE(value.ptr()) == g_values.array && !PyObject_IsTrue(value.attr(g_values.committed).ptr())) {
     return {};  // put on the device first (buffer.put)
   }
-  PyObject* torch_dtype = PyDict_GetItemWithError(g_values.to_torch, dtype.ptr());
-  if (torch_dtype == nullptr) {
-    if (PyErr_Occurred()) {
-      throw py::error_already_set();
+  std::optional<c10::ScalarType> scalar_type;
+  for (const auto& [jax_dtype, torch_type] : g_values.by_identity) {
+    if (jax_dtype == dtype.ptr()) {
+      scalar_type = torch_type;
+      break;
     }
-    return {};
   }
-  auto scalar_type = reinterpret_cast<THPDtype*>(torch_dtype)->scalar_type;
+  if (!scalar_type) {  // (an equal dtype object of another identity)
+    PyObject* torch_dtype = PyDict_GetItemWithError(g_values.to_torch, dtype.ptr());
+    if (torch_dtype == nullptr) {
+      if (PyErr_Occurred()) {
+        throw py::error_already_set();
+      }
+      return {};
+    }
+    scalar_type = reinterpret_cast<THPDtype*>(torch_dtype)->scalar_type;
+  }
   std::vector<int64_t> sizes(PyTuple_GET_SIZE(shape.ptr()));
   int64_t count = 1;
   for (size_t i = 0; i < sizes.size(); ++i) {
@@ -728,7 +755,7 @@ at::Tensor value_tensor(py::handle value) {
   if (PyErr_Occurred()) {
     throw py::error_already_set();
   }
-  auto tensor = empty(sizes, std::nullopt, scalar_type, count * c10::elementSize(scalar_type), 0);
+  auto tensor = empty(sizes, std::nullopt, *scalar_type, count * c10::elementSize(*scalar_type), 0);
   auto storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(tensor.storage()));
   if (!storage || PyObject_SetAttr(storage.ptr(), g_values.attr, value.ptr()) != 0) {
     throw py::error_already_set();
@@ -813,11 +840,12 @@ PyObject* call_wrap_value(PyObject* /*module*/, PyObject* const* args, Py_ssize_
 // (whole_operands: the key, the values) and every other one a static argument or a number
 // (dispatch._native_rules): the plan's program runs on those values and its output becomes the
 // new tensor here, with no Python frame between the dispatcher and the program but a number's
-// conversion (the op joins dispatch.recorded_ops as there). Everything else goes
-// to the Python kernel: keyword arguments, an unplanned key, a thread recording a fused graph,
-// launch blocking, a float32 matmul precision other than "highest", more than one device, a
-// pending job, meta checks, and a program that raises (the Python kernel runs the call again and
-// raises PyTorch's error).
+// conversion (the op joins dispatch.recorded_ops as there). A thread recording a fused graph
+// records the program instead (its recorder's record, as the Python kernel calls it), and the
+// pending output becomes the tensor the same way. Everything else goes to the Python kernel:
+// keyword arguments, an unplanned key, launch blocking, a float32 matmul precision other than
+// "highest", more than one device, a pending job, meta checks, and a program or recording that
+// raises (the Python kernel runs the call again and raises PyTorch's error).
 struct PlanState {
   PyObject* platform = nullptr;  // torch_tpu.runtime.platform's namespace
   PyObject* dispatch = nullptr;  // torch_tpu.ops.dispatch's
@@ -833,6 +861,7 @@ struct PlanState {
   PyObject* recorded_ops = nullptr;
   PyObject* check_meta = nullptr;
   PyObject* recorder = nullptr;
+  PyObject* record = nullptr;
   PyObject* launch_blocking = nullptr;
   PyObject* op = nullptr;
 };
@@ -842,7 +871,7 @@ PyObject* g_zero = nullptr;  // 0, the tpu index numbers are converted for (one 
 struct PlannedKernel {
   PyObject_HEAD PyObject* kernel;  // the op's Python kernel
   // {key: (program, the trailing arguments' converted defaults, default dtype, the conversions:
-  // (position, kNativeStatic or kNativeNumber, default))}
+  // (position, a NativeRule, default), whether one of them reads a view (kNativeView))}
   PyObject* plans;
   PyObject* op;  // the OpOverload (dispatch.recorded_ops)
   PyObject* name;  // the op's name (context.op, named by errors of checks reported later)
@@ -850,8 +879,8 @@ struct PlannedKernel {
   long returns;  // a Returns
 };
 
-// (dispatch._NATIVE_STATIC and _NATIVE_NUMBER)
-enum NativeRule : long { kNativeStatic, kNativeNumber };
+// (dispatch._NATIVE_STATIC, _NATIVE_NUMBER and _NATIVE_VIEW)
+enum NativeRule : long { kNativeStatic, kNativeNumber, kNativeView };
 // What an op returns (dispatch._RETURNS): one contiguous tensor, one tensor laid out like its
 // tensor inputs (an elementwise op's: tensor.wrap_elementwise), a tuple (dispatch._wrap_output)
 enum Returns : long { kOne, kLikeInputs, kTuple };
@@ -879,6 +908,7 @@ void configure_plans(
   g_plans.recorded_ops = PyUnicode_InternFromString("recorded_ops");
   g_plans.check_meta = PyUnicode_InternFromString("check_meta");
   g_plans.recorder = PyUnicode_InternFromString("recorder");
+  g_plans.record = PyUnicode_InternFromString("record");
   g_plans.launch_blocking = PyUnicode_InternFromString("launch_blocking");
   g_plans.op = PyUnicode_InternFromString("op");
 }
@@ -889,11 +919,11 @@ bool global_is(PyObject* globals, PyObject* name, PyObject* expected) {
 }
 
 // Whether a call of `op` may run from a plan: the per-process and per-thread state the Python
-// kernel's fast path tests (ops/dispatch.py, compute and kernel), as it is now.
-// (A fused recorder first: a thread in fused mode goes to the Python kernel at the first test.)
-bool plans_apply(PyObject* op) {
-  auto recorder = py::reinterpret_steal<py::object>(PyObject_GetAttr(g_plans.context, g_plans.recorder));
-  if (recorder.ptr() != Py_None) {
+// kernel's fast path tests (ops/dispatch.py, compute and kernel), as it is now; `recorder` is
+// then the thread's fused recorder (None in strict mode).
+bool plans_apply(PyObject* op, py::object& recorder) {
+  recorder = py::reinterpret_steal<py::object>(PyObject_GetAttr(g_plans.context, g_plans.recorder));
+  if (!recorder) {
     return false;
   }
   if (!global_is(g_plans.platform, g_plans.attention_needed, Py_False) ||
@@ -972,9 +1002,36 @@ PyObject* wrap_outputs(long returns, const py::object& out, PyObject* args) {
   return tensors.release().ptr();
 }
 
+// A tpu view as tensor.read_in_program hands it to an op recorded in a fused graph (every view
+// there is read inside its op's node): a StridedView of its storage's value, its start (None at
+// offset 0, else the offset as dispatch._number's device scalar), shape and addressing strides.
+// None where Python reads it (a complex view, which it reads resolved; a value storage_value
+// leaves to Python); nullptr, with the error set, where the start's conversion raised.
+py::object recorded_view(const at::Tensor& tensor) {
+  if (c10::isComplexType(tensor.scalar_type())) {
+    return py::none();
+  }
+  py::object shape;
+  py::object value = storage_value(tensor, shape);
+  if (value.is_none()) {
+    return py::none();
+  }
+  py::object start = py::none();
+  if (tensor.storage_offset() != 0) {
+    auto offset = py::reinterpret_steal<py::object>(PyLong_FromLongLong(tensor.storage_offset()));
+    PyObject* pair[] = {offset.ptr(), g_zero};
+    start = py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_plans.number, pair, 2, nullptr));
+    if (!start) {
+      return {};
+    }
+  }
+  return strided_view(value, start, tensor.sizes(), addressing_strides(tensor));
+}
+
 // The output of the plan's program run for the call; nullptr and no error where no plan applies.
 PyObject* run_program(PlannedKernel* self, PyObject* args) {
-  if (g_plans.context == nullptr || !plans_apply(self->op)) {
+  py::object recorder;
+  if (g_plans.context == nullptr || !plans_apply(self->op, recorder)) {
     PyErr_Clear();  // (a state not readable as expected: the Python kernel's own reading)
     return nullptr;
   }
@@ -989,6 +1046,9 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
       torch::getTHPDtype(c10::typeMetaToScalarType(c10::get_default_dtype())));
   if (!plan || PyTuple_GET_ITEM(plan.ptr(), 2) != default_dtype) {
     return nullptr;
+  }
+  if (recorder.ptr() == Py_None && PyTuple_GET_ITEM(plan.ptr(), 4) == Py_True) {
+    return nullptr;  // (it reads views, which strict eager reads apart: Python's)
   }
   PyObject* values = PyTuple_GET_ITEM(operands.ptr(), 1);
   PyObject* defaults = PyTuple_GET_ITEM(plan.ptr(), 1);
@@ -1005,7 +1065,16 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
     PyObject* rule = PyTuple_GET_ITEM(rules, r);
     PyObject*& value = stack[PyLong_AsSsize_t(PyTuple_GET_ITEM(rule, 0)) + 1];
     PyObject* fallback = PyTuple_GET_ITEM(rule, 2);
-    if (PyLong_AsLong(PyTuple_GET_ITEM(rule, 1)) == kNativeStatic) {
+    const long how = PyLong_AsLong(PyTuple_GET_ITEM(rule, 1));
+    if (how == kNativeView) {
+      converted.push_back(THPVariable_Check(value) ? recorded_view(THPVariable_Unpack(value)) : py::none());
+      if (!converted.back() || converted.back().is_none()) {
+        return nullptr;  // (an error set, or Python reads it)
+      }
+      value = converted.back().ptr();
+      continue;
+    }
+    if (how == kNativeStatic) {
       if (PyList_Check(value)) {  // (a shape or dims list: the program's static tuple)
         converted.push_back(py::reinterpret_steal<py::object>(PyList_AsTuple(value)));
         if (!converted.back()) {
@@ -1037,8 +1106,22 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
   if (PyObject_SetAttr(g_plans.context, g_plans.op, self->name) != 0) {
     return nullptr;
   }
-  PyObject* out = PyObject_Vectorcall(
-      PyTuple_GET_ITEM(plan.ptr(), 0), stack.data() + 1, count | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  PyObject* program = PyTuple_GET_ITEM(plan.ptr(), 0);
+  PyObject* out;
+  if (recorder.ptr() == Py_None) {
+    out = PyObject_Vectorcall(program, stack.data() + 1, count | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  } else {  // recorder.record(program, arguments, None, name): a pending output
+    auto arguments = py::reinterpret_steal<py::object>(PyTuple_New(count));
+    if (!arguments) {
+      return nullptr;
+    }
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      Py_INCREF(stack[i + 1]);
+      PyTuple_SET_ITEM(arguments.ptr(), i, stack[i + 1]);
+    }
+    PyObject* call[] = {recorder.ptr(), program, arguments.ptr(), Py_None, self->name};
+    out = PyObject_VectorcallMethod(g_plans.record, call, 5, nullptr);
+  }
   if (out == nullptr && PyErr_ExceptionMatches(PyExc_Exception)) {
     PyErr_Clear();  // the Python kernel runs the call again and raises PyTorch's error
   }

@@ -347,9 +347,9 @@ last_flush_reason: str | None = None
 _previous_by_start = LRU()
 
 
-#: (first op of a graph and its line, position of an op in it) -> the op, for ops whose shapes change from
-#: one graph to the next (a sequence growing by a token per step): they run alone, so the rest
-#: of the graph keeps one shape and stays compiled
+#: first op of a graph and its line -> {position of an op in it: the op}, for ops whose shapes
+#: change from one graph to the next (a sequence growing by a token per step): they run alone, so
+#: the rest of the graph keeps one shape and stays compiled (a graph looks its start up once)
 _churning = LRU()
 #: first op of a graph and its line -> {position: (signatures seen there, graphs in a row that
 #: brought a new one)} over the graphs that started there
@@ -405,8 +405,13 @@ def _learn_churn(graph: Graph) -> None:
         history[position] = ((seen | {signature}) if len(seen) < 16 else frozenset({signature}), novel)
     few = len(novel_at) <= CHURN_SHARE * len(graph.positions)
     for position, fn, novel in novel_at:
-        if (few or novel >= CHURN_AFTER) and (graph.start, position) not in _churning:
-            _churning[(graph.start, position)] = fn
+        if few or novel >= CHURN_AFTER:
+            here = _churning.get(graph.start)
+            if here is None:
+                here = _churning[graph.start] = {}
+            if position in here:
+                continue
+            here[position] = fn
             if log_recompiles:
                 name = getattr(fn, "__name__", fn)
                 explain(f"op {position} ({name}) has new shapes in every graph: it now runs on its own")
@@ -444,6 +449,8 @@ class Graph:
         #: graph cut to run a churning op alone is continued by the next one
         self.seen = 0 if continuing is None else continuing.seen
         self.start: tuple | None = None if continuing is None else continuing.start
+        #: the ops learned to churn in graphs of this start, by position (None: none)
+        self.churning: dict | None = None if continuing is None else continuing.churning
         self.positions: list[int] = []
         self.signatures: list[tuple] = []
         #: whether a churning op had to be recorded (this graph changes shape anyway: it is
@@ -507,7 +514,8 @@ class Graph:
             position = self.seen
             if position == 0:  # graphs that start with this op at this line: the same loop, mostly
                 self.start = (fn, checks.user_line())
-            churning = _churning.get((self.start, position)) is fn
+                self.churning = _churning.get(self.start)
+            churning = self.churning is not None and self.churning.get(position) is fn
             if churning and not self._unclaimed:
                 if not any(map(self._computes, (*args, *kwargs.values()))):
                     self.seen += 1
@@ -852,7 +860,9 @@ class Recorder:
         if platform.others_used:
             self._on_device(_index_of((args, kwargs)))
         while True:
-            graph = self.open_graph()
+            graph = self.graph
+            if graph.state is not _OPEN or len(graph.nodes) >= max_nodes:  # (open_graph's tests, inline)
+                graph = self.open_graph()
             try:
                 outs = graph.record(fn, args, kwargs or {}, name)
             except TypeError:  # an unhashable static argument: run this op eagerly

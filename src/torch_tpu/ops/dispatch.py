@@ -198,20 +198,24 @@ def _static_arg(x: Any, index: int = 0) -> Any:
 
 
 #: How the C++ core converts an argument of a planned call (``PlannedKernel``): a static one as
-#: :func:`_static` does, a number as :func:`_number` does (None where it equals its default)
-_NATIVE_STATIC, _NATIVE_NUMBER = 0, 1
+#: :func:`_static` does, a number as :func:`_number` does (None where it equals its default), a
+#: view its op's program reads as :func:`_to_program_arg` hands it to a fused graph's node
+#: (``tensor.read_in_program``; strict eager reads such views apart: Python does)
+_NATIVE_STATIC, _NATIVE_NUMBER, _NATIVE_VIEW = 0, 1, 2
 
 
 def _native_rules(rules: tuple, args: tuple) -> tuple | None:
     """A fast plan's conversions (``(position, default, converter)``) of a call with ``args`` as
-    the C++ core does them, ``(position, how, default)``; None where one is beyond it (a view, a
-    list of tensors). (A None stays None: the key tells that it is None.)"""
+    the C++ core does them, ``(position, how, default)``; None where one is beyond it (a view
+    read apart, a list of tensors). (A None stays None: the key tells that it is None.)"""
     native = []
     for i, default, convert in rules:
         if convert is _number:
             native.append((i, _NATIVE_NUMBER, default))
         elif (convert is None or convert is _static_arg or args[i] is None) and default is _NO_DEFAULT:
             native.append((i, _NATIVE_STATIC, None))
+        elif convert is _to_program_arg and isinstance(args[i], torch.Tensor):
+            native.append((i, _NATIVE_VIEW, None))
         else:
             return None
     return tuple(native)
@@ -585,7 +589,8 @@ def _compute_fn(entry: Lowering) -> _Compute:
             )
             native_rules = None if rules is None or native_plans is None else _native_rules(rules, args)
             if native_rules is not None:  # (the same plan, its conversions as the core does them)
-                native_plans[learn] = (*kept[:3], native_rules)
+                reads_views = any(how == _NATIVE_VIEW for _, how, _ in native_rules)
+                native_plans[learn] = (*kept[:3], native_rules, reads_views)
         return result
 
     return _Compute(compute, binder, native_plans, views_in_program)

@@ -303,6 +303,47 @@ def test_views_read_inside_programs_are_keyed_by_their_geometry(mode):
             torch.testing.assert_close(got.cpu(), expected[:rows] * other[:rows, : shape[1]])
 
 
+def test_a_graph_recorded_again_takes_a_node_from_its_template_only_where_it_is_the_same(monkeypatch):
+    """A graph that starts where the last one started compares each node with the node at its
+    place there and takes it only where it is the same op on the same signature; any other
+    shape, dtype or view geometry looks the node up (and gives CPU's values)."""
+    from torch_tpu.execution import fused
+
+    def step(x):
+        return (x * 2).sum(0) + x[0]
+
+    lookups, nodes = [], fused._nodes
+
+    class Looked:  # (fused._nodes, its lookups counted)
+        def get(self, key, default=None):
+            lookups.append(key)
+            return nodes.get(key, default)
+
+        def __setitem__(self, key, value):
+            nodes[key] = value
+
+    monkeypatch.setattr(fused, "_nodes", Looked())
+    inputs = [
+        torch.ones(3, 4),
+        torch.arange(12.0).reshape(3, 4),  # the same graph again: no lookup
+        torch.arange(12.0).reshape(4, 3),  # another shape
+        torch.arange(12, dtype=torch.int32).reshape(3, 4),  # another dtype
+        torch.arange(12.0).reshape(4, 3).t(),  # a view
+        torch.ones(3, 4),
+    ]
+    for x in inputs:
+        lookups.clear()
+        with torch_tpu.eager_mode("fused"):
+            got = step(x.to("tpu"))  # (every graph starts on this line)
+        expected = step(x)
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+        if x is inputs[1]:
+            assert not lookups
+        elif x is not inputs[0]:
+            assert lookups  # (what changed was looked up, not taken from the template)
+
+
 def test_a_view_adds_no_node_to_a_fused_graph():
     x, w = torch.randn(5, 4, device="tpu"), torch.randn(3, 4, device="tpu")
     torch_tpu.sync()

@@ -143,10 +143,15 @@ class _Node:
 
 
 #: (fn, input signature, arg specs, kwarg specs, matmul precision) -> (its _Node, output treedef,
-#: output avals, (fn, input signature)): what ``_shapes`` holds, and the node, in one lookup per
-#: recorded op; a graph keeps these objects, not the ones built to look them up (fewer objects
-#: alive per recorded op: fewer garbage collections)
+#: output avals, (fn, input signature), the key itself): what ``_shapes`` holds, and the node, in
+#: one lookup per recorded op; a graph keeps these objects, not the ones built to look them up
+#: (fewer objects alive per recorded op: fewer garbage collections)
 _nodes = LRU()
+#: first op of a graph and its line -> the ``_nodes`` entries of the last graph that started
+#: there, in order: a graph recording the same ops again (a training loop) compares each node's
+#: key with the one at its place there, which costs a fifth of hashing it (its dtypes' hashes
+#: are not cached) and looking it up
+_templates = LRU()
 
 
 def _typed(x: Any) -> Any:
@@ -432,6 +437,10 @@ class Graph:
         self.leaves: list[jax.Array] = []  # concrete inputs, in first-use order
         self.leaf_avals: list[tuple] = []  # their (shape, dtype, weak type): the fingerprint's
         self.interned: list[_Node] = []  # the nodes as the fingerprint has them
+        self.entries: list[tuple] = []  # their ``_nodes`` entries (the next graph's template)
+        #: the entries of the last graph with this one's start (a graph cut from another: none)
+        self.template: list[tuple] = []
+        self.continued = continuing is not None
         self.leaf_ids: dict[int, int] = {}
         #: its deferred values, alive while anything else references them (see _live_outputs)
         self.outputs: list[Deferred] = []
@@ -515,6 +524,7 @@ class Graph:
             if position == 0:  # graphs that start with this op at this line: the same loop, mostly
                 self.start = (fn, checks.user_line())
                 self.churning = _churning.get(self.start)
+                self.template = _templates.get(self.start, self.template)
             churning = self.churning is not None and self.churning.get(position) is fn
             if churning and not self._unclaimed:
                 if not any(map(self._computes, (*args, *kwargs.values()))):
@@ -538,7 +548,12 @@ class Graph:
                 signature_key = (fn, tuple(signature))
                 matmul_precision = precision.current()
                 node_key = (signature_key, arg_specs, kw_specs, matmul_precision)
-                interned = _nodes.get(node_key)
+                node = len(self.nodes)
+                template = self.template
+                if node < len(template) and template[node][4] == node_key:
+                    interned = template[node]
+                else:
+                    interned = _nodes.get(node_key)
                 if interned is None:
                     shapes = _shapes.get(signature_key)
                     if shapes is None:
@@ -551,16 +566,16 @@ class Graph:
                         avals = [buffer.aval_of(leaf) for leaf in leaves]
                         shapes = _shapes[signature_key] = (None if single else treedef, avals)
                     node_spec = _Node((fn, arg_specs, kw_specs, matmul_precision))
-                    interned = _nodes[node_key] = (node_spec, *shapes, signature_key)
+                    interned = _nodes[node_key] = (node_spec, *shapes, signature_key, node_key)
             except BaseException:  # not recorded (run alone, or an error): leaves no input behind
                 for x in self.leaves[known:]:
                     self.leaf_ids.pop(id(x), None)
                 del self.leaves[known:], self.leaf_avals[known:]
                 raise
-            node_spec, treedef, avals, signature_key = interned
-            node = len(self.nodes)
+            node_spec, treedef, avals, signature_key, _ = interned
             self.nodes.append(node_spec.key)
             self.interned.append(node_spec)
+            self.entries.append(interned)
             self.positions.append(position)
             self.signatures.append(signature_key)
             self.taints.append(frozenset(depends) if depends else _NO_CHECKS)
@@ -702,6 +717,8 @@ class Graph:
     def _run(self, reason: str) -> None:
         global last_flush_reason
         flush_started, compiled_before = time.perf_counter(), stats.compile_seconds
+        if self.start is not None and not self.continued:
+            _templates[self.start] = self.entries
         live, outputs = self._live_outputs()
         donated = self._donatable(live) if donate else ()
         fingerprint = (

@@ -440,7 +440,6 @@ class Graph:
         self.entries: list[tuple] = []  # their ``_nodes`` entries (the next graph's template)
         #: the entries of the last graph with this one's start (a graph cut from another: none)
         self.template: list[tuple] = []
-        self.continued = continuing is not None
         self.leaf_ids: dict[int, int] = {}
         #: its deferred values, alive while anything else references them (see _live_outputs)
         self.outputs: list[Deferred] = []
@@ -525,6 +524,7 @@ class Graph:
                 self.start = (fn, checks.user_line())
                 self.churning = _churning.get(self.start)
                 self.template = _templates.get(self.start, self.template)
+                _templates[self.start] = self.entries  # (the next graph that starts here reads them)
             churning = self.churning is not None and self.churning.get(position) is fn
             if churning and not self._unclaimed:
                 if not any(map(self._computes, (*args, *kwargs.values()))):
@@ -717,8 +717,6 @@ class Graph:
     def _run(self, reason: str) -> None:
         global last_flush_reason
         flush_started, compiled_before = time.perf_counter(), stats.compile_seconds
-        if self.start is not None and not self.continued:
-            _templates[self.start] = self.entries
         live, outputs = self._live_outputs()
         donated = self._donatable(live) if donate else ()
         fingerprint = (
@@ -877,9 +875,7 @@ class Recorder:
         if platform.others_used:
             self._on_device(_index_of((args, kwargs)))
         while True:
-            graph = self.graph
-            if graph.state is not _OPEN or len(graph.nodes) >= max_nodes:  # (open_graph's tests, inline)
-                graph = self.open_graph()
+            graph = self.open_graph()
             try:
                 outs = graph.record(fn, args, kwargs or {}, name)
             except TypeError:  # an unhashable static argument: run this op eagerly

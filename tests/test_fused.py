@@ -4,6 +4,7 @@ errors, explanations and memory."""
 from __future__ import annotations
 
 import copy
+import math
 
 import jax
 import pytest
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 import torch_tpu
 from torch_tpu import execution
 from torch_tpu.demo.model import GPT, GPTConfig
+from torch_tpu.execution.fused import _KEYED_AS_IS, _typed
 from torch_tpu.runtime.context import context
 
 
@@ -397,6 +399,18 @@ def test_a_graph_does_not_change_when_a_changing_number_meets_a_constant():
             assert (x * 3 + step).sum().item() == 4 * (3 + step)
             misses.append(torch.tpu.compilation_cache_stats()["misses"])
     assert misses[1:] == misses[:1] * 3
+
+
+def test_static_argument_keys_tell_apart_numbers_equal_in_python():
+    """A node's static arguments are keyed by type and value: 1, 1.0 and True, 0.0 and -0.0 are
+    equal in Python but make other programs; every NaN is one key (else each would miss)."""
+    numbers = [1, 1.0, True, 0.0, -0.0, 2.5, (1, 2), (1.0, 2), [1, 2]]
+    keys = [_typed(n) for n in numbers]
+    assert len(set(keys)) == len(keys)
+    assert _typed(math.nan) == _typed(float("-nan"))
+    assert _typed((0.0, math.nan)) == _typed((0.0, math.nan)) != _typed((-0.0, math.nan))
+    for plain in (3, False, "mean", None):  # the kinds Graph._specs keys without calling _typed
+        assert type(plain) in _KEYED_AS_IS and _typed(plain) == (type(plain), plain)
 
 
 @pytest.mark.parametrize(

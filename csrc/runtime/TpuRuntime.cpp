@@ -1110,7 +1110,8 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
   PyObject* out;
   if (recorder.ptr() == Py_None) {
     out = PyObject_Vectorcall(program, stack.data() + 1, count | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-  } else {  // recorder.record(program, arguments, None, name): a pending output
+  } else {  // recorder.record(program, arguments, None, name, None): a pending output, under
+            // the "highest" precision (None) tested above
     auto arguments = py::reinterpret_steal<py::object>(PyTuple_New(count));
     if (!arguments) {
       return nullptr;
@@ -1119,8 +1120,8 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
       Py_INCREF(stack[i + 1]);
       PyTuple_SET_ITEM(arguments.ptr(), i, stack[i + 1]);
     }
-    PyObject* call[] = {recorder.ptr(), program, arguments.ptr(), Py_None, self->name};
-    out = PyObject_VectorcallMethod(g_plans.record, call, 5, nullptr);
+    PyObject* call[] = {recorder.ptr(), program, arguments.ptr(), Py_None, self->name, Py_None};
+    out = PyObject_VectorcallMethod(g_plans.record, call, 6, nullptr);
   }
   if (out == nullptr && PyErr_ExceptionMatches(PyExc_Exception)) {
     PyErr_Clear();  // the Python kernel runs the call again and raises PyTorch's error

@@ -144,16 +144,22 @@ def test_math_backend_when_asked():
     assert type(out.grad_fn).__name__ != FUSED
 
 
-def test_one_recorded_op_in_fused_eager():
-    q = torch.randn(2, 4, 5, 16, device="tpu")
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+def test_one_recorded_op_in_fused_eager(transposed):
+    """One node, not the math path's dozen; a transposed (batch, length, heads, width)
+    projection's output too: the program returns it in its layout's memory order (no transpose
+    node after it)."""
+    q = torch.randn(2, 5, 4, 16).transpose(1, 2) if transposed else torch.randn(2, 4, 5, 16)
+    expected = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    q = q.to("tpu")
     torch_tpu.sync()
     with torch_tpu.eager_mode("fused"):
         before = torch_tpu.execution.pending_ops()
         out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
         recorded = torch_tpu.execution.pending_ops() - before
         torch_tpu.sync()
-    assert recorded <= 2  # the attention (and its dropout seed): not the math path's dozen
-    expected = F.scaled_dot_product_attention(*(q.cpu(),) * 3, is_causal=True)
+    assert recorded == 1
+    assert out.stride() == expected.stride()
     torch.testing.assert_close(out.cpu(), expected)
 
 

@@ -158,8 +158,8 @@ def _typed(x: Any) -> Any:
     """A static argument as a cache key: 1, 1.0 and True (equal in Python, different programs)
     kept apart, and NaN equal to itself."""
     kind = type(x)
-    if kind is float:
-        return (kind, repr(x))
+    if kind is float:  # (by value but for the floats equal to others: 0.0 and -0.0, NaN)
+        return (kind, x) if x == x and x else (kind, repr(x))
     if kind is tuple or kind is list:
         if set(map(type, x)) <= _INT:  # (shapes, strides, dims: ints are their own key)
             return (kind, tuple(x))
@@ -168,6 +168,8 @@ def _typed(x: Any) -> Any:
 
 
 _INT = {int}
+#: Static arguments whose key :func:`_typed` makes as (type, value)
+_KEYED_AS_IS = frozenset({int, bool, str, type(None)})
 
 
 #: Types of static arguments (shapes, dims, flags), told apart from arrays without isinstance
@@ -368,6 +370,7 @@ CHURN_SHARE = 0.1
 
 
 _RUN_GRAPH_FIRST = object()  # Graph.record: an op to run alone needs this graph's results
+_NOW = object()  # Graph.record's matmul precision when its caller does not know it: read it
 
 
 def _run_now(fn: Callable, args: tuple, kwargs: dict) -> Any:
@@ -469,53 +472,64 @@ class Graph:
         self.index = index if continuing is None else continuing.index
 
     # ------------------------------------------------------------------ recording
-    def _spec(self, x: Any, signature: list, depends: list) -> tuple:
-        """How a node argument enters the graph; appends its abstract signature, and adds the
-        checks its value depends on to ``depends``."""
-        kind = type(x)
-        if kind is _STRIDED:  # a view its op's program reads: the storage's array and its geometry
-            signature.append(x.geometry)
-            buf = self._spec(x.buf, signature, depends)
-            start = None if x.start is None else self._spec(x.start, signature, depends)
-            return (_VIEW, buf, start, x.shape, x.strides)
-        if kind is Deferred:
-            if x.value is None:  # (another graph's were computed first: _computed_elsewhere)
-                signature.append((x.shape, x.dtype, x.weak_type))
-                taints = self.taints[x.node]
-                if taints:
-                    depends.extend(taints)
-                return (_NODE, x.node, x.index)
-            x = x.value
+    def _specs(self, values: Any, signature: list, depends: list) -> tuple:
+        """How each node argument in ``values`` enters the graph; appends their abstract
+        signatures, and adds the checks their values depend on to ``depends``. (One frame for all
+        of a node's arguments: a call per argument was a fifth of recording one.)"""
+        specs = []
+        for x in values:
             kind = type(x)
-        if kind is _ARRAY or (
-            kind not in _PLAIN and kind is not tuple and kind is not list and isinstance(x, jax.Array)
-        ):
-            if kind is _ARRAY:  # (its ``shape``, ``dtype``, ``weak_type`` are Python properties
-                described = x.aval  # reading ``aval``)
-                aval = (described.shape, described.dtype, described.weak_type)
+            if kind is Deferred:
+                if x.value is None:  # (another graph's were computed first: _computed_elsewhere)
+                    signature.append((x.shape, x.dtype, x.weak_type))
+                    taints = self.taints[x.node]
+                    if taints:
+                        depends.extend(taints)
+                    specs.append((_NODE, x.node, x.index))
+                    continue
+                x = x.value
+                kind = type(x)
+            if kind is _STRIDED:  # a view its op's program reads: the storage's array and its geometry
+                signature.append((x.shape, x.strides))
+                if x.start is None:
+                    (buf,) = self._specs((x.buf,), signature, depends)
+                    specs.append((_VIEW, buf, None, x.shape, x.strides))
+                else:
+                    buf, start = self._specs((x.buf, x.start), signature, depends)
+                    specs.append((_VIEW, buf, start, x.shape, x.strides))
+            elif kind is _ARRAY or (
+                kind not in _PLAIN and kind is not tuple and kind is not list and isinstance(x, jax.Array)
+            ):
+                if kind is _ARRAY:  # (its ``shape``, ``dtype``, ``weak_type`` are Python properties
+                    described = x.aval  # reading ``aval``)
+                    aval = (described.shape, described.dtype, described.weak_type)
+                else:
+                    aval = (x.shape, x.dtype, getattr(x, "weak_type", False))
+                index = self.leaf_ids.get(id(x))
+                # Scalars get a leaf per use: most are cached numbers (``transfer.device_scalar``,
+                # one array per value), and sharing leaves would make the graph's structure depend
+                # on which numbers happen to be equal (a sequence length meeting a dimension)
+                if index is None or not aval[0]:
+                    index = self.leaf_ids[id(x)] = len(self.leaves)
+                    self.leaves.append(x)
+                    self.leaf_avals.append(aval)
+                signature.append(aval)
+                if _taints:  # (mostly empty: no array depends on a pending check)
+                    depends.extend(checks.taint_of(x))
+                specs.append((_LEAF, index))
+            elif (kind is list or kind is tuple) and any(map(_is_value, x)):
+                specs.append((_SEQ, kind, self._specs(x, signature, depends)))
             else:
-                aval = (x.shape, x.dtype, getattr(x, "weak_type", False))
-            index = self.leaf_ids.get(id(x))
-            # Scalars get a leaf per use: most are cached numbers (``transfer.device_scalar``,
-            # one array per value), and sharing leaves would make the graph's structure depend
-            # on which numbers happen to be equal (a sequence length meeting a dimension)
-            if index is None or not aval[0]:
-                index = self.leaf_ids[id(x)] = len(self.leaves)
-                self.leaves.append(x)
-                self.leaf_avals.append(aval)
-            signature.append(aval)
-            if _taints:  # (mostly empty: no array depends on a pending check)
-                depends.extend(checks.taint_of(x))
-            return (_LEAF, index)
-        if (kind is list or kind is tuple) and any(map(_is_value, x)):
-            return (_SEQ, kind, tuple([self._spec(v, signature, depends) for v in x]))
-        key = _typed(x)
-        signature.append(key)
-        return (_STATIC, x, key)
+                key = (kind, x) if kind in _KEYED_AS_IS else _typed(x)
+                signature.append(key)
+                specs.append((_STATIC, x, key))
+        return tuple(specs)
 
-    def record(self, fn: Callable, args: tuple, kwargs: dict, name: str) -> Any:
+    def record(self, fn: Callable, args: tuple, kwargs: dict, name: str, matmul_precision: Any = _NOW) -> Any:
         """Append ``fn(*args, **kwargs)``; its outputs as deferred values, or None if the graph
-        was run (by another thread) before the node could be added."""
+        was run (by another thread) before the node could be added. ``matmul_precision``: the
+        float32 matmul precision's JAX name (:func:`precision.current`), where the caller knows
+        it."""
         with self.lock:
             if self.state is not _OPEN:
                 return None
@@ -539,14 +553,13 @@ class Graph:
             depends = list(self._unclaimed)
             known = len(self.leaves)
             try:
-                arg_specs = tuple([self._spec(a, signature, depends) for a in args])
+                arg_specs = self._specs(args, signature, depends)
                 kw_specs = (
-                    tuple([(k, self._spec(v, signature, depends)) for k, v in kwargs.items()])
-                    if kwargs
-                    else ()
+                    tuple(zip(kwargs, self._specs(kwargs.values(), signature, depends))) if kwargs else ()
                 )
                 signature_key = (fn, tuple(signature))
-                matmul_precision = precision.current()
+                if matmul_precision is _NOW:
+                    matmul_precision = precision.current()
                 node_key = (signature_key, arg_specs, kw_specs, matmul_precision)
                 node = len(self.nodes)
                 template = self.template
@@ -866,9 +879,18 @@ class Recorder:
     def __init__(self) -> None:
         self.graph = Graph()
 
-    def record(self, fn: Callable, args: tuple, kwargs: dict | None = None, name: str = "") -> Any:
+    def record(
+        self,
+        fn: Callable,
+        args: tuple,
+        kwargs: dict | None = None,
+        name: str = "",
+        matmul_precision: Any = _NOW,
+    ) -> Any:
         """Record ``fn(*args, **kwargs)`` (a jitted, pure function); returns its outputs as
-        deferred values in the structure ``fn`` returns."""
+        deferred values in the structure ``fn`` returns. ``matmul_precision``: the float32 matmul
+        precision's JAX name, where the caller knows it (the core, which plans calls only under
+        "highest", passes None); else read now."""
         _computed_elsewhere(args, self.graph)
         if kwargs:
             _computed_elsewhere(kwargs.values(), self.graph)
@@ -877,7 +899,7 @@ class Recorder:
         while True:
             graph = self.open_graph()
             try:
-                outs = graph.record(fn, args, kwargs or {}, name)
+                outs = graph.record(fn, args, kwargs or {}, name, matmul_precision)
             except TypeError:  # an unhashable static argument: run this op eagerly
                 return _run_now(fn, args, kwargs or {})
             if outs is _RUN_GRAPH_FIRST:  # (its results are dispatched, not waited for)

@@ -831,9 +831,11 @@ def _unpack_key(seed):
     return jax.random.wrap_key_data(jnp.stack([seed >> 32, seed & 0xFFFF_FFFF]).astype(jnp.uint32))
 
 
-def _attention(q, k, v, bias, seed, dropout_p, is_causal, scale):
+def _attention(q, k, v, bias, seed, dropout_p, is_causal, scale, order=None):
     """(output, logsumexp). Grouped-query attention (fewer key/value heads) repeats the
-    key/value heads; fully masked rows give zeros, as PyTorch's math path does."""
+    key/value heads; fully masked rows give zeros, as PyTorch's math path does. ``order``: the
+    output's memory order where it is not row-major (``tensor.memory_order``): the output is
+    returned transposed so, as its storage holds it."""
     dtype, compute = q.dtype, compute_dtype(q.dtype)
     matmul = matmul_precision(compute)
     q, k, v = (t.astype(compute) for t in (q, k, v))
@@ -856,11 +858,12 @@ def _attention(q, k, v, bias, seed, dropout_p, is_causal, scale):
         weights = _dropout(weights, dropout_p, _unpack_key(seed))[0]
     out = jnp.einsum("...ls,...sd->...ld", weights, v, precision=matmul)
     logsumexp = (jnp.log(sums) + row_max)[..., 0]
+    out = out.astype(dtype) if order is None else out.astype(dtype).transpose(order)
     # (batch, heads, length): a 3-D query's batch is 1, as PyTorch's meta kernel has it
-    return out.astype(dtype), logsumexp.reshape((-1, *logsumexp.shape[-2:])).astype(jnp.float32)
+    return out, logsumexp.reshape((-1, *logsumexp.shape[-2:])).astype(jnp.float32)
 
 
-_attention_forward = jax.jit(tensor.reading_views(_attention, range(4)), static_argnums=(5, 6, 7))
+_attention_forward = jax.jit(tensor.reading_views(_attention, range(4)), static_argnums=(5, 6, 7, 8))
 
 
 @runtime(aten._scaled_dot_product_fused_attention_overrideable.default)
@@ -871,6 +874,9 @@ def scaled_dot_product_fused_attention(
     index = tensor.device_index(query)
     seed = apply(_pack_key, next_key(None, index)) if dropout_p > 0 else _zero(index)
     bias = None if attn_bias is None else tensor.read_in_program(attn_bias)
+    shape = (*query.shape[:-1], value.shape[-1])
+    strides = _matching_layout(query, shape)
+    order = None if strides is None else tensor.memory_order(shape, strides)
     out, logsumexp = apply(
         _attention_forward,
         tensor.read_in_program(query),
@@ -881,10 +887,10 @@ def scaled_dot_product_fused_attention(
         dropout_p,
         is_causal,
         scale,
+        order,
     )
-    strides = _matching_layout(query, out.shape)
     return (
-        tensor.wrap(out) if strides is None else tensor.wrap_strided(out, strides),
+        tensor.wrap(out) if strides is None else tensor.wrap_stored(out, shape, strides),
         tensor.wrap(logsumexp),
         None,
         None,

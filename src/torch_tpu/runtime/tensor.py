@@ -117,15 +117,30 @@ def wrap(value: jax.Array) -> torch.Tensor:
 def wrap_strided(value: jax.Array, strides) -> torch.Tensor:
     """``wrap(value)`` as a tensor with these strides, a permutation of a dense row-major layout:
     the storage holds ``value`` in memory order (:func:`read` transposes it back)."""
-    order = _permutation_of_dense(value.shape, strides)
+    order = memory_order(value.shape, strides)
+    return wrap_stored(apply(_transpose, value, order), value.shape, strides)
+
+
+def memory_order(shape, strides) -> tuple:
+    """The dimensions of ``shape`` from the outermost in memory to the innermost, for these
+    strides (a permutation of a dense row-major layout): the order a tensor's storage holds its
+    elements in (``value.transpose(order)``)."""
+    order = _permutation_of_dense(tuple(shape), tuple(strides))
     if order is None:
-        raise ValueError(f"strides {tuple(strides)} are not a dense layout of {value.shape}")
+        raise ValueError(f"strides {tuple(strides)} are not a dense layout of {tuple(shape)}")
+    return tuple(order)
+
+
+def wrap_stored(stored: jax.Array, shape, strides) -> torch.Tensor:
+    """A new tpu tensor of ``shape`` and ``strides`` (a permutation of a dense layout) over a
+    fresh storage holding ``stored``: its elements already in memory order, as
+    :func:`memory_order` transposes them (a program that returns its output so saves the
+    transpose :func:`wrap_strided` records)."""
     try:
-        dtype = JAX_TO_TORCH[value.dtype]
+        dtype = JAX_TO_TORCH[stored.dtype]
     except KeyError:
-        raise unsupported(value.dtype) from None
-    stored = apply(_transpose, value, tuple(order))
-    return _new_tensor(list(value.shape), dtype, stored, list(strides))
+        raise unsupported(stored.dtype) from None
+    return _new_tensor(list(shape), dtype, stored, list(strides))
 
 
 _transpose = jax.jit(jnp.transpose, static_argnums=1)

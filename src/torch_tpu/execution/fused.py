@@ -317,13 +317,15 @@ def _computed_elsewhere(args, graph: Graph) -> None:
     """Compute the inputs a graph other than ``graph`` still has to produce, before ``graph``'s
     lock is taken (the other graph may belong to a thread waiting for this one)."""
     for a in args:
-        if type(a) is Deferred:
+        kind = type(a)
+        if kind is _STRIDED:
+            a = a.buf
+            kind = type(a)
+        if kind is Deferred:
             if a.value is None and a.graph is not graph:
                 a.concrete()
-        elif type(a) in (list, tuple):
+        elif kind is list or kind is tuple:
             _computed_elsewhere(a, graph)
-        elif type(a) is _STRIDED:
-            _computed_elsewhere((a.buf,), graph)
 
 
 # ----------------------------------------------------------------------------- interrupts
@@ -891,17 +893,19 @@ class Recorder:
         deferred values in the structure ``fn`` returns. ``matmul_precision``: the float32 matmul
         precision's JAX name, where the caller knows it (the core, which plans calls only under
         "highest", passes None); else read now."""
-        _computed_elsewhere(args, self.graph)
+        graph = self.graph
+        _computed_elsewhere(args, graph)
+        kwargs = kwargs or {}
         if kwargs:
-            _computed_elsewhere(kwargs.values(), self.graph)
+            _computed_elsewhere(kwargs.values(), graph)
         if platform.others_used:
             self._on_device(_index_of((args, kwargs)))
         while True:
             graph = self.open_graph()
             try:
-                outs = graph.record(fn, args, kwargs or {}, name, matmul_precision)
+                outs = graph.record(fn, args, kwargs, name, matmul_precision)
             except TypeError:  # an unhashable static argument: run this op eagerly
-                return _run_now(fn, args, kwargs or {})
+                return _run_now(fn, args, kwargs)
             if outs is _RUN_GRAPH_FIRST:  # (its results are dispatched, not waited for)
                 graph.run("an op whose shapes change in every graph runs alone")
                 self.graph = Graph(continuing=graph)

@@ -103,6 +103,35 @@ def test_non_row_major_outputs_match_cpu_strides(name):
     assert [_significant_strides(t) for t in actual] == [_significant_strides(t) for t in expected]
 
 
+# Ops laid out by their meta kernel whose program returns the transposed outputs in their
+# memory order (``Layout.META``): one node each in fused eager, no transpose recorded after it.
+# Each: (its inputs made from ``m``, the op)
+IN_MEMORY_ORDER = {
+    "rot90": (lambda m: (m,), lambda m: torch.rot90(m, 1, (1, 2))),
+    "qr": (lambda m: (m,), torch.linalg.qr),
+    "fft2": (lambda m: (m.to(torch.complex64),), lambda c: torch.fft.fft2(c, dim=(0, 1))),
+    "cat_channels_last": (lambda m: (_channels_last(m[None]),) * 2, lambda a, b: torch.cat([a, b], 1)),
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("name", IN_MEMORY_ORDER)
+def test_meta_layout_outputs_come_from_their_program_in_memory_order(name, mode):
+    make, op = IN_MEMORY_ORDER[name]
+    inputs = make(seeded(2, 4, 4, seed=2))
+    expected = op(*inputs)
+    on_tpu = [x.to("tpu") for x in inputs]
+    torch_tpu.sync()
+    with torch_tpu.eager_mode(mode):
+        before = torch_tpu.execution.pending_ops()
+        actual = op(*on_tpu)
+        recorded = torch_tpu.execution.pending_ops() - before
+        expected, actual = (t if isinstance(t, tuple) else (t,) for t in (expected, actual))
+        assert [t.stride() for t in actual] == [t.stride() for t in expected]
+        torch.testing.assert_close([t.cpu() for t in actual], list(expected), rtol=1e-4, atol=1e-5)
+    assert recorded == (1 if mode == "fused" else 0)
+
+
 def _channels_last_3d(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last_3d)
 

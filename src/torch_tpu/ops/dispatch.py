@@ -27,7 +27,7 @@ from . import cpu_dtypes, layout
 from ._helpers import warn
 from .meta import NEEDS_VALUES_MESSAGES, to_meta
 from .promotion import elementwise_dtypes
-from .registry import LOWERINGS, Lowering, OutDtype, Promote, Runs, Types, qualified_name
+from .registry import LOWERINGS, Layout, Lowering, OutDtype, Promote, Runs, Types, qualified_name
 
 aten = torch.ops.aten
 
@@ -493,7 +493,18 @@ def _compute_fn(entry: Lowering) -> _Compute:
         plan = plans[key] = (types, fn_for(types), dtype_guard is not None and not guard_by_types)
         return plan
 
-    def compute(args: tuple, kwargs: dict):
+    #: (program, memory orders) -> the program returning its outputs so transposed
+    in_order: dict[tuple, Callable] = {}
+
+    def in_memory_order(lowered: Callable, orders: tuple) -> Callable:
+        program = in_order.get((lowered, orders))
+        if program is None:
+            program = in_order[(lowered, orders)] = jit(_transposing(lowered, orders))
+        return program
+
+    def compute(args: tuple, kwargs: dict, orders: tuple | None = None):
+        """The op's result for these arguments; ``orders`` (``layout.MetaLayout.orders``): its
+        outputs transposed into these memory orders by its program."""
         learn = plan = None  # (the fast path's key a plan is to be kept under; the kept plan)
         if fast and not kwargs:
             operands = whole_operands(args, views_in_program)
@@ -548,16 +559,17 @@ def _compute_fn(entry: Lowering) -> _Compute:
         ctx.op = name  # named by the errors of checks reported later
         if on_host:  # the graphs computing the inputs run, and their checks report, first
             values = [_for_host(v) for v in values]
+        program = lowered if orders is None else in_memory_order(lowered, orders)
         try:
             if check is not None:
                 check(*values)
             recorder = ctx.recorder
             if traced and recorder is not None:
-                result = recorder.record(lowered, values, extra, name)
+                result = recorder.record(program, values, extra, name)
             elif precision.setting() == "highest":  # (the default: no precision context)
-                result = lowered(*values, **extra)
+                result = program(*values, **extra)
             else:
-                result = precision.call(lowered, *values, **extra)
+                result = precision.call(program, *values, **extra)
         except (IndexError, UnsupportedDtypeError, torch.OutOfMemoryError, *NEEDS_VALUES):
             # already the right error: PyTorch's IndexErrors (bounds, mask shapes), or a result
             # dtype tpu does not have, which must keep its clear TypeError; or a compiled
@@ -594,6 +606,19 @@ def _compute_fn(entry: Lowering) -> _Compute:
         return result
 
     return _Compute(compute, binder, native_plans, views_in_program)
+
+
+def _transposing(fn: Callable, orders: tuple) -> Callable:
+    """``fn`` returning each output that has an order in ``orders`` transposed into it (several
+    outputs as a plain tuple: what the layout's wrapping reads)."""
+
+    def run(*args, **kwargs):
+        outs = fn(*args, **kwargs)
+        if not isinstance(outs, (tuple, list)):
+            return outs.transpose(orders[0])
+        return tuple(o if o is None or d is None else o.transpose(d) for o, d in zip(outs, orders))
+
+    return run
 
 
 def _with_defaults(fn: Callable, defaulted: list[tuple[int, Any]]) -> Callable:
@@ -744,7 +769,19 @@ def _functional_kernel(entry: Lowering, compute: Callable) -> Callable:
     shape = _returns_shape(entry.op._schema)
     wrap = tensor.wrap
 
-    if entry.layout is not None:
+    if entry.layout is Layout.META and entry.runs is Runs.TRACED:
+
+        def kernel(*args, **kwargs):  # (its program returns the outputs in their memory order)
+            laid = layout.meta_layout(entry.op, args, kwargs)
+            outs = compute(args, kwargs, laid.orders)
+            if context.launch_blocking:
+                _block(outs)
+            if laid.orders is None:
+                wrapped = layout.wrap(entry.op, entry.layout, outs, args, kwargs)
+            else:
+                wrapped = layout.wrap_in_order(outs, laid)
+            return wrapped[0] if shape == "one" else tuple(wrapped)
+    elif entry.layout is not None:
 
         def kernel(*args, **kwargs):
             outs = compute(args, kwargs)

@@ -21,7 +21,7 @@ but some are not, and code can see the difference (``stride()``, ``is_contiguous
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import torch
@@ -32,7 +32,7 @@ from ..runtime.lru import LRU, cached
 from .meta import call_quietly, to_meta
 from .registry import Layout
 
-__all__ = ["Layout", "meta_strides", "wrap"]
+__all__ = ["Layout", "MetaLayout", "meta_layout", "meta_strides", "wrap", "wrap_in_order"]
 
 
 def wrap(
@@ -110,14 +110,47 @@ def _format_strides(shape: tuple, memory_format: torch.memory_format) -> tuple:
 def meta_strides(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list | None:
     """The strides of each tensor ``op`` returns for these arguments, per PyTorch's meta kernel
     (None for a non-tensor output), or None if the meta kernel cannot say."""
+    return meta_layout(op, args, kwargs).strides
+
+
+class MetaLayout(NamedTuple):
+    """How PyTorch's meta kernel lays out an op's outputs for some arguments."""
+
+    #: per output, its strides (None: not a tensor); None if the meta kernel cannot say
+    strides: list | None
+    #: per output, its shape (None: not a tensor)
+    shapes: list | None
+    #: per output, its memory order (``tensor.memory_order``) where its strides are a dense
+    #: layout other than row-major, else None; None when no output has one. The op's program
+    #: returns those outputs so transposed (``wrap_in_order``): no transpose after it
+    orders: tuple | None
+
+
+def meta_layout(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> MetaLayout:
+    """:class:`MetaLayout` of ``op`` called with these arguments (cached per their signature)."""
     key = (op, _signature(args), _signature(tuple(sorted(kwargs.items()))))
     try:
-        strides = _replays.get(key, _MISSING)
+        replayed = _replays.get(key, _MISSING)
     except TypeError:  # an unhashable argument: replay without caching
         return _replay(op, args, kwargs)
-    if strides is _MISSING:
-        strides = _replays[key] = _replay(op, args, kwargs)
-    return strides
+    if replayed is _MISSING:
+        replayed = _replays[key] = _replay(op, args, kwargs)
+    return replayed
+
+
+def wrap_in_order(outputs: Any, laid: MetaLayout) -> list[torch.Tensor | None]:
+    """``outputs`` of a program that returned those of ``laid.orders`` transposed into their
+    memory order, as tensors laid out as ``laid`` says; a list, one per output."""
+    arrays = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+    wrapped = []
+    for array, strides, shape, order in zip(arrays, laid.strides, laid.shapes, laid.orders):
+        if array is None or order is None:
+            wrapped.append(_wrap_one(array, strides))
+        elif tuple(array.shape) == tuple(shape[d] for d in order):
+            wrapped.append(tensor.wrap_stored(array, shape, strides))
+        else:  # (the program's output is not the meta kernel's shape: kept as it came)
+            wrapped.append(tensor.wrap(array))
+    return wrapped
 
 
 _replays = LRU()
@@ -137,9 +170,25 @@ def _signature(x: Any) -> Any:
     return x
 
 
-def _replay(op, args: tuple, kwargs: dict) -> list | None:
+def _replay(op, args: tuple, kwargs: dict) -> MetaLayout:
     result, error = call_quietly(op, to_meta(args), to_meta(kwargs))
     if error is not None:  # the tpu kernel raises its own error, or stays contiguous
-        return None
+        return _UNKNOWN
     leaves = result if isinstance(result, (tuple, list)) else [result]
-    return [tuple(t.stride()) if isinstance(t, torch.Tensor) else None for t in leaves]
+    tensors = [t if isinstance(t, torch.Tensor) else None for t in leaves]
+    strides = [None if t is None else tuple(t.stride()) for t in tensors]
+    shapes = [None if t is None else tuple(t.shape) for t in tensors]
+    orders = tuple(_order(shape, s) for shape, s in zip(shapes, strides))
+    return MetaLayout(strides, shapes, orders if any(o is not None for o in orders) else None)
+
+
+def _order(shape: tuple | None, strides: tuple | None) -> tuple | None:
+    if shape is None or tensor.is_row_major(shape, strides):
+        return None
+    try:
+        return tensor.memory_order(shape, strides)
+    except ValueError:  # not a dense layout: wrapped contiguous (_wrap_one)
+        return None
+
+
+_UNKNOWN = MetaLayout(None, None, None)

@@ -233,6 +233,31 @@ def test_a_factory_result_and_a_copied_tensor_share_executables(make):
     torch.testing.assert_close(result.cpu(), made.cpu() * 3 + 1)
 
 
+def _signs(t: torch.Tensor) -> list:
+    """Each element's sign bit, None for a NaN (whose sign no op promises)."""
+    return [None if v != v else b for v, b in zip(t.flatten().tolist(), torch.signbit(t).flatten().tolist())]
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_float_static_argument_never_reuses_the_program_of_one_equal_in_python(mode):
+    """JAX's jit cache keys static arguments by ``==`` and hash: a call with ``-0.0`` must not
+    run the program traced for ``0.0`` (the sign would be lost), and NaN, unequal to itself,
+    must not build a new one at every call. Whole tensors (the C++ core's plans) and views
+    (Python's fast path) both."""
+    source = torch.tensor([[math.nan, 1.5], [-2.0, math.nan]])
+    on_tpu = source.to("tpu")
+    with torch_tpu.eager_mode(mode):
+        for operand, expected_of in ((on_tpu, source), (on_tpu.t(), source.t())):
+            for nan_as in (0.0, -0.0, 0.0, -0.0):
+                got = torch.nan_to_num(operand, nan=nan_as, posinf=1.0).cpu()
+                assert _signs(got) == _signs(torch.nan_to_num(expected_of, nan=nan_as, posinf=1.0))
+            torch.nan_to_num(operand, nan=float("nan")).cpu()
+            built = _executables_built()
+            for _ in range(3):  # (a new NaN object each time, as ``float("nan")`` makes)
+                torch.nan_to_num(operand, nan=float("nan")).cpu()
+            assert _executables_built() == built
+
+
 # ----------------------------------------------------------------------------- appends
 def _grow(device: str, steps: int, dtype=torch.int64):
     ids = torch.arange(5).reshape(1, 5).to(dtype).to(device)

@@ -55,6 +55,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -1028,6 +1029,23 @@ py::object recorded_view(const at::Tensor& tensor) {
   return strided_view(value, start, tensor.sizes(), addressing_strides(tensor));
 }
 
+// Whether a static argument is, or lists, a float JAX's jit cache would merge with another: -0.0
+// (equal to 0.0) or NaN (dispatch.ExactStatic).
+bool merged_by_jit(PyObject* value) {
+  if (PyFloat_CheckExact(value)) {
+    const double x = PyFloat_AS_DOUBLE(value);
+    return std::isnan(x) || (x == 0.0 && std::signbit(x));
+  }
+  if (PyList_Check(value)) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(value); ++i) {
+      if (merged_by_jit(PyList_GET_ITEM(value, i))) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 // The output of the plan's program run for the call; nullptr and no error where no plan applies.
 PyObject* run_program(PlannedKernel* self, PyObject* args) {
   py::object recorder;
@@ -1075,6 +1093,9 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
       continue;
     }
     if (how == kNativeStatic) {
+      if (merged_by_jit(value)) {
+        return nullptr;  // (Python's dispatch._exact_static keys it)
+      }
       if (PyList_Check(value)) {  // (a shape or dims list: the program's static tuple)
         converted.push_back(py::reinterpret_steal<py::object>(PyList_AsTuple(value)));
         if (!converted.back()) {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -197,10 +198,57 @@ def _static_arg(x: Any, index: int = 0) -> Any:
     return _static(x)
 
 
+class ExactStatic:
+    """A float static argument that JAX's jit cache would merge with another, as it keys static
+    arguments by ``==`` and hash: -0.0 (equal to 0.0, so the program traced for one would serve
+    the other and lose the sign) and NaN (unequal to itself: a new program at every call). It is
+    keyed by its ``repr``; the lowering's trace sees the float again (:func:`_plain_static`)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ExactStatic and repr(other.value) == repr(self.value)
+
+    def __hash__(self) -> int:
+        return hash(repr(self.value))
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def _exact_static(x: Any, index: int = 0) -> Any:
+    """A float-typed static argument as :func:`_static` makes it, a float JAX would merge with
+    another made an :class:`ExactStatic` (an item of a list too)."""
+    kind = type(x)
+    if kind is float:
+        return x if x == x and (x or math.copysign(1.0, x) > 0) else ExactStatic(x)
+    if kind is list or kind is tuple:
+        return tuple(map(_exact_static, x))
+    return x
+
+
+def _plain_static(x: Any) -> Any:
+    """What :func:`_exact_static` was given (read in the lowering's trace)."""
+    kind = type(x)
+    if kind is ExactStatic:
+        return x.value
+    return tuple(map(_plain_static, x)) if kind is tuple else x
+
+
+def _holds_floats(arg: torch._C.Argument) -> bool:
+    """Whether a static argument of this schema type may be or hold a float."""
+    text = str(arg.real_type)
+    return "float" in text or "number" in text
+
+
 #: How the C++ core converts an argument of a planned call (``PlannedKernel``): a static one as
-#: :func:`_static` does, a number as :func:`_number` does (None where it equals its default), a
-#: view its op's program reads as :func:`_to_program_arg` hands it to a fused graph's node
-#: (``tensor.read_in_program``; strict eager reads such views apart: Python does)
+#: :func:`_static` does (one :func:`_exact_static` would change is left to Python), a number as
+#: :func:`_number` does (None where it equals its default), a view its op's program reads as
+#: :func:`_to_program_arg` hands it to a fused graph's node (``tensor.read_in_program``; strict
+#: eager reads such views apart: Python does)
 _NATIVE_STATIC, _NATIVE_NUMBER, _NATIVE_VIEW = 0, 1, 2
 
 
@@ -212,7 +260,7 @@ def _native_rules(rules: tuple, args: tuple) -> tuple | None:
     for i, default, convert in rules:
         if convert is _number:
             native.append((i, _NATIVE_NUMBER, default))
-        elif (convert is None or convert is _static_arg or args[i] is None) and default is _NO_DEFAULT:
+        elif (convert in (None, _static_arg, _exact_static) or args[i] is None) and default is _NO_DEFAULT:
             native.append((i, _NATIVE_STATIC, None))
         elif convert is _to_program_arg and isinstance(args[i], torch.Tensor):
             native.append((i, _NATIVE_VIEW, None))
@@ -369,6 +417,11 @@ def _compute_fn(entry: Lowering) -> _Compute:
     if entry.check is not None or entry.runs is not Runs.TRACED:  # (a check sees the values)
         defaulted = []
     lowering = _with_defaults(entry.fn, defaulted) if defaulted else entry.fn
+    # float static arguments reach a jitted lowering as _exact_static makes them
+    schema_args = [a for a in op._schema.arguments if not _is_out(a)]
+    exact_pos = [i for i in static_pos if _holds_floats(schema_args[i])] if runs is Runs.TRACED else []
+    if exact_pos:
+        lowering = _with_plain_statics(lowering, exact_pos)
     if entry.random and runs is Runs.TRACED:
         lowering = _keyed(lowering)
     # Tensor arguments that are views (alone or in a list) reach the op's program as their
@@ -425,8 +478,8 @@ def _compute_fn(entry: Lowering) -> _Compute:
     converters = [
         (i, program_by_kind[k] if i in in_program else convert_by_kind[k])
         for i, k in enumerate(kinds)
-        if k in convert_by_kind and not (k == _SCALAR and i in static_pos)
-    ]
+        if k in convert_by_kind and not (k == _SCALAR and i in static_pos) and i not in exact_pos
+    ] + [(i, _exact_static) for i in exact_pos]
     generator_pos = [i for i, k in enumerate(kinds) if k == _GENERATOR]
     tensor_pos = [i for i, k in enumerate(kinds) if k in (_TENSOR, _TENSOR_LIST, _INDICES)]
     dtype_guard = (
@@ -629,6 +682,19 @@ def _with_defaults(fn: Callable, defaulted: list[tuple[int, Any]]) -> Callable:
         for i, default in defaulted:
             if values[i] is None:
                 values[i] = default
+        return fn(*values, **kwargs)
+
+    return functools.wraps(fn)(run)
+
+
+def _with_plain_statics(fn: Callable, positions: list[int]) -> Callable:
+    """``fn`` given each positional argument at ``positions`` as :func:`_plain_static` reads it
+    (in its trace: it runs when JAX traces, not at every call)."""
+
+    def run(*values, **kwargs):
+        values = list(values)
+        for i in positions:
+            values[i] = _plain_static(values[i])
         return fn(*values, **kwargs)
 
     return functools.wraps(fn)(run)

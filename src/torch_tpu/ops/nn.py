@@ -18,6 +18,7 @@ from jax import lax
 
 from ..runtime import platform, tensor
 from ..runtime.buffer import apply
+from ..runtime.lru import cached
 from ..runtime.precision import matmul_precision
 from ..runtime.random import key_of, next_key
 from ._helpers import check_bounds
@@ -875,8 +876,7 @@ def scaled_dot_product_fused_attention(
     seed = apply(_pack_key, next_key(None, index)) if dropout_p > 0 else _zero(index)
     bias = None if attn_bias is None else tensor.read_in_program(attn_bias)
     shape = (*query.shape[:-1], value.shape[-1])
-    strides = _matching_layout(query, shape)
-    order = None if strides is None else tensor.memory_order(shape, strides)
+    strides, order = _matching_layout(tuple(query.shape), query.stride(), shape)
     out, logsumexp = apply(
         _attention_forward,
         tensor.read_in_program(query),
@@ -902,17 +902,21 @@ def scaled_dot_product_fused_attention(
     )
 
 
-def _matching_layout(query: torch.Tensor, shape) -> tuple | None:
-    """The strides PyTorch's fused attention gives its output (its meta kernel's
+@cached
+def _matching_layout(query_shape: tuple, query_strides: tuple, shape: tuple) -> tuple:
+    """The strides PyTorch's fused attention gives its output of ``shape`` (its meta kernel's
     ``alloc_with_matching_layout``): laid out like the query (heads-major when the query is a
-    transposed (B, T, H, D) projection), or None for contiguous."""
-    if tuple(query.shape) == tuple(shape):
-        return tensor.like_strides(query)
-    order = sorted(range(query.dim()), key=lambda d: query.stride()[d], reverse=True)
-    strides, step = [0] * len(order), 1
-    for d in reversed(order):
-        strides[d], step = step, step * shape[d]
-    return None if tensor.is_row_major(tuple(shape), tuple(strides)) else tuple(strides)
+    transposed (B, T, H, D) projection), and their memory order (``tensor.memory_order``); a
+    pair of None for contiguous. (Cached per geometry: a dozen microseconds of Python a call.)"""
+    if query_shape == shape:
+        strides = tensor.strides_like(shape, query_strides)
+    else:
+        order = sorted(range(len(query_shape)), key=lambda d: query_strides[d], reverse=True)
+        strides, step = [0] * len(order), 1
+        for d in reversed(order):
+            strides[d], step = step, step * shape[d]
+        strides = None if tensor.is_row_major(shape, tuple(strides)) else tuple(strides)
+    return (None, None) if strides is None else (strides, tensor.memory_order(shape, strides))
 
 
 @lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default, layout=Layout.META)

@@ -170,11 +170,15 @@ def like_strides(t: torch.Tensor, memory_format=None) -> tuple | None:
     """The strides of ``torch.empty_like(t, memory_format=memory_format)`` on CPU (``None``
     means preserve: a dense ``t``'s own strides, else dense ones in ``t``'s order of strides),
     or None for contiguous."""
-    if memory_format in (None, torch.preserve_format, torch.contiguous_format) and is_row_major(
-        tuple(t.shape), t.stride()
-    ):
+    return strides_like(tuple(t.shape), t.stride(), memory_format)
+
+
+def strides_like(shape: tuple, strides: tuple, memory_format=None) -> tuple | None:
+    """:func:`like_strides` of a tensor of this ``shape`` and ``strides``."""
+    preserved = memory_format in (None, torch.preserve_format, torch.contiguous_format)
+    if preserved and is_row_major(shape, strides):
         return None
-    return _like_strides(tuple(t.shape), t.stride(), memory_format or torch.preserve_format)
+    return _like_strides(shape, strides, memory_format or torch.preserve_format)
 
 
 @cached

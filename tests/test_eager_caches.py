@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torch_tpu
+from torch_tpu import execution
 from torch_tpu.runtime.transfer import HOST_FILLS
 
 
@@ -231,6 +232,38 @@ def test_a_factory_result_and_a_copied_tensor_share_executables(make):
     result = made * 3 + 1
     assert _executables_built() == before
     torch.testing.assert_close(result.cpu(), made.cpu() * 3 + 1)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_kept_integer_range_is_one_per_range_dtype_and_device_and_never_written(mode):
+    """Small integer ranges are copied to the device once and shared by every tensor made from
+    them (no program, no graph node): each range, dtype and device has its own value, an
+    in-place update of one tensor leaves the others and later ranges as they were, and a range
+    used as indices is bounds-checked all the same."""
+    calls = [
+        lambda d: torch.arange(64, device=d),
+        lambda d: torch.arange(64, device=d, dtype=torch.int32),
+        lambda d: torch.arange(1, 65, device=d),
+        lambda d: torch.arange(0, 128, 2, device=d),
+        lambda d: torch.arange(64.0, device=d, dtype=torch.int64),
+        lambda d: torch.arange(64, 0, -1, device=d, dtype=torch.int16),
+    ]
+    with torch_tpu.eager_mode(mode):
+        before = execution.pending_ops()
+        made = [make("tpu") for make in calls]
+        if mode == "fused":
+            assert execution.pending_ops() == before  # (copied values: nothing to compute)
+        first = made[0]
+        first.add_(1)  # (a new value for its storage; the kept one stays)
+        again = calls[0]("tpu")
+        for tensor, make in zip([*made[1:], again], [*calls[1:], calls[0]]):
+            expected = make("cpu")
+            assert tensor.dtype == expected.dtype and tensor.device.type == "tpu"
+            assert torch.equal(tensor.cpu(), expected)
+        assert torch.equal(first.cpu(), torch.arange(64) + 1)
+        table = torch.zeros(63, 2, device="tpu")
+        with pytest.raises(IndexError, match="out of range"):
+            torch.nn.functional.embedding(calls[0]("tpu"), table).cpu()
 
 
 def _signs(t: torch.Tensor) -> list:

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 from jax.scipy.special import i0
 
+from ..runtime import platform
 from ..runtime.buffer import HOST_COPY_BYTES, apply, keep_host_copy
 from ..runtime.context import context
 from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
-from ..runtime.lru import cached
+from ..runtime.lru import LRU, cached
 from ..runtime.tensor import fill
 from ..runtime.transfer import INT64_RANGE, device_scalar, first_fill_on_host
 from ._helpers import accumulator
@@ -50,8 +51,28 @@ def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=
     if not integral:
         # op by op: compiled as one program, XLA would contract the emulated roundings (FMA)
         return _cpu_arange(first, stride, length, dtype, accumulate)
+    if host is not None and context.trace is None and host.nbytes <= _KEPT_RANGE_BYTES:
+        return _kept_range(host, first, stride, length, dtype)
     value = apply(_jitted_arange, first, stride, length, dtype, accumulate)
     if host is not None:  # (positions: checked on the host)
+        keep_host_copy(value, host, shared=True)
+    return value
+
+
+#: The largest integer range :func:`_kept_range` keeps on the device, and how many it keeps
+_KEPT_RANGE_BYTES, _KEPT_RANGES = 64 << 10, 256
+#: (first, stride, length, dtype, tpu index) -> the range's value there
+_kept_ranges = LRU(_KEPT_RANGES)
+
+
+def _kept_range(host: np.ndarray, first: int, stride: int, length: int, dtype: np.dtype) -> jax.Array:
+    """A small integer range (its ``host`` copy) on the factory's device, copied there once and
+    kept: a loop's positions then cost no program (no graph node when fused) and their bounds
+    are read once. Values are immutable, so every tensor made from it can share it."""
+    key = (first, stride, length, dtype, context.index)
+    value = _kept_ranges.get(key)
+    if value is None:
+        value = _kept_ranges[key] = jax.device_put(host, platform.jax_device(context.index))
         keep_host_copy(value, host, shared=True)
     return value
 

@@ -266,6 +266,56 @@ def test_a_kept_integer_range_is_one_per_range_dtype_and_device_and_never_writte
             torch.nn.functional.embedding(calls[0]("tpu"), table).cpu()
 
 
+def _outcome_of(call):
+    """What a call did: its value on the host, or its error's type and message."""
+    try:
+        return call().cpu()
+    except RuntimeError as error:
+        return (type(error), str(error).split("\n")[0])
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_an_in_place_plan_serves_only_a_whole_unaliased_first_argument_of_its_shape(mode):
+    """An in-place call (``add_``) served from its plan writes its program's output into its
+    first argument; a later call with the same key whose first argument is a view, shares its
+    storage with another argument, has another shape than the output (broadcast) or takes a
+    gradient must still do what CPU does, and every call bumps the version counter."""
+    torch.manual_seed(0)
+    host = {name: torch.randn(16) for name in "abc"}
+    host["column"], host["square"] = torch.randn(4, 1), torch.randn(4, 4)
+    with torch_tpu.eager_mode(mode):
+        for device in ("cpu", "tpu"):
+            t = {name: value.clone().to(device) for name, value in host.items()}
+            results = []
+            for _ in range(3):  # (the first calls learn the plan, the later ones take it)
+                version = t["a"]._version
+                t["a"].add_(t["b"])
+                assert t["a"]._version == version + 1
+            results.append(t["a"].clone())
+            base = t["c"].clone()
+            view = base[4:12]
+            view.add_(t["b"][:8])  # (a view: only its elements change)
+            results.append(base)
+            same = t["a"].view(16)  # (its whole storage again: full overlap, 2a as on CPU)
+            t["a"].add_(same)
+            results.append(t["a"].clone())
+            results.append(_outcome_of(lambda: t["column"].add_(t["square"])))
+            results.append(t["column"].clone())  # (untouched by the refused call)
+            weight = host["b"].clone().to(device).requires_grad_()
+            through = weight * 1.0
+            through.add_(t["c"])
+            through.sum().backward()
+            results.append(weight.grad)
+            results.append(through.detach())
+            if device == "cpu":
+                expected = results
+        for got, want in zip(results, expected):
+            if isinstance(want, tuple):
+                assert got == want
+            else:
+                torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
 def _signs(t: torch.Tensor) -> list:
     """Each element's sign bit, None for a NaN (whose sign no op promises)."""
     return [None if v != v else b for v, b in zip(t.flatten().tolist(), torch.signbit(t).flatten().tolist())]

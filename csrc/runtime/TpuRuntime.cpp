@@ -856,6 +856,7 @@ struct PlanState {
   PyObject* wrap_elementwise = nullptr;  // tensor.wrap_elementwise
   PyObject* number = nullptr;  // dispatch._number: a Python number as the program's input
   PyObject* wrap_output = nullptr;  // dispatch._wrap_output: one output of a tuple
+  PyObject* write_whole = nullptr;  // tensor.write_whole: an in-place variant's store
   // names read
   PyObject* attention_needed = nullptr;
   PyObject* others_used = nullptr;
@@ -883,8 +884,10 @@ struct PlannedKernel {
 // (dispatch._NATIVE_STATIC, _NATIVE_NUMBER and _NATIVE_VIEW)
 enum NativeRule : long { kNativeStatic, kNativeNumber, kNativeView };
 // What an op returns (dispatch._RETURNS): one contiguous tensor, one tensor laid out like its
-// tensor inputs (an elementwise op's: tensor.wrap_elementwise), a tuple (dispatch._wrap_output)
-enum Returns : long { kOne, kLikeInputs, kTuple };
+// tensor inputs (an elementwise op's: tensor.wrap_elementwise), a tuple (dispatch._wrap_output),
+// or its first argument, into which an in-place variant writes its program's one output
+// (tensor.write_whole: a tensor that is its whole storage, of the output's shape and dtype)
+enum Returns : long { kOne, kLikeInputs, kTuple, kWritesFirst };
 
 void configure_plans(
     py::dict platform,
@@ -894,7 +897,8 @@ void configure_plans(
     py::handle wrap,
     py::handle wrap_elementwise,
     py::handle number,
-    py::handle wrap_output) {
+    py::handle wrap_output,
+    py::handle write_whole) {
   g_plans.platform = platform.inc_ref().ptr();
   g_plans.dispatch = dispatch.inc_ref().ptr();
   g_plans.config = config.inc_ref().ptr();
@@ -903,6 +907,7 @@ void configure_plans(
   g_plans.wrap_elementwise = wrap_elementwise.inc_ref().ptr();
   g_plans.number = number.inc_ref().ptr();
   g_plans.wrap_output = wrap_output.inc_ref().ptr();
+  g_plans.write_whole = write_whole.inc_ref().ptr();
   g_zero = PyLong_FromLong(0);
   g_plans.attention_needed = PyUnicode_InternFromString("attention_needed");
   g_plans.others_used = PyUnicode_InternFromString("others_used");
@@ -1046,8 +1051,28 @@ bool merged_by_jit(PyObject* value) {
   return false;
 }
 
+// Whether an in-place call's first argument shares its storage with none of the others (a tensor
+// that does is left to Python, which refuses a partial overlap as PyTorch does).
+bool first_stands_alone(PyObject* args) {
+  PyObject* first = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : nullptr;
+  if (first == nullptr || !THPVariable_Check(first)) {
+    return false;
+  }
+  const c10::StorageImpl* storage = THPVariable_Unpack(first).storage().unsafeGetStorageImpl();
+  for (Py_ssize_t i = 1; i < PyTuple_GET_SIZE(args); ++i) {
+    PyObject* item = PyTuple_GET_ITEM(args, i);
+    if (THPVariable_Check(item) && THPVariable_Unpack(item).storage().unsafeGetStorageImpl() == storage) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // The output of the plan's program run for the call; nullptr and no error where no plan applies.
 PyObject* run_program(PlannedKernel* self, PyObject* args) {
+  if (self->returns == kWritesFirst && !first_stands_alone(args)) {
+    return nullptr;
+  }
   py::object recorder;
   if (g_plans.context == nullptr || !plans_apply(self->op, recorder)) {
     PyErr_Clear();  // (a state not readable as expected: the Python kernel's own reading)
@@ -1150,9 +1175,25 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
   return out;
 }
 
-// The call served from its plan: a new tensor; nullptr and no error where no plan applies.
+// An in-place call's output stored into its first argument (tensor.write_whole): whether it
+// was; false, with no error, where Python stores it (the Python kernel runs the call again).
+bool write_first(PyObject* args, PyObject* out) {
+  PyObject* written = PyObject_CallFunctionObjArgs(g_plans.write_whole, PyTuple_GET_ITEM(args, 0), out, nullptr);
+  if (written == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  Py_DECREF(written);
+  return written == Py_True;
+}
+
+// The call served from its plan: a new tensor (an in-place call's first argument); nullptr and no
+// error where no plan applies.
 PyObject* run_plan(PlannedKernel* self, PyObject* args) {
   auto out = py::reinterpret_steal<py::object>(run_program(self, args));
+  if (out && self->returns == kWritesFirst) {
+    return write_first(args, out.ptr()) ? Py_NewRef(PyTuple_GET_ITEM(args, 0)) : nullptr;
+  }
   return out ? wrap_outputs(self->returns, out, args) : nullptr;
 }
 
@@ -1180,8 +1221,10 @@ PyObject* planned_kernel_new(PyTypeObject* type, PyObject* args, PyObject* kwarg
           &name, &PyLong_Type, &views, &returns)) {
     return nullptr;
   }
-  if (returns < kOne || returns > kTuple) {
-    PyErr_SetString(PyExc_ValueError, "PlannedKernel: returns is 0 (one tensor), 1 (laid out like inputs) or 2 (a tuple)");
+  if (returns < kOne || returns > kWritesFirst) {
+    PyErr_SetString(
+        PyExc_ValueError,
+        "PlannedKernel: returns is 0 (one tensor), 1 (laid out like inputs), 2 (a tuple) or 3 (its first argument)");
     return nullptr;
   }
   const uint64_t positions = PyLong_AsUnsignedLongLong(views);
@@ -1328,7 +1371,14 @@ struct BoxedPlannedKernel final : c10::OperatorKernel {
     TORCH_CHECK(self->kernel != nullptr, schema.name(), ": its PlannedKernel was cleared");
     if (!kwargs) {
       auto out = py::reinterpret_steal<py::object>(run_program(self, args.ptr()));
-      if (out) {  // (the core's tensors go on the stack as they are: no Python object made for them)
+      if (out && self->returns == kWritesFirst) {
+        if (write_first(args.ptr(), out.ptr())) {
+          at::Tensor first = arguments[0].toTensor();
+          torch::jit::drop(*stack, count);
+          torch::jit::push(*stack, std::move(first));
+          return;
+        }
+      } else if (out) {  // (the core's tensors go on the stack as they are: no Python object made for them)
         c10::SmallVector<WrappedOutput, 2> outputs;
         if (!wrap_each_output(self->returns, out.ptr(), args.ptr(), outputs)) {
           raise_if_set();

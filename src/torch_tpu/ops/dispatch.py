@@ -966,16 +966,48 @@ def _out_dtype_checker(rule: OutDtype | None, schema: torch._C.FunctionSchema) -
     return check
 
 
+def _own_defaults(functional: torch._C.FunctionSchema, schema: torch._C.FunctionSchema) -> list[tuple]:
+    """``(position, name, default)`` of the arguments PyTorch leaves out where they equal *this*
+    schema's defaults, which the functional schema may lack (bernoulli_.float's p=0.5 vs
+    bernoulli.p's required p): the derived kernel supplies them."""
+    functional_defaults = {a.name: _default(a) for a in functional.arguments}
+    return [
+        (i, a.name, _default(a))
+        for i, a in enumerate(schema.arguments)
+        if a.has_default_value()
+        and not _is_out(a)
+        and functional_defaults.get(a.name, _NO_DEFAULT) != _default(a)
+    ]
+
+
+def _writes_first_only(functional: torch._C.FunctionSchema, schema: torch._C.FunctionSchema) -> bool:
+    """Whether a derived overload is an in-place one that writes its first argument alone and
+    returns it, its other arguments the functional op's (``add_``, ``mul_.Scalar``): the kind
+    the C++ core may serve (``PlannedKernel``'s returns 3)."""
+    written = [i for i, a in enumerate(schema.arguments) if _is_written(a)]
+    return (
+        written == [0]
+        and not any(map(_is_out, schema.arguments))
+        and len(schema.returns) == 1
+        and not _own_defaults(functional, schema)
+    )
+
+
 def _mutating_kernel(
     compute: Callable,
     functional: torch._C.FunctionSchema,
     schema: torch._C.FunctionSchema,
     resize: bool,
     out_dtype: OutDtype | None = None,
+    learned: tuple[dict, dict, int] | None = None,
 ) -> Callable:
     """The kernel of a derived in-place or ``out=`` overload: compute the functional op, then
     store its outputs, in order, into the arguments the schema marks as written (``self`` for
-    ``add_``; the five state lists for ``_fused_adam_``; the ``out`` tensors for ``add.out``)."""
+    ``add_``; the five state lists for ``_fused_adam_``; the ``out`` tensors for ``add.out``).
+    ``learned`` (an overload :func:`_writes_first_only`): the functional op's native plans, the
+    overload's, and the op's ``views_in_program``; a call with positional arguments whose output
+    became its first argument's whole value hands the functional plan of its key to the
+    overload's (:func:`_planned_in_place`)."""
     names = [a.name for a in schema.arguments]
     targets = [(names.index(a.name), a.name) for a in schema.arguments if _is_written(a)]
     outs = {a.name for a in schema.arguments if _is_out(a)}
@@ -984,16 +1016,8 @@ def _mutating_kernel(
     check_dtypes = _out_dtype_checker(out_dtype, schema)
     single = len(targets) == 1
     returns = len(schema.returns)
-    # PyTorch leaves out arguments equal to *this* schema's defaults, which the functional schema
-    # may lack (bernoulli_.float's p=0.5 vs bernoulli.p's required p): supply them here.
-    functional_defaults = {a.name: _default(a) for a in functional.arguments}
-    own_defaults = [
-        (i, a.name, _default(a))
-        for i, a in enumerate(schema.arguments)
-        if a.has_default_value()
-        and not _is_out(a)
-        and functional_defaults.get(a.name, _NO_DEFAULT) != _default(a)
-    ]
+    own_defaults = _own_defaults(functional, schema)
+    functional_plans, own_plans, views_in_program = learned or (None, None, 0)
 
     def kernel(*args, **kwargs):
         written = [args[i] if i < len(args) else kwargs[name] for i, name in targets]
@@ -1010,6 +1034,11 @@ def _mutating_kernel(
         if check_resized is None:
             for dst, value in stores:  # one target after another, as CPU writes a list's
                 _store(dst, value, resize)
+            if own_plans is not None and not kwargs and tensor.whole_value(stores[0][0]) is values:
+                operands = tensor.whole_operands(args, views_in_program)
+                plan = None if operands is None else functional_plans.get(operands[0])
+                if plan is not None:
+                    own_plans[operands[0]] = plan
         else:  # out= tensors resized onto an input are refused before any is written
             for dst, value in stores:
                 _fit(dst, value, resize)
@@ -1202,30 +1231,44 @@ def _kernel(entry: Lowering, computed: _Compute) -> Callable:
 
 #: ``PlannedKernel``'s ``returns``: one contiguous tensor, one laid out like the op's tensor
 #: inputs (an elementwise op's, :func:`tensor.wrap_elementwise`), a tuple (:func:`_wrap_output`)
-_RETURNS_ONE, _RETURNS_LIKE_INPUTS, _RETURNS_TUPLE = range(3)
+_RETURNS_ONE, _RETURNS_LIKE_INPUTS, _RETURNS_TUPLE, _RETURNS_WRITES_FIRST = range(4)
+
+
+def _servable(entry: Lowering, computed: _Compute) -> bool:
+    """Whether the C++ core may serve the op's planned calls: it returns one tensor or a tuple
+    and does nothing else around its program (no layout rule, shortcut or device argument)."""
+    return not (
+        computed.native_plans is None
+        or entry.layout is not None
+        or entry.shortcut is not None
+        or _returns_shape(entry.op._schema) == "list"
+        or "device" in computed.binder.names
+    )
 
 
 def _planned(entry: Lowering, computed: _Compute, kernel: Callable) -> Callable:
     """``kernel`` behind the C++ core's ``PlannedKernel``, which serves the calls it has a plan
-    for (``computed.native_plans``) with no Python frame, where the op returns one tensor or a
-    tuple and does nothing else around its program (no layout rule, shortcut or device
-    argument)."""
+    for (``computed.native_plans``) with no Python frame (:func:`_servable` ops)."""
     op = entry.op
-    shape = _returns_shape(op._schema)
-    if (
-        computed.native_plans is None
-        or entry.layout is not None
-        or entry.shortcut is not None
-        or shape == "list"
-        or "device" in computed.binder.names
-    ):
+    if not _servable(entry, computed):
         return kernel
-    if shape == "tuple":
+    if _returns_shape(op._schema) == "tuple":
         returns = _RETURNS_TUPLE
     else:
         returns = _RETURNS_ONE if entry.promote is None else _RETURNS_LIKE_INPUTS
     return native._C.PlannedKernel(
         kernel, computed.native_plans, op, str(op), computed.views_in_program, returns
+    )
+
+
+def _planned_in_place(variant: torch._ops.OpOverload, plans: dict, computed: _Compute, kernel: Callable):
+    """An in-place overload's ``kernel`` behind a ``PlannedKernel`` serving the calls it has a
+    plan for in ``plans`` (learned by ``kernel``: :func:`_mutating_kernel`) with no Python frame:
+    the functional program's output becomes the first argument's value
+    (``tensor.write_whole``), where that argument is its whole storage and shares it with no
+    other argument; any other call, or an output of another shape or dtype, goes to ``kernel``."""
+    return native._C.PlannedKernel(
+        kernel, plans, variant, str(variant), computed.views_in_program, _RETURNS_WRITES_FIRST
     )
 
 
@@ -1266,6 +1309,7 @@ def install() -> None:
             tensor.wrap_elementwise,
             _number,
             _wrap_output,
+            tensor.write_whole,
         )
     lib = torch.library.Library("aten", "IMPL")
     _libraries.append(lib)
@@ -1289,11 +1333,14 @@ def install() -> None:
             if variant in explicit or variant in DERIVED:
                 continue
             DERIVED[variant] = op
-            lib.impl(
-                variant,
-                checked(
-                    variant, _mutating_kernel(compute, op._schema, variant._schema, resize, entry.out_dtype)
-                ),
-                "PrivateUse1",
-            )
+            plannable = not resize and _servable(entry, computed) and _returns_shape(op._schema) == "one"
+            plannable = plannable and _writes_first_only(op._schema, variant._schema)
+            own_plans: dict = {}
+            learned = (computed.native_plans, own_plans, computed.views_in_program) if plannable else None
+            schemas = (op._schema, variant._schema)
+            mutating = checked(variant, _mutating_kernel(compute, *schemas, resize, entry.out_dtype, learned))
+            if plannable:
+                _register_kernel(lib, variant, _planned_in_place(variant, own_plans, computed, mutating))
+            else:
+                lib.impl(variant, mutating, "PrivateUse1")
     sparse.install(fallback)

@@ -416,12 +416,11 @@ def _compute_fn(entry: Lowering) -> _Compute:
     ]
     if entry.check is not None or entry.runs is not Runs.TRACED:  # (a check sees the values)
         defaulted = []
-    lowering = _with_defaults(entry.fn, defaulted) if defaulted else entry.fn
     # float static arguments reach a jitted lowering as _exact_static makes them
     schema_args = [a for a in op._schema.arguments if not _is_out(a)]
     exact_pos = [i for i in static_pos if _holds_floats(schema_args[i])] if runs is Runs.TRACED else []
-    if exact_pos:
-        lowering = _with_plain_statics(lowering, exact_pos)
+    readers = [(i, _or_default(d)) for i, d in defaulted] + [(i, _plain_static) for i in exact_pos]
+    lowering = _reading_arguments(entry.fn, readers) if readers else entry.fn
     if entry.random and runs is Runs.TRACED:
         lowering = _keyed(lowering)
     # Tensor arguments that are views (alone or in a list) reach the op's program as their
@@ -603,7 +602,7 @@ def _compute_fn(entry: Lowering) -> _Compute:
             for i, default in defaulted:
                 value = values[i]
                 if type(value) is type(default) and value == default:
-                    values[i] = None  # (what ``_with_defaults`` puts back, in the trace)
+                    values[i] = None  # (what ``_or_default`` puts back, in the trace)
             for i, convert in converters:
                 value = values[i]
                 if value is not None:  # (None converts to None)
@@ -674,30 +673,23 @@ def _transposing(fn: Callable, orders: tuple) -> Callable:
     return run
 
 
-def _with_defaults(fn: Callable, defaulted: list[tuple[int, Any]]) -> Callable:
-    """``fn`` given ``default`` for each positional argument passed as None."""
+def _reading_arguments(fn: Callable, readers: list[tuple[int, Callable]]) -> Callable:
+    """``fn`` given each positional argument ``i`` as ``read(value)``, for each ``(i, read)`` in
+    ``readers`` (a jitted lowering's: it runs when JAX traces, not at every call)."""
 
     def run(*values, **kwargs):
         values = list(values)
-        for i, default in defaulted:
-            if values[i] is None:
-                values[i] = default
+        for i, read in readers:
+            values[i] = read(values[i])
         return fn(*values, **kwargs)
 
     return functools.wraps(fn)(run)
 
 
-def _with_plain_statics(fn: Callable, positions: list[int]) -> Callable:
-    """``fn`` given each positional argument at ``positions`` as :func:`_plain_static` reads it
-    (in its trace: it runs when JAX traces, not at every call)."""
-
-    def run(*values, **kwargs):
-        values = list(values)
-        for i in positions:
-            values[i] = _plain_static(values[i])
-        return fn(*values, **kwargs)
-
-    return functools.wraps(fn)(run)
+def _or_default(default: Any) -> Callable:
+    """A reader giving ``default`` for an argument passed as None (a scalar left at its schema
+    default: a constant of the program)."""
+    return lambda value: default if value is None else value
 
 
 def _keyed(fn: Callable) -> Callable:
@@ -842,10 +834,7 @@ def _functional_kernel(entry: Lowering, compute: Callable) -> Callable:
             outs = compute(args, kwargs, laid.orders)
             if context.launch_blocking:
                 _block(outs)
-            if laid.orders is None:
-                wrapped = layout.wrap(entry.op, entry.layout, outs, args, kwargs)
-            else:
-                wrapped = layout.wrap_in_order(outs, laid)
+            wrapped = layout.wrap_in_order(outs, laid)
             return wrapped[0] if shape == "one" else tuple(wrapped)
     elif entry.layout is not None:
 

@@ -140,10 +140,14 @@ def meta_layout(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> MetaLay
 
 def wrap_in_order(outputs: Any, laid: MetaLayout) -> list[torch.Tensor | None]:
     """``outputs`` of a program that returned those of ``laid.orders`` transposed into their
-    memory order, as tensors laid out as ``laid`` says; a list, one per output."""
+    memory order, as tensors laid out as ``laid`` says (``wrap``'s ``Layout.META`` for an op
+    whose layout is already read); a list, one per output."""
     arrays = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+    unknown = [None] * len(arrays)
     wrapped = []
-    for array, strides, shape, order in zip(arrays, laid.strides, laid.shapes, laid.orders):
+    for array, strides, shape, order in zip(
+        arrays, laid.strides or unknown, laid.shapes or unknown, laid.orders or unknown
+    ):
         if array is None or order is None:
             wrapped.append(_wrap_one(array, strides))
         elif tuple(array.shape) == tuple(shape[d] for d in order):

@@ -907,7 +907,7 @@ def _matching_layout(query_shape: tuple, query_strides: tuple, shape: tuple) -> 
     """The strides PyTorch's fused attention gives its output of ``shape`` (its meta kernel's
     ``alloc_with_matching_layout``): laid out like the query (heads-major when the query is a
     transposed (B, T, H, D) projection), and their memory order (``tensor.memory_order``); a
-    pair of None for contiguous. (Cached per geometry: a dozen microseconds of Python a call.)"""
+    pair of None for contiguous. (Cached per geometry: about 3 us of Python a call.)"""
     if query_shape == shape:
         strides = tensor.strides_like(shape, query_strides)
     else:

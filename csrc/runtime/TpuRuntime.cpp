@@ -38,6 +38,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Dtype.h>
@@ -61,7 +62,9 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <string>
 #include <type_traits>
+#include <unordered_map>
 
 namespace py = pybind11;
 
@@ -1484,7 +1487,36 @@ void install(py::object callbacks, int device_count) {
 }
 
 // scaled_dot_product_attention asks this stub which kernel runs; the answer is the tpu kernel of
-// aten::_fused_sdp_choice, in Python (ops/nn.py)
+// aten::_fused_sdp_choice, in Python (ops/nn.py). That kernel answers from the operands' metadata
+// and the user's overrideable-SDP switch alone, so its answer is kept per such key: an attention
+// call asks Python (~10 us through the dispatcher) once per geometry. Under a Python dispatch mode
+// the op is dispatched every time, as the mode expects to see it; symbolic sizes are not keyed.
+std::mutex g_sdp_choices_mutex;
+std::unordered_map<std::string, int64_t> g_sdp_choices;
+constexpr size_t kSdpChoicesKept = 1024;
+
+bool appendSdpKey(std::string& key, const at::Tensor& t) {
+  const auto word = [&key](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  word(t.defined());
+  if (!t.defined()) {
+    return true;
+  }
+  if (t.is_nested() || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    return false;
+  }
+  word(static_cast<int64_t>(t.scalar_type()));
+  word(t.device().index());
+  word(t.requires_grad());
+  word(t.dim());
+  for (const auto size : t.sizes()) {
+    word(size);
+  }
+  for (const auto stride : t.strides()) {
+    word(stride);
+  }
+  return true;
+}
+
 int64_t fusedSdpChoice(
     const at::Tensor& query,
     const at::Tensor& key,
@@ -1494,7 +1526,40 @@ int64_t fusedSdpChoice(
     bool is_causal,
     std::optional<double> scale,
     bool enable_gqa) {
-  return at::_ops::_fused_sdp_choice::call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+  const auto ask = [&] {
+    return at::_ops::_fused_sdp_choice::call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+  };
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
+    return ask();
+  }
+  std::string memo;
+  memo.reserve(256);
+  const at::Tensor none;
+  for (const auto* t : {&query, &key, &value, attn_mask.has_value() ? &*attn_mask : &none}) {
+    if (!appendSdpKey(memo, *t)) {
+      return ask();
+    }
+  }
+  const double scale_value = scale.value_or(std::nan(""));
+  const int64_t flags = (is_causal ? 1 : 0) | (enable_gqa ? 2 : 0) | (scale.has_value() ? 4 : 0) |
+      (at::globalContext().userEnabledOverrideableSDP() ? 8 : 0);
+  memo.append(reinterpret_cast<const char*>(&dropout_p), sizeof dropout_p);
+  memo.append(reinterpret_cast<const char*>(&scale_value), sizeof scale_value);
+  memo.append(reinterpret_cast<const char*>(&flags), sizeof flags);
+  {
+    std::lock_guard<std::mutex> lock(g_sdp_choices_mutex);
+    const auto found = g_sdp_choices.find(memo);
+    if (found != g_sdp_choices.end()) {
+      return found->second;
+    }
+  }
+  const int64_t choice = ask();  // (outside the lock: Python runs, maybe on another thread too)
+  std::lock_guard<std::mutex> lock(g_sdp_choices_mutex);
+  if (g_sdp_choices.size() >= kSdpChoicesKept) {
+    g_sdp_choices.clear();
+  }
+  g_sdp_choices.emplace(std::move(memo), choice);
+  return choice;
 }
 
 }  // namespace

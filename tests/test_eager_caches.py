@@ -8,10 +8,12 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torch_tpu
 from torch_tpu import execution
 from torch_tpu.runtime.transfer import HOST_FILLS
+from torch_tpu.testing.reference import assert_matches_cpu
 
 
 def _draws(n: int) -> list[torch.Tensor]:
@@ -264,6 +266,62 @@ def test_a_kept_integer_range_is_one_per_range_dtype_and_device_and_never_writte
         table = torch.zeros(63, 2, device="tpu")
         with pytest.raises(IndexError, match="out of range"):
             torch.nn.functional.embedding(calls[0]("tpu"), table).cpu()
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_view_of_a_host_copy_is_bounds_checked_by_its_own_elements(mode):
+    """Views read from indices copied from the host keep their part of the host copy, for
+    bounds checks without the device: a slice is checked by its own elements, whichever view
+    was checked first, and a flattened view (kept with the whole) by all of them."""
+    table = torch.randn(8, 2)
+    with torch_tpu.eager_mode(mode):
+        ids = torch.tensor([[0, 3], [5, 9]]).to("tpu")  # (9: out of range, in the last row only)
+        for view, bad in [
+            (lambda: ids[0], False),
+            (lambda: ids.view(-1), True),
+            (lambda: ids[1], True),
+        ] * 2 + [(lambda: ids.view(-1)[:3], False)]:
+            if bad:
+                with pytest.raises(IndexError, match="index out of range"):
+                    torch.nn.functional.embedding(view(), table.to("tpu")).cpu()
+            else:
+                out = torch.nn.functional.embedding(view(), table.to("tpu"))
+                assert torch.equal(out.cpu(), torch.nn.functional.embedding(view().cpu(), table))
+        fine = torch.tensor([[0, 3], [5, 7]]).to("tpu")
+        for _ in range(2):
+            out = torch.nn.functional.cross_entropy(torch.randn(4, 8).to("tpu"), fine.view(-1))
+            assert out.cpu().isfinite()
+        with pytest.raises(IndexError, match="out of bounds"):
+            torch.nn.functional.cross_entropy(torch.randn(4, 8).to("tpu"), ids.view(-1)).cpu()
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_reshape_of_host_indices_is_kept_with_their_value_and_never_stale(mode):
+    """A flattened view of indices copied from the host (a loss's targets, read every step) is
+    read once and kept with their array (no program, no node again); a new value of the
+    storage (an in-place update) or a view of another shape reads its own."""
+    from torch_tpu.runtime import tensor
+
+    logits = torch.randn(4, 9)
+
+    def expected_loss(targets):
+        return [F.cross_entropy(logits.to(dtype), targets) for dtype in (torch.float32, torch.float64)]
+
+    with torch_tpu.eager_mode(mode):
+        ids = torch.tensor([[0, 3], [5, 7]]).to("tpu")
+        flat = tensor.read(ids.view(-1))
+        before = execution.pending_ops()
+        assert tensor.read(ids.reshape(-1)) is flat
+        assert execution.pending_ops() == before
+        assert tensor.read(ids.view(4, 1)) is not flat
+        for _ in range(2):
+            loss = F.cross_entropy(logits.to("tpu"), ids.view(-1))
+            assert_matches_cpu(loss, *expected_loss(torch.tensor([0, 3, 5, 7])))
+        ids.add_(1)
+        assert torch.equal(ids.view(-1).cpu(), torch.tensor([1, 4, 6, 8]))
+        assert torch.equal(ids.view(4, 1).cpu(), torch.tensor([[1], [4], [6], [8]]))
+        loss = F.cross_entropy(logits.to("tpu"), ids.view(-1))
+        assert_matches_cpu(loss, *expected_loss(torch.tensor([1, 4, 6, 8])))
 
 
 def _outcome_of(call):

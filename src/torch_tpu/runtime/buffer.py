@@ -270,8 +270,11 @@ def concrete(storage) -> jax.Array:
 #: program on the device and waiting for it. A value changed on the device is a new array,
 #: without one: a host copy is never stale.
 HOST_COPY_BYTES = 1 << 20
-#: id(array) -> (weak reference to it, its host copy, [its (min, max) once asked])
-_host_copies: dict[int, tuple[weakref.ref, np.ndarray, list]] = {}
+#: id(array) -> (weak reference to it, its host copy, [its (min, max) once asked], its reshapes
+#: read so far by shape (:func:`kept_reshape`))
+_host_copies: dict[int, tuple[weakref.ref, np.ndarray, list, dict]] = {}
+#: Reshapes kept per host-copied array (a few: a batch flattened for a loss, for an embedding)
+_RESHAPES_KEPT = 4
 #: Up to this many entries, a host copy's range is taken in Python (numpy's reductions cost
 #: more per call than the loop over so few)
 _FEW = 32
@@ -290,7 +293,8 @@ def keep_host_copy(value: Any, array: np.ndarray, shared: bool = False) -> None:
         copy.flags.writeable = False
     key = id(value)
     # (the callback runs while ``value`` is freed, before its id can be reused)
-    _host_copies[key] = (weakref.ref(value, lambda _: _host_copies.pop(key, None)), copy, [])
+    forget = _host_copies.pop  # (bound now: a kept reshape may be freed at exit, after the module)
+    _host_copies[key] = (weakref.ref(value, lambda _: forget(key, None)), copy, [], {})
 
 
 def _host_entry(value: Any) -> tuple | None:
@@ -304,6 +308,21 @@ def host_copy(value: Any) -> np.ndarray | None:
     (``transfer.to_device``), a view read from one, or an integer ``arange``."""
     entry = _host_entry(value)
     return None if entry is None else entry[1]
+
+
+def kept_reshape(value: Any, shape: tuple) -> Any:
+    """The array of ``shape`` holding all of host-copied ``value``'s elements in order, as
+    :func:`keep_reshape` kept it, or None."""
+    entry = _host_entry(value)
+    return None if entry is None else entry[3].get(shape)
+
+
+def keep_reshape(value: Any, shape: tuple, reshaped: Any) -> None:
+    """Keep ``reshaped``, host-copied ``value`` read in ``shape`` (a view of it every step reads
+    again: a loss's flattened targets), for as long as ``value`` lives: both are immutable."""
+    entry = _host_entry(value)
+    if entry is not None and len(entry[3]) < _RESHAPES_KEPT:
+        entry[3][shape] = reshaped
 
 
 def host_range(value: Any) -> tuple[int, int] | None:

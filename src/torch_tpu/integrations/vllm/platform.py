@@ -43,6 +43,14 @@ class TpuPlatform(Platform):
     simple_compile_backend: str = "tpu"
 
     @classmethod
+    def import_kernels(cls) -> None:
+        # vLLM's C++ ops as its CPU build loads them: one library per x86 instruction set (the
+        # default ``vllm._C`` needs AVX-512 with BF16: an AVX2-only host dies of SIGILL)
+        from vllm.platforms.cpu import CpuPlatform
+
+        CpuPlatform.import_kernels()
+
+    @classmethod
     def get_compile_backend(cls) -> str:
         # What compiles the model's pieces under vLLM's own compile (``compiler.py``).
         return "torch_tpu.integrations.vllm.compiler.TpuCompiler"

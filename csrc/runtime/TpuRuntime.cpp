@@ -1488,7 +1488,7 @@ void install(py::object callbacks, int device_count) {
 
 // scaled_dot_product_attention asks this stub which kernel runs; the answer is the tpu kernel of
 // aten::_fused_sdp_choice, in Python (ops/nn.py). That kernel answers from the operands' metadata
-// and the user's overrideable-SDP switch alone, so its answer is kept per such key: an attention
+// and the user's backend switches alone, so its answer is kept per such key: an attention
 // call asks Python (~10 us through the dispatcher) once per geometry. Under a Python dispatch mode
 // the op is dispatched every time, as the mode expects to see it; symbolic sizes are not keyed.
 std::mutex g_sdp_choices_mutex;
@@ -1541,8 +1541,11 @@ int64_t fusedSdpChoice(
     }
   }
   const double scale_value = scale.value_or(std::nan(""));
+  const auto& context = at::globalContext();  // (every backend switch: the rule may read any)
   const int64_t flags = (is_causal ? 1 : 0) | (enable_gqa ? 2 : 0) | (scale.has_value() ? 4 : 0) |
-      (at::globalContext().userEnabledOverrideableSDP() ? 8 : 0);
+      (context.userEnabledOverrideableSDP() ? 8 : 0) | (context.userEnabledMathSDP() ? 16 : 0) |
+      (context.userEnabledFlashSDP() ? 32 : 0) | (context.userEnabledMemEfficientSDP() ? 64 : 0) |
+      (context.userEnabledCuDNNSDP() ? 128 : 0);
   memo.append(reinterpret_cast<const char*>(&dropout_p), sizeof dropout_p);
   memo.append(reinterpret_cast<const char*>(&scale_value), sizeof scale_value);
   memo.append(reinterpret_cast<const char*>(&flags), sizeof flags);

@@ -120,7 +120,8 @@ def explain(message: str) -> None:
 _LEAF, _NODE, _STATIC, _SEQ, _VIEW = range(5)
 _STRIDED = buffer.StridedView
 _ARRAY = buffer.ARRAY_TYPE
-#: (fn, input signature) -> (output treedef, output avals)
+#: (fn, input signature) -> (how to build the outputs: None for one array, ``tuple`` for a tuple
+#: of arrays, else their treedef; output avals)
 _shapes = LRU()
 
 
@@ -152,6 +153,16 @@ _nodes = LRU()
 #: key with the one at its place there, which costs a fifth of hashing it (its dtypes' hashes
 #: are not cached) and looking it up
 _templates = LRU()
+
+
+def _outputs_built_by(treedef: Any, count: int) -> Any:
+    """How a node's ``count`` deferred outputs become its function's result: None for one array,
+    ``tuple`` for a flat tuple of them (unflattening costs a microsecond), else ``treedef``."""
+    if treedef == jax.tree_util.tree_structure(0):
+        return None
+    if treedef == jax.tree_util.tree_structure((0,) * count):
+        return tuple
+    return treedef
 
 
 def _typed(x: Any) -> Any:
@@ -577,9 +588,8 @@ class Graph:
                         abstract_kwargs = {k: _abstract(s, walk) for k, s in kw_specs}
                         out = jax.eval_shape(fn, *abstract_args, **abstract_kwargs)
                         leaves, treedef = jax.tree_util.tree_flatten(out)
-                        single = treedef == jax.tree_util.tree_structure(0)  # one array: no unflattening
                         avals = [buffer.aval_of(leaf) for leaf in leaves]
-                        shapes = _shapes[signature_key] = (None if single else treedef, avals)
+                        shapes = _shapes[signature_key] = (_outputs_built_by(treedef, len(leaves)), avals)
                     node_spec = _Node((fn, arg_specs, kw_specs, matmul_precision))
                     interned = _nodes[node_key] = (node_spec, *shapes, signature_key, node_key)
             except BaseException:  # not recorded (run alone, or an error): leaves no input behind
@@ -603,7 +613,7 @@ class Graph:
                 return out
             outs = [Deferred(aval, self, node, i) for i, aval in enumerate(avals)]
             self.outputs.extend(outs)
-            return jax.tree_util.tree_unflatten(treedef, outs)
+            return tuple(outs) if treedef is tuple else jax.tree_util.tree_unflatten(treedef, outs)
 
     def computed_apart(self, fn: Callable, args: tuple) -> Any:
         """``fn(*args)`` computed now, apart from the graph: at once when its arguments are

@@ -54,6 +54,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -1495,8 +1496,12 @@ std::mutex g_sdp_choices_mutex;
 std::unordered_map<std::string, int64_t> g_sdp_choices;
 constexpr size_t kSdpChoicesKept = 1024;
 
+void appendWord(std::string& key, int64_t word) {
+  key.append(reinterpret_cast<const char*>(&word), sizeof word);
+}
+
 bool appendSdpKey(std::string& key, const at::Tensor& t) {
-  const auto word = [&key](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  const auto word = [&key](int64_t v) { appendWord(key, v); };
   word(t.defined());
   if (!t.defined()) {
     return true;
@@ -1546,9 +1551,9 @@ int64_t fusedSdpChoice(
       (context.userEnabledOverrideableSDP() ? 8 : 0) | (context.userEnabledMathSDP() ? 16 : 0) |
       (context.userEnabledFlashSDP() ? 32 : 0) | (context.userEnabledMemEfficientSDP() ? 64 : 0) |
       (context.userEnabledCuDNNSDP() ? 128 : 0);
-  memo.append(reinterpret_cast<const char*>(&dropout_p), sizeof dropout_p);
-  memo.append(reinterpret_cast<const char*>(&scale_value), sizeof scale_value);
-  memo.append(reinterpret_cast<const char*>(&flags), sizeof flags);
+  appendWord(memo, std::bit_cast<int64_t>(dropout_p));
+  appendWord(memo, std::bit_cast<int64_t>(scale_value));
+  appendWord(memo, flags);
   {
     std::lock_guard<std::mutex> lock(g_sdp_choices_mutex);
     const auto found = g_sdp_choices.find(memo);

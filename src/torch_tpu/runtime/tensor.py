@@ -486,23 +486,21 @@ def _read_apart(t: torch.Tensor, buf: buffer.Value, view: tuple) -> jax.Array:
     """View ``t`` of storage array ``buf`` read by a program of its own (one executable per view
     geometry); a view of a value with a host copy keeps its own (bounds checks read it)."""
     host = host_copy(buf)
-    if host is None:
-        value = apply(_strided_read, buf, *view)
-        if _reshapes_whole(t, buf, view) and type(value) in _STORABLE:
-            buffer.put(t.untyped_storage(), value)  # (the next reads of this shape: no program)
+    whole = _reshapes_whole(t, buf, view)
+    if host is not None and whole:
+        # a reshape of indices from the host, read again at every step (a loss's flattened
+        # targets): computed once, now (its input is ready), and kept with the immutable array
+        value = buffer.kept_reshape(buf, view[0])
+        if value is None:
+            value = _strided_read(buf, *view)
+            _keep_view_of_host_copy(value, host, t)
+            buffer.keep_reshape(buf, view[0], value)
         return value
-    # (the storage keeps its array, which has the host copy: bounds checks of other views read it)
-    if not _reshapes_whole(t, buf, view):
-        value = apply(_strided_read, buf, *view)
+    value = apply(_strided_read, buf, *view)
+    if host is not None:  # (the storage keeps its array, which has the host copy)
         _keep_view_of_host_copy(value, host, t)
-        return value
-    # a reshape of indices from the host, read again at every step (a loss's flattened targets):
-    # computed once, now (its input is ready), and kept with the array, which is immutable
-    value = buffer.kept_reshape(buf, view[0])
-    if value is None:
-        value = _strided_read(buf, *view)
-        _keep_view_of_host_copy(value, host, t)
-        buffer.keep_reshape(buf, view[0], value)
+    elif whole and type(value) in _STORABLE:
+        buffer.put(t.untyped_storage(), value)  # (the next reads of this shape: no program)
     return value
 
 

@@ -8,7 +8,7 @@ setup(
     ext_modules=[
         CppExtension(
             "torch_tpu._C",
-            ["csrc/runtime/TpuRuntime.cpp"],
+            ["csrc/runtime/TpuRuntime.cpp", "csrc/runtime/FusedRecord.cpp"],
             # nothing here is hot enough for -O2/-O3 to matter; -O1 keeps the build short
             extra_compile_args=["-O1", "-g0"],
         )

@@ -448,3 +448,58 @@ def test_only_values_still_referenced_when_a_graph_runs_are_its_outputs(fused):
     assert sorted(d.node for d in live) == [0, 2]
     torch.testing.assert_close(result.cpu(), (cpu * 2 + 1) * 3)
     torch.testing.assert_close(kept.cpu(), cpu * 2)
+
+
+# ----------------------------------------------------------------------------- repeated nodes
+def _forward(model, x, scale):
+    """Ops of every spec kind: scalars (a leaf per use), one tensor read twice, views at an
+    offset, lists, static floats, tuple outputs, a check's taint."""
+    h = model(x) * scale + x[:, 1:].sum(-1, keepdim=True)
+    h = torch.cat([h, h.t()[:1].t()], dim=1) + (x + x)[:, :1]
+    mean, std = torch.std_mean(h, dim=0)
+    emb = F.embedding((h.detach() > 0).long().sum(1) % 3, model.weight.t())  # an index check
+    return (h * std + mean).clamp(-2.5, 2.5).sum() + emb.sum()
+
+
+def _graph_state(graph):
+    outputs = [(d.node, d.index, d.shape, d.dtype, d.size, d.weak_type) for d in graph.outputs]
+    return (
+        list(graph.nodes),
+        list(graph.leaf_avals),
+        [sorted(c.origin for c in t) for t in graph.taints],
+        list(graph.positions),
+        list(graph.signatures),
+        sorted(graph.leaf_ids.values()),
+        outputs,
+        graph.seen,
+    )
+
+
+@pytest.mark.skipif(not execution.fused.record_in_core, reason="needs the C++ runtime core")
+def test_the_core_records_a_repeated_node_as_graph_record_does(monkeypatch):
+    """A node that repeats its template's is recorded by the C++ core: the graph it builds (node
+    keys, leaves, checks each node depends on, outputs) is the one Graph.record builds, and a
+    node that differs from the template (another static, dtype or shape) is not taken for it."""
+    model = torch.nn.Linear(4, 3).to("tpu")
+    cpu_x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    states, losses = {}, {}
+    with torch_tpu.eager_mode("fused"):
+        for in_core in (True, False, True, False):
+            monkeypatch.setattr(execution.fused, "record_in_core", in_core)
+            for scale in (2.0, 3.0, -0.0):  # (a new number each step: another cached scalar)
+                x = cpu_x.to("tpu")
+                loss = _forward(model, x, scale)
+                states.setdefault(in_core, []).append(_graph_state(context.recorder.graph))
+                loss.backward()  # (its graph, recorded the same way, runs at its end)
+                losses.setdefault(in_core, []).append(loss.item())
+                model.zero_grad()
+    assert states[True] == states[False]
+    assert losses[True] == losses[False]
+    assert any(t for t in states[True][-1][2]), "no node depended on a check"
+    # a node unlike its template's: another dim, dtype or shape; each result as CPU's
+    with torch_tpu.eager_mode("fused"):
+        changes = ((0, torch.float32, 5), (1, torch.float32, 5), (1, torch.float64, 5), (1, torch.float64, 2))
+        for dim, dtype, rows in changes:
+            cpu = cpu_x[:rows].to(dtype)
+            x = cpu.to("tpu")
+            torch.testing.assert_close(((x * 2).sum(dim) + 1).cpu(), (cpu * 2).sum(dim) + 1)

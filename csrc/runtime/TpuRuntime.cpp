@@ -52,6 +52,8 @@
 
 #include <structmember.h>
 
+#include "FusedRecord.h"
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -868,6 +870,7 @@ struct PlanState {
   PyObject* check_meta = nullptr;
   PyObject* recorder = nullptr;
   PyObject* record = nullptr;
+  PyObject* graph = nullptr;
   PyObject* launch_blocking = nullptr;
   PyObject* op = nullptr;
 };
@@ -919,6 +922,7 @@ void configure_plans(
   g_plans.check_meta = PyUnicode_InternFromString("check_meta");
   g_plans.recorder = PyUnicode_InternFromString("recorder");
   g_plans.record = PyUnicode_InternFromString("record");
+  g_plans.graph = PyUnicode_InternFromString("graph");
   g_plans.launch_blocking = PyUnicode_InternFromString("launch_blocking");
   g_plans.op = PyUnicode_InternFromString("op");
 }
@@ -1160,18 +1164,24 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
   PyObject* out;
   if (recorder.ptr() == Py_None) {
     out = PyObject_Vectorcall(program, stack.data() + 1, count | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-  } else {  // recorder.record(program, arguments, None, name, None): a pending output, under
-            // the "highest" precision (None) tested above
+  } else {  // a pending output, under the "highest" precision (None) tested above: the
+            // node recorded here where it repeats the graph's template, else
+            // recorder.record(program, arguments, None, name, None)
     auto arguments = py::reinterpret_steal<py::object>(PyTuple_New(count));
-    if (!arguments) {
+    auto graph = py::reinterpret_steal<py::object>(PyObject_GetAttr(recorder.ptr(), g_plans.graph));
+    if (!arguments || !graph) {
       return nullptr;
     }
     for (Py_ssize_t i = 0; i < count; ++i) {
       Py_INCREF(stack[i + 1]);
       PyTuple_SET_ITEM(arguments.ptr(), i, stack[i + 1]);
     }
-    PyObject* call[] = {recorder.ptr(), program, arguments.ptr(), Py_None, self->name, Py_None};
-    out = PyObject_VectorcallMethod(g_plans.record, call, 6, nullptr);
+    out = torch_tpu::record_repeated(graph.ptr(), program, arguments.ptr(), Py_None);
+    if (out == Py_NotImplemented) {
+      Py_DECREF(out);
+      PyObject* call[] = {recorder.ptr(), program, arguments.ptr(), Py_None, self->name, Py_None};
+      out = PyObject_VectorcallMethod(g_plans.record, call, 6, nullptr);
+    }
   }
   if (out == nullptr && PyErr_ExceptionMatches(PyExc_Exception)) {
     PyErr_Clear();  // the Python kernel runs the call again and raises PyTorch's error
@@ -1607,6 +1617,9 @@ PYBIND11_MODULE(_C, m) {
   }
   m.def("configure_plans", &configure_plans);
   m.def("serve_boxed", &serve_boxed);
+  if (torch_tpu::add_fused_record(m.ptr()) != 0) {
+    throw py::error_already_set();
+  }
   PyObject* planned_kernel = PyType_FromSpec(&g_planned_kernel_spec);
   if (planned_kernel == nullptr || PyModule_AddObject(m.ptr(), "PlannedKernel", planned_kernel) != 0) {
     throw py::error_already_set();

@@ -41,7 +41,7 @@ from typing import Any
 
 import jax
 
-from ..runtime import buffer, checks, memory, platform, precision
+from ..runtime import buffer, checks, memory, native, platform, precision
 from ..runtime.buffer import Deferred
 from ..runtime.context import context
 from ..runtime.lru import LRU
@@ -903,6 +903,10 @@ class Recorder:
         deferred values in the structure ``fn`` returns. ``matmul_precision``: the float32 matmul
         precision's JAX name, where the caller knows it (the core, which plans calls only under
         "highest", passes None); else read now."""
+        if not kwargs:
+            outs = _record_repeated(self.graph, fn, args, matmul_precision)
+            if outs is not NotImplemented:
+                return outs
         graph = self.graph
         _computed_elsewhere(args, graph)
         kwargs = kwargs or {}
@@ -981,6 +985,20 @@ def _index_of(values: Any, found: int | None = None) -> int | None:
         elif index is not None and index != found:
             raise platform.mixed_devices(f"tpu:{found}", f"tpu:{index}")
     return found
+
+
+def _graph_records(graph: Graph, fn: Callable, args: Any, matmul_precision: Any) -> Any:
+    return NotImplemented
+
+
+#: Whether the C++ core records a node that repeats the one at its place in the graph's template
+#: (``Graph.record``'s path in a loop, without its Python); tests switch it off to compare.
+record_in_core = native.available()
+if record_in_core:
+    native._C.configure_fused(globals(), vars(checks), vars(platform), Deferred, _STRIDED, _ARRAY, jax.Array)
+#: ``_record_repeated(graph, fn, args, matmul_precision)``: the node's outputs where the core
+#: recorded it, else NotImplemented (``Graph.record`` decides)
+_record_repeated = native._C.record_repeated if record_in_core else _graph_records
 
 
 # ----------------------------------------------------------------------------- this thread

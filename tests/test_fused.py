@@ -503,3 +503,26 @@ def test_the_core_records_a_repeated_node_as_graph_record_does(monkeypatch):
             cpu = cpu_x[:rows].to(dtype)
             x = cpu.to("tpu")
             torch.testing.assert_close(((x * 2).sum(dim) + 1).cpu(), (cpu * 2).sum(dim) + 1)
+
+
+@pytest.mark.skipif(not execution.fused.record_in_core, reason="needs the C++ runtime core")
+def test_the_core_reads_a_view_for_a_fused_node_as_python_does(fused, monkeypatch):
+    from torch_tpu.runtime import buffer, tensor
+
+    base = torch.arange(24.0, device="tpu").reshape(4, 6)
+    views = [base, base.t(), base[1:, 2:], base[:, :1], base[2], base.reshape(6, 4)[1:], base[::2, 1::3]]
+    views += [base.view(torch.int32)[1:], torch.view_as_complex(base.reshape(4, 3, 2))[1:]]
+    for view in views:
+        core = tensor.read_in_program(view)
+        with monkeypatch.context() as patch:
+            patch.setattr(tensor, "_read_recorded", lambda t: None)
+            python = tensor.read_in_program(view)
+        assert type(core) is type(python)
+        if type(core) is buffer.StridedView:
+            assert core.buf is python.buf and core.geometry == python.geometry
+            assert (core.start is None) == (python.start is None)
+            assert core.start is None or int(core.start) == int(python.start)
+        else:
+            assert core is python
+    # (the core reads all but the two of another dtype than their storage: Python reads those)
+    assert sum(type(tensor._read_recorded(v)) is buffer.StridedView for v in views) == 7

@@ -1042,6 +1042,23 @@ py::object recorded_view(const at::Tensor& tensor) {
   return strided_view(value, start, tensor.sizes(), addressing_strides(tensor));
 }
 
+// tensor.read_in_program while a fused graph records, in one call: the value of a tensor that is
+// its whole storage in order (whole_value), else its view as recorded_view makes it; None where
+// Python reads it (recorded_view's cases, and views' start offsets on a device other than tpu:0).
+py::object read_recorded(py::handle object) {
+  py::object value = whole_value(object);
+  if (!value.is_none() || !THPVariable_Check(object.ptr()) || g_plans.platform == nullptr ||
+      !global_is(g_plans.platform, g_plans.others_used, Py_False)) {
+    PyErr_Clear();
+    return value;
+  }
+  py::object view = recorded_view(THPVariable_Unpack(object.ptr()));
+  if (!view) {
+    throw py::error_already_set();
+  }
+  return view;
+}
+
 // Whether a static argument is, or lists, a float JAX's jit cache would merge with another: -0.0
 // (equal to 0.0) or NaN (dispatch.ExactStatic).
 bool merged_by_jit(PyObject* value) {
@@ -1308,6 +1325,10 @@ PyType_Spec g_planned_kernel_spec = {
 
 PyMethodDef g_per_op_functions[] = {
     {"whole_value", call_with_one<whole_value>, METH_O, "whole_value(tensor): its whole storage's value, or None"},
+    {"read_recorded",
+     call_with_one<read_recorded>,
+     METH_O,
+     "read_recorded(tensor): its whole storage's value or its view as a fused node reads it, or None"},
     {"wrap_value",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_wrap_value)),
      METH_FASTCALL,

@@ -63,6 +63,9 @@ if native.available():
 #: value's shape and dtype; a concrete array or a pending deferred one), else None: the common
 #: read of every op in one C++ call (:func:`_view` handles the rest, to the same answer).
 whole_value = native._C.whole_value if native.available() else _no_shortcut
+#: :func:`read_in_program` while a fused graph records, for a tensor that is its whole storage
+#: or a view the core reads (not complex, tpu:0), in one C++ call; else None
+_read_recorded = native._C.read_recorded if native.available() else _no_shortcut
 #: :func:`wrap` of a committed array or pending deferred value on tpu:0 in one C++ call, else
 #: None; ``_wrap_value(value, inputs)``: also None unless every tensor in the tuple ``inputs``
 #: is contiguous (:func:`wrap_elementwise`'s common case).
@@ -543,6 +546,10 @@ def read_in_program(t: torch.Tensor) -> jax.Array | buffer.StridedView:
       inside every op's program would compile one per op and geometry).
 
     A compiled program's trace reads every view inline."""
+    if context.recorder is not None and context.trace is None:
+        value = _read_recorded(t)
+        if value is not None:
+            return value
     buf, view = _view(t)
     if view is None:
         return buf

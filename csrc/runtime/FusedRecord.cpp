@@ -77,13 +77,9 @@ Py_ssize_t slot_offset(PyTypeObject* type, const char* name) {
   return reinterpret_cast<PyMemberDescrObject*>(descr)->d_member->offset;
 }
 
+// An object's __slots__ entry at `offset` (nullptr where never set: then Python records the op).
 PyObject*& slot(PyObject* object, Py_ssize_t offset) {
   return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(object) + offset);
-}
-
-// An object's slot, or nullptr where it was never set (then Python records the op).
-PyObject* read_slot(PyObject* object, Py_ssize_t offset) {
-  return slot(object, offset);
 }
 
 py::object steal(PyObject* object) {
@@ -268,15 +264,15 @@ struct NodeWalk {
   Outcome spec_of(PyObject* x, py::object& spec) {
     PyTypeObject* kind = Py_TYPE(x);
     if (kind == F.deferred) {
-      PyObject* value = read_slot(x, F.value);
+      PyObject* value = slot(x, F.value);
       if (value == nullptr) {
         return kPython;
       }
       if (value == Py_None) {  // pending: one of this graph's nodes (another's: Python runs it first)
-        PyObject* node = read_slot(x, F.node_at);
-        PyObject* index = read_slot(x, F.index);
-        PyObject *shape = read_slot(x, F.shape), *dtype = read_slot(x, F.dtype), *weak = read_slot(x, F.weak_type);
-        if (read_slot(x, F.graph) != graph || !node || !index || !shape || !dtype || !weak) {
+        PyObject* node = slot(x, F.node_at);
+        PyObject* index = slot(x, F.index);
+        PyObject *shape = slot(x, F.shape), *dtype = slot(x, F.dtype), *weak = slot(x, F.weak_type);
+        if (slot(x, F.graph) != graph || !node || !index || !shape || !dtype || !weak) {
           return kPython;
         }
         const Py_ssize_t at = PyLong_AsSsize_t(node);
@@ -296,8 +292,8 @@ struct NodeWalk {
       kind = Py_TYPE(x);
     }
     if (kind == F.strided) {  // a view its op's program reads: the storage's array and geometry
-      PyObject *shape = read_slot(x, F.view_shape), *strides = read_slot(x, F.strides);
-      PyObject *buf = read_slot(x, F.buf), *start = read_slot(x, F.start);
+      PyObject *shape = slot(x, F.view_shape), *strides = slot(x, F.strides);
+      PyObject *buf = slot(x, F.buf), *start = slot(x, F.start);
       if (!shape || !strides || !buf || !start) {
         return kPython;
       }
@@ -547,6 +543,13 @@ void configure_fused(
   if (!PyType_Check(deferred.ptr()) || !PyType_Check(strided.ptr()) || !PyType_Check(array.ptr())) {
     throw py::type_error("configure_fused takes Deferred, StridedView and jax's array type");
   }
+  // (new_deferred sets every slot Deferred.__init__ sets: a Deferred with other slots is refused)
+  py::object slots = py::reinterpret_borrow<py::object>(deferred).attr("__slots__");
+  py::object expected = py::make_tuple(
+      "shape", "dtype", "size", "weak_type", "graph", "node", "index", "value", "error", "__weakref__");
+  if (!slots.equal(expected)) {
+    throw py::type_error("configure_fused: Deferred.__slots__ changed: update new_deferred (FusedRecord.cpp)");
+  }
   F.fused = fused.inc_ref().ptr();
   F.checks = checks.inc_ref().ptr();
   F.platform = platform.inc_ref().ptr();
@@ -576,13 +579,14 @@ void configure_fused(
   F.start = slot_offset(F.strided, "start");
   F.view_shape = slot_offset(F.strided, "shape");
   F.strides = slot_offset(F.strided, "strides");
-  N = {intern("state"),      intern("seen"),        intern("churning"),       intern("_unclaimed"),
-       intern("nodes"),      intern("leaves"),      intern("leaf_avals"),     intern("leaf_ids"),
-       intern("taints"),     intern("template"),    intern("interned"),       intern("entries"),
-       intern("positions"),  intern("signatures"),  intern("outputs"),        intern("lock"),
-       intern("acquire"),    intern("release"),     intern("key"),            intern("aval"),
-       intern("shape"),      intern("dtype"),       intern("weak_type"),      intern("max_nodes"),
-       intern("log_recompiles"), intern("record_in_core"), intern("others_used"), intern("_taints"),    intern("taint_of")};
+  N = {intern("state"), intern("seen"), intern("churning"), intern("_unclaimed"),
+       intern("nodes"), intern("leaves"), intern("leaf_avals"), intern("leaf_ids"),
+       intern("taints"), intern("template"), intern("interned"), intern("entries"),
+       intern("positions"), intern("signatures"), intern("outputs"), intern("lock"),
+       intern("acquire"), intern("release"), intern("key"), intern("aval"),
+       intern("shape"), intern("dtype"), intern("weak_type"), intern("max_nodes"),
+       intern("log_recompiles"), intern("record_in_core"), intern("others_used"), intern("_taints"),
+       intern("taint_of")};
   F.configured = true;
 }
 

@@ -11,7 +11,9 @@
 //   Python-level ones; every other case answers None and Python handles it);
 // - planned kernels: an op's calls that repeat a plan its Python kernel kept (the same program
 //   on the same kinds of arguments) run from here with no Python frame; every other call goes to
-//   the Python kernel, which decides everything.
+//   the Python kernel, which decides everything;
+// - with FusedRecord.cpp: a fused graph's node that repeats the one at its place in the last
+//   graph recorded without Graph.record's Python (a training or decoding loop's every node).
 //
 // Everything Python can decide stays in Python: synchronization, what a storage resize does to
 // the JAX buffer behind it, memory statistics and the device count come from callbacks on the

@@ -69,6 +69,8 @@ class Deferred:
     the array asks it to run (:meth:`concrete`), whichever thread recorded it.
     """
 
+    # (the C++ core makes them too, setting these slots as __init__ does: csrc/runtime/FusedRecord.cpp,
+    # which refuses to load for another list)
     __slots__ = (
         "shape",
         "dtype",

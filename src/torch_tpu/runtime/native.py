@@ -6,7 +6,8 @@ statistics, ``untyped_storage().resize_()`` (FSDP2), a ``data_ptr()`` per storag
 memory, device indices. The extension implements those interfaces and asks Python for every
 decision: the functions below are its callbacks (no JAX at import; they import what they need).
 It also serves two steps of every op in one call each, for their common case only
-(``tensor.whole_value``, ``tensor._wrap_value``).
+(``tensor.whole_value``, ``tensor._wrap_value``), an op's calls that repeat a kept plan, and a
+fused graph's nodes that repeat the last graph's (``execution.fused.record_in_core``).
 
 Without the extension (not built, or built against another torch) ``import torch_tpu`` still
 works, with one warning naming what is missing, and those features keep their Python fallbacks.

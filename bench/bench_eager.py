@@ -54,11 +54,11 @@ import torch
 import torch.nn.functional as F
 from bench_hf import NEW_TOKENS
 from bench_ops import compare, no_sync, samples
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_tpu
 from torch_tpu import execution
 from torch_tpu.demo.model import GPTConfig
+from torch_tpu.testing.ops_seen import OpsSeen
 
 #: the issue's "small GPT where Python dominates"
 GPT_CONFIG = GPTConfig(vocab_size=96, block_size=64, n_layer=4, n_head=4, n_embd=128)
@@ -119,18 +119,6 @@ def _dispatch_rows(rounds: int) -> list[tuple]:
 
 
 # ----------------------------------------------------------------------------- GPT step
-class _CountOps(TorchDispatchMode):
-    """Counts the ATen ops a forward dispatches (views included), as PyTorch counts ops."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _fused_split(model, idx, targets, step, steps: int) -> dict:
     """Per op of a fused training step: recording (the forward and loss recorded with the device
     idle, so no XLA work competes for the cores; recorded again at once, with the host's caches
@@ -163,9 +151,10 @@ def _fused_split(model, idx, targets, step, steps: int) -> dict:
             busy.append(time.perf_counter() - started)
             del loss
             torch_tpu.sync()
-        with _CountOps() as counted:
+        with OpsSeen() as seen:
             replica(idx, targets)
         torch_tpu.sync()
+    aten = len(seen.ops)
     torch.tpu.synchronize()
     torch.tpu.reset_compilation_cache_stats()
     wait = 0.0
@@ -181,14 +170,14 @@ def _fused_split(model, idx, targets, step, steps: int) -> dict:
     ops = stats["ops_run"] / steps
     record = statistics.median(recording)
     return {  # part -> (median, quietest step's) seconds
-        "record per ATen op": (record / counted.count, min(recording) / counted.count),
-        "host warm": (statistics.median(warm) / counted.count, min(warm) / counted.count),
+        "record per ATen op": (record / aten, min(recording) / aten),
+        "host warm": (statistics.median(warm) / aten, min(warm) / aten),
         "per node": (record / nodes, None),
-        "per ATen op, device busy": (statistics.median(busy) / counted.count, min(busy) / counted.count),
+        "per ATen op, device busy": (statistics.median(busy) / aten, min(busy) / aten),
         "flush": (stats["flush_seconds"] / steps / ops, None),
         "wait": (wait / steps / ops, None),
         "ops": ops,
-        "aten": counted.count,
+        "aten": aten,
         "nodes": nodes,
         "collections": (sum(collected[:2]) / steps, collected[2], steps),
     }
@@ -202,14 +191,15 @@ def _cpu_floor(steps: int) -> tuple[float, float]:
     tiny = dataclasses.replace(GPT_CONFIG, n_embd=2 * GPT_CONFIG.n_head)
     model, idx, targets = bench_fused._model_and_batch(tiny, 1)
     idx, targets = idx[:, :2], targets[:, :2]
-    with _CountOps() as counted:
+    with OpsSeen() as seen:
         model(idx, targets)
+    aten = len(seen.ops)
     times = []
     for _ in range(max(steps, 20)):
         started = time.perf_counter()
         model(idx, targets)
         times.append(time.perf_counter() - started)
-    return statistics.median(times) / counted.count, min(times) / counted.count
+    return statistics.median(times) / aten, min(times) / aten
 
 
 def _gpt_rows(rounds: int) -> list[tuple]:

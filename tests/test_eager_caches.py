@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import torch_tpu
 from torch_tpu import execution
 from torch_tpu.runtime.transfer import HOST_FILLS
+from torch_tpu.testing.ops_seen import OpsSeen
 from torch_tpu.testing.reference import assert_matches_cpu
 
 
@@ -991,20 +992,19 @@ def test_the_core_passes_the_dispatchers_arguments_as_pythons_holder_does(planne
         torch.testing.assert_close(got.cpu(), cpu)
 
 
+def test_the_ops_seen_helper_does_what_its_docstring_says():
+    import doctest
+
+    from torch_tpu.testing import ops_seen
+
+    assert doctest.testmod(ops_seen).attempted > 0 and doctest.testmod(ops_seen).failed == 0
+
+
 def test_a_dispatch_mode_sees_the_calls_the_core_serves(planned):
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     a, b = planned
-    seen = []
-
-    class Recording(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(func)
-            return func(*args, **(kwargs or {}))
-
-    with Recording():
+    with OpsSeen() as seen:
         y = torch.add(a, b)
-    assert seen == [torch.ops.aten.add.Tensor]
+    assert seen.ops == [torch.ops.aten.add.Tensor]
     torch.testing.assert_close(y.cpu(), torch.arange(4.0) + 0.5, rtol=0, atol=0)
 
 

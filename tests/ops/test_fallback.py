@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_tpu import config
 from torch_tpu.ops import dispatch as _dispatch
 from torch_tpu.ops.registry import LOWERINGS, qualified_name
+from torch_tpu.testing.ops_seen import OpsSeen
 
 from .test_opinfo import (
     DTYPES,
@@ -48,16 +48,6 @@ def _first_sample(op, dtype):
     return None, None
 
 
-class _Recorder(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.add(func)
-        return func(*args, **(kwargs or {}))
-
-
 _NATIVE = set(LOWERINGS) | set(_dispatch.DERIVED)
 
 
@@ -72,7 +62,7 @@ def _runs_on_tpu(op: torch._ops.OpOverload) -> bool:
 def _lowered_on_cpu(op, sample, name) -> bool:
     """True if every ATen op the CPU run reaches (forward and backward) runs on tpu: a cheap
     first look that spares compiling what test_opinfo.py already validates."""
-    with _Recorder() as recorder:
+    with OpsSeen() as recorder:
         _call(op, sample, lambda x: x, name)
         if op.supports_autograd and not _random(name, sample):
             _grads(op, sample, lambda x: x)

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_tpu
+from torch_tpu.testing.ops_seen import OpsSeen
 from torch_tpu.testing.reference import assert_matches_cpu
 
 FUSED = "ScaledDotProductFusedAttentionOverrideableBackward0"
@@ -145,16 +145,6 @@ def test_math_backend_when_asked():
     assert type(out.grad_fn).__name__ != FUSED
 
 
-class _SeenOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 def test_the_kernel_choice_kept_per_geometry_follows_dtype_mask_and_switch():
     """The core keeps the choice per operand geometry and switch: after a fused call, the same
     shapes take the math path when the user asks for it, or with integer operands (CPU's
@@ -173,10 +163,10 @@ def test_the_kernel_choice_kept_per_geometry_follows_dtype_mask_and_switch():
     mask = torch.ones(5, 4, dtype=torch.bool, device="tpu")
     with pytest.raises(RuntimeError):
         F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
-    with _SeenOps() as seen:
+    with OpsSeen() as seen:
         F.scaled_dot_product_attention(q, q, q)
         F.scaled_dot_product_attention(q, q, q)
-    assert seen.names.count("_fused_sdp_choice.default") == 2
+    assert [op.__name__ for op in seen.ops].count("_fused_sdp_choice.default") == 2
 
 
 @pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])

@@ -997,7 +997,8 @@ def test_the_ops_seen_helper_does_what_its_docstring_says():
 
     from torch_tpu.testing import ops_seen
 
-    assert doctest.testmod(ops_seen).attempted > 0 and doctest.testmod(ops_seen).failed == 0
+    result = doctest.testmod(ops_seen)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_a_dispatch_mode_sees_the_calls_the_core_serves(planned):

@@ -412,7 +412,9 @@ PyObject* template_entry(PyObject* templ, Py_ssize_t node, PyObject* key) {
   return entry;
 }
 
-PyObject* record(PyObject* graph, PyObject* fn, PyObject* args, PyObject* matmul_precision) {
+}  // namespace
+
+PyObject* record_repeated(PyObject* graph, PyObject* fn, PyObject* args, PyObject* matmul_precision) {
   if (!F.configured || !(PyTuple_CheckExact(args) || PyList_CheckExact(args))) {
     return not_implemented();
   }
@@ -532,6 +534,8 @@ PyObject* record(PyObject* graph, PyObject* fn, PyObject* args, PyObject* matmul
   return out ? out.release().ptr() : deferred[0].release().ptr();
 }
 
+namespace {
+
 void configure_fused(
     py::dict fused,
     py::dict checks,
@@ -595,7 +599,7 @@ PyObject* call_record_repeated(PyObject*, PyObject* const* args, Py_ssize_t coun
     PyErr_SetString(PyExc_TypeError, "record_repeated(graph, fn, args, matmul_precision) takes 4 arguments");
     return nullptr;
   }
-  return record(args[0], args[1], args[2], args[3]);
+  return record_repeated(args[0], args[1], args[2], args[3]);
 }
 
 PyMethodDef g_functions[] = {
@@ -607,10 +611,6 @@ PyMethodDef g_functions[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
-
-PyObject* record_repeated(PyObject* graph, PyObject* fn, PyObject* args, PyObject* matmul_precision) {
-  return record(graph, fn, args, matmul_precision);
-}
 
 int add_fused_record(PyObject* module) {
   auto m = py::reinterpret_borrow<py::module_>(module);

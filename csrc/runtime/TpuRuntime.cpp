@@ -1018,20 +1018,10 @@ PyObject* wrap_outputs(long returns, const py::object& out, PyObject* args) {
   return tensors.release().ptr();
 }
 
-// A tpu view as tensor.read_in_program hands it to an op recorded in a fused graph (every view
-// there is read inside its op's node): a StridedView of its storage's value, its start (None at
-// offset 0, else the offset as dispatch._number's device scalar), shape and addressing strides.
-// None where Python reads it (a complex view, which it reads resolved; a value storage_value
-// leaves to Python); nullptr, with the error set, where the start's conversion raised.
-py::object recorded_view(const at::Tensor& tensor) {
-  if (c10::isComplexType(tensor.scalar_type())) {
-    return py::none();
-  }
-  py::object shape;
-  py::object value = storage_value(tensor, shape);
-  if (value.is_none()) {
-    return py::none();
-  }
+// The StridedView a fused node reads `tensor` through, over its storage's `value`: its start
+// (None at offset 0, else the offset as dispatch._number's device scalar), shape and addressing
+// strides; nullptr, with the error set, where the start's conversion raised.
+py::object view_over(const at::Tensor& tensor, const py::object& value) {
   py::object start = py::none();
   if (tensor.storage_offset() != 0) {
     auto offset = py::reinterpret_steal<py::object>(PyLong_FromLongLong(tensor.storage_offset()));
@@ -1044,17 +1034,39 @@ py::object recorded_view(const at::Tensor& tensor) {
   return strided_view(value, start, tensor.sizes(), addressing_strides(tensor));
 }
 
-// tensor.read_in_program while a fused graph records, in one call: the value of a tensor that is
-// its whole storage in order (whole_value), else its view as recorded_view makes it; None where
-// Python reads it (recorded_view's cases, and views' start offsets on a device other than tpu:0).
+// A tpu view as tensor.read_in_program hands it to an op recorded in a fused graph (every view
+// there is read inside its op's node): view_over its storage's value. None where Python reads it
+// (a complex view, which it reads resolved; a value storage_value leaves to Python).
+py::object recorded_view(const at::Tensor& tensor) {
+  if (c10::isComplexType(tensor.scalar_type())) {
+    return py::none();
+  }
+  py::object shape;
+  py::object value = storage_value(tensor, shape);
+  return value.is_none() ? value : view_over(tensor, value);
+}
+
+// tensor.read_in_program while a fused graph records, in one call and one read of the storage:
+// the value of a tensor that is its whole storage in order (as whole_value), else its view as
+// recorded_view makes it; None where Python reads it (recorded_view's cases, and views' start
+// offsets on a device other than tpu:0).
 py::object read_recorded(py::handle object) {
-  py::object value = whole_value(object);
-  if (!value.is_none() || !THPVariable_Check(object.ptr()) || g_plans.platform == nullptr ||
-      !global_is(g_plans.platform, g_plans.others_used, Py_False)) {
-    PyErr_Clear();
+  if (g_values.attr == nullptr || !THPVariable_Check(object.ptr())) {
+    return py::none();
+  }
+  const at::Tensor& tensor = THPVariable_Unpack(object.ptr());
+  py::object shape;
+  py::object value = storage_value(tensor, shape);  // (read once: whole or not)
+  if (value.is_none() ||
+      (tensor.is_contiguous() && tensor.storage_offset() == 0 && same_sizes(shape, tensor.sizes()))) {
     return value;
   }
-  py::object view = recorded_view(THPVariable_Unpack(object.ptr()));
+  if (c10::isComplexType(tensor.scalar_type()) || g_plans.platform == nullptr ||
+      !global_is(g_plans.platform, g_plans.others_used, Py_False)) {
+    PyErr_Clear();
+    return py::none();
+  }
+  py::object view = view_over(tensor, value);
   if (!view) {
     throw py::error_already_set();
   }

@@ -149,6 +149,46 @@ def test_a_failing_check_over_computed_indices_raises_at_the_read_naming_the_op(
     torch.tpu.synchronize()
 
 
+@pytest.mark.parametrize("many_ops", [False, True], ids=["apart", "recorded"])
+def test_checks_of_the_same_values_run_once_while_a_graph_records(many_ops, monkeypatch):
+    """A decoder layer's cache update checks the positions it writes for the keys and again for
+    the values: one check program for both (computed apart, or recorded), and each op still
+    raises its error where a value depending on it is read."""
+    from torch_tpu.execution import fused
+    from torch_tpu.ops import _helpers
+
+    programs = []
+    computed_apart = fused.Graph.computed_apart
+
+    def counted(self, fn, args):
+        programs.append(fn)
+        return computed_apart(self, fn, args)
+
+    monkeypatch.setattr(fused.Graph, "computed_apart", counted)
+    if many_ops:  # more ops than a check computes apart: the check is a node of the graph
+        monkeypatch.setattr(fused, "APART_NODES", 0)
+
+    def update(shift: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = torch.zeros(6, 2, device=device), torch.zeros(6, 2, device=device)
+        position = torch.arange(2, device=device) + torch.tensor([shift], device=device)
+        keys.index_copy_(0, position, torch.ones(2, 2, device=device))
+        values.index_copy_(0, position, torch.full((2, 2), 2.0, device=device))
+        return keys, values
+
+    with torch_tpu.eager_mode("fused"):
+        keys, values = update(3, "tpu")
+        assert len(programs) == 1
+        recorded = [node for node in context.recorder.graph.nodes if node[0] is _helpers._first_out_of_bounds]
+        assert len(recorded) == many_ops
+        for got, expected in zip((keys, values), update(3, "cpu")):
+            torch.testing.assert_close(got.cpu(), expected)
+        keys, values = update(5, "tpu")  # positions 5 and 6 of 6 rows
+        for written in (keys, values):
+            with pytest.raises(IndexError, match=r"index_copy_\(\): index 6 is out of bounds"):
+                written.cpu()
+    torch.tpu.synchronize()
+
+
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_indices_copied_from_the_host_are_checked_on_the_host(mode, monkeypatch):
     """No program runs for the bounds check of a batch copied from the host, a view of one or

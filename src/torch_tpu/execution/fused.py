@@ -463,6 +463,9 @@ class Graph:
         self.checks: list[checks.Check] = []
         #: per node, the checks its outputs depend on (its op's own, and its inputs')
         self.taints: list[frozenset] = []
+        #: value checks' results while it records (``ops._helpers.apply_check``): a check of
+        #: the same values runs once
+        self.checked: dict[tuple, tuple] = {}
         self._unclaimed: list[checks.Check] = []  # added by the op being recorded
         #: (storage, the value it had before this graph first wrote it)
         self.undo: list[tuple[weakref.ref, Any]] = []
@@ -801,6 +804,7 @@ class Graph:
         # (its outputs refer to it: dropping them breaks the cycle, so the graph goes with the
         # last of them rather than at a garbage collection)
         self.leaves, self.leaf_avals, self.leaf_ids, self.undo, self.outputs = [], [], {}, [], []
+        self.checked = {}
 
     def _failed(self, error: BaseException) -> BaseException:
         """Undo the graph: storages it overwrote get their old values back; values it was to

@@ -482,7 +482,17 @@ def test_the_core_records_a_repeated_node_as_graph_record_does(monkeypatch):
     node that differs from the template (another static, dtype or shape) is not taken for it."""
     model = torch.nn.Linear(4, 3).to("tpu")
     cpu_x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
-    states, losses = {}, {}
+    states, losses, by_core = {}, {}, []
+    record_repeated = execution.fused._record_repeated
+
+    def counted(graph, fn, args, matmul_precision):
+        own_checks = len(graph._unclaimed)
+        outputs = record_repeated(graph, fn, args, matmul_precision)
+        if outputs is not NotImplemented:
+            by_core.append((fn.__name__, own_checks, len(graph._unclaimed)))
+        return outputs
+
+    monkeypatch.setattr(execution.fused, "_record_repeated", counted)
     with torch_tpu.eager_mode("fused"):
         for in_core in (True, False, True, False):
             monkeypatch.setattr(execution.fused, "record_in_core", in_core)
@@ -496,6 +506,8 @@ def test_the_core_records_a_repeated_node_as_graph_record_does(monkeypatch):
     assert states[True] == states[False]
     assert losses[True] == losses[False]
     assert any(t for t in states[True][-1][2]), "no node depended on a check"
+    # the lookup, with its own bounds check (the graph's until a node claims it)
+    assert ("embedding", 1, 0) in by_core
     # a node unlike its template's: another dim, dtype or shape; each result as CPU's
     with torch_tpu.eager_mode("fused"):
         changes = ((0, torch.float32, 5), (1, torch.float32, 5), (1, torch.float64, 5), (1, torch.float64, 2))

@@ -10,7 +10,7 @@
 // Deferred outputs. That path is this file's: the same specs, key, comparison and appends, built
 // in C++ (in Python it was a sixth of a fused forward's time). Every other case answers
 // NotImplemented before anything of the graph changed, and Graph.record decides: the graph's first
-// op, an op learned to churn, checks of the op being recorded, another graph's pending inputs,
+// op, an op learned to churn, another graph's pending inputs,
 // keyword arguments, an array that is no concrete jax array, a node not at its place in the
 // template, an output that is not one array or a flat tuple, recompile logging, several devices.
 // The Python stays the definition: this must build exactly the objects Graph.record builds.
@@ -445,9 +445,9 @@ PyObject* record_repeated(PyObject* graph, PyObject* fn, PyObject* args, PyObjec
   const Py_ssize_t position = PyLong_AsSsize_t(seen.ptr());
   const Py_ssize_t node = PyList_Check(nodes.ptr()) ? PyList_GET_SIZE(nodes.ptr()) : -1;
   if (state.ptr() != F.open || position <= 0 || node < 0 || max_nodes == nullptr ||
-      node >= PyLong_AsSsize_t(max_nodes) || !PyList_Check(unclaimed.ptr()) || PyList_GET_SIZE(unclaimed.ptr()) ||
-      !PyList_Check(leaves.ptr()) || !PyDict_Check(leaf_ids.ptr()) || !PyList_Check(taints.ptr())) {
-    PyErr_Clear();  // (the graph's first op, a full or run graph, the op's own checks: Python's)
+      node >= PyLong_AsSsize_t(max_nodes) || !PyList_Check(unclaimed.ptr()) || !PyList_Check(leaves.ptr()) ||
+      !PyDict_Check(leaf_ids.ptr()) || !PyList_Check(taints.ptr())) {
+    PyErr_Clear();  // (the graph's first op, a full or run graph: Python's)
     return not_implemented();
   }
   if (churning.ptr() != Py_None) {  // (an op that churns here runs alone: Python's)
@@ -460,6 +460,12 @@ PyObject* record_repeated(PyObject* graph, PyObject* fn, PyObject* args, PyObjec
   PyObject* taint_table = PyDict_GetItemWithError(F.checks, N.checks_taints);
   NodeWalk walk{graph, leaf_ids.ptr(), taints.ptr(), PyList_GET_SIZE(leaves.ptr()),
                 taint_table != nullptr && PyObject_IsTrue(taint_table) == 1};
+  // the op's own checks (a bounds check's), then those its inputs depend on, as Graph.record
+  // lists them
+  const Py_ssize_t claimed = PyList_GET_SIZE(unclaimed.ptr());
+  if (claimed && !walk.depend_on(unclaimed.ptr())) {
+    return nullptr;
+  }
   const Py_ssize_t count = PySequence_Fast_GET_SIZE(args);
   std::vector<py::object> specs(count);
   for (Py_ssize_t i = 0; i < count; ++i) {
@@ -520,7 +526,8 @@ PyObject* record_repeated(PyObject* graph, PyObject* fn, PyObject* args, PyObjec
   if (PyList_Append(nodes.ptr(), spec_key.ptr()) != 0 || PyList_Append(interned.ptr(), node_spec) != 0 ||
       PyList_Append(entries.ptr(), entry) != 0 || PyList_Append(positions.ptr(), seen.ptr()) != 0 ||
       PyList_Append(signatures.ptr(), PyTuple_GET_ITEM(entry, 3)) != 0 ||
-      PyList_Append(taints.ptr(), depends.ptr()) != 0) {
+      PyList_Append(taints.ptr(), depends.ptr()) != 0 ||
+      (claimed && PyList_SetSlice(unclaimed.ptr(), 0, claimed, nullptr) != 0)) {
     return nullptr;
   }
   for (Py_ssize_t i = 0; i < made; ++i) {

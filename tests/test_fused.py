@@ -539,3 +539,22 @@ def test_the_core_reads_a_view_for_a_fused_node_as_python_does(fused, monkeypatc
             assert core.start is None or int(core.start) == int(python.start)
         else:
             assert core is python
+
+
+def test_graphs_of_several_shapes_in_turn_each_follow_the_last_graph_of_theirs():
+    """A loop whose graphs start on one line but take turns in shape (batch shapes, sequence
+    buckets) takes every node from the last graph of the same shape, not from the last graph,
+    which differs at each node; results as CPU's."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    batches = [torch.randn(rows, 4, generator=torch.Generator().manual_seed(rows)) for rows in (3, 5, 7)]
+    replica = copy.deepcopy(model).to("tpu")
+    with torch_tpu.eager_mode("fused"):
+        for step in range(9):
+            out = replica(batches[step % 3].to("tpu")).sum(0)
+            graph = context.recorder.graph
+            if step >= 3:
+                assert len(graph.entries) == len(graph.template)
+                assert all(node is template for node, template in zip(graph.entries, graph.template))
+            torch.testing.assert_close(out.cpu(), model(batches[step % 3]).sum(0))
+    # a graph that followed one replaced it: one recent graph per shape stays kept
+    assert len(execution.fused._templates.get(graph.start)) == 3

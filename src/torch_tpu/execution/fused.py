@@ -148,11 +148,15 @@ class _Node:
 #: one lookup per recorded op; a graph keeps these objects, not the ones built to look them up
 #: (fewer objects alive per recorded op: fewer garbage collections)
 _nodes = LRU()
-#: first op of a graph and its line -> the ``_nodes`` entries of the last graph that started
-#: there, in order: a graph recording the same ops again (a training loop) compares each node's
-#: key with the one at its place there, which costs a fifth of hashing it (its dtypes' hashes
-#: are not cached) and looking it up
+#: first op of a graph and its line -> the ``_nodes`` entries of the last graphs that started
+#: there, each in order, the most recent first: a graph recording the same ops again (a
+#: training loop) compares each node's key with the one at its place in the first, which costs
+#: a fifth of hashing it (its dtypes' hashes are not cached) and looking it up; where that
+#: differs it takes another of them whose node there is equal (a loop taking turns between
+#: batch shapes or sequence buckets). A graph that followed one node for node replaces it.
 _templates = LRU()
+#: how many graphs :data:`_templates` keeps per start
+TEMPLATES_PER_START = 4
 
 
 def _outputs_built_by(treedef: Any, count: int) -> Any:
@@ -454,8 +458,10 @@ class Graph:
         self.leaf_avals: list[tuple] = []  # their (shape, dtype, weak type): the fingerprint's
         self.interned: list[_Node] = []  # the nodes as the fingerprint has them
         self.entries: list[tuple] = []  # their ``_nodes`` entries (the next graph's template)
-        #: the entries of the last graph with this one's start (a graph cut from another: none)
+        #: the entries of the last graph with this one's start (a graph cut from another: none),
+        #: or of another recent one (:data:`_templates`), where that one's matched
         self.template: list[tuple] = []
+        self.recent: list[list] = []  # the start's recent graphs' entries, this one's first
         self.leaf_ids: dict[int, int] = {}
         #: its deferred values, alive while anything else references them (see _live_outputs)
         self.outputs: list[Deferred] = []
@@ -553,8 +559,11 @@ class Graph:
             if position == 0:  # graphs that start with this op at this line: the same loop, mostly
                 self.start = (fn, checks.user_line())
                 self.churning = _churning.get(self.start)
-                self.template = _templates.get(self.start, self.template)
-                _templates[self.start] = self.entries  # (the next graph that starts here reads them)
+                recent = self.recent = _templates.get(self.start) or []
+                self.template = recent[0] if recent else self.template
+                recent.insert(0, self.entries)  # (the next graph that starts here reads them first)
+                del recent[TEMPLATES_PER_START:]
+                _templates[self.start] = recent
             churning = self.churning is not None and self.churning.get(position) is fn
             if churning and not self._unclaimed:
                 if not any(map(self._computes, (*args, *kwargs.values()))):
@@ -582,7 +591,7 @@ class Graph:
                 if node < len(template) and template[node][4] == node_key:
                     interned = template[node]
                 else:
-                    interned = _nodes.get(node_key)
+                    interned = self._from_other_template(node, node_key) or _nodes.get(node_key)
                 if interned is None:
                     shapes = _shapes.get(signature_key)
                     if shapes is None:
@@ -617,6 +626,27 @@ class Graph:
             outs = [Deferred(aval, self, node, i) for i, aval in enumerate(avals)]
             self.outputs.extend(outs)
             return tuple(outs) if treedef is tuple else jax.tree_util.tree_unflatten(treedef, outs)
+
+    def _from_other_template(self, node: int, node_key: tuple) -> tuple | None:
+        """The entry at ``node`` of another recent graph of this start whose node there has
+        ``node_key``; that graph is this one's template from now on. None if none has."""
+        for entries in self.recent:
+            if entries is not self.template and entries is not self.entries:
+                if node < len(entries) and entries[node][4] == node_key:
+                    self.template = entries
+                    return entries[node]
+        return None
+
+    def _replace_template(self) -> None:
+        """This graph's entries (among its start's recent graphs) replace those of the template
+        it followed node for node: the recent graphs stay different ones."""
+        template = self.template
+        if template is not self.entries and len(template) == len(self.entries):
+            if all(a is b for a, b in zip(template, self.entries)):
+                for i, entries in enumerate(self.recent):
+                    if entries is template:
+                        del self.recent[i]
+                        break
 
     def computed_apart(self, fn: Callable, args: tuple) -> Any:
         """``fn(*args)`` computed now, apart from the graph: at once when its arguments are
@@ -785,6 +815,7 @@ class Graph:
                 d.value = value
             self.state = _DONE
             self._release()
+            self._replace_template()
         last_flush_reason = reason
         stats.sync_reasons[reason] += 1
         stats.graphs_run += 1

@@ -558,3 +558,43 @@ def test_graphs_of_several_shapes_in_turn_each_follow_the_last_graph_of_theirs()
             torch.testing.assert_close(out.cpu(), model(batches[step % 3]).sum(0))
     # a graph that followed one replaced it: one recent graph per shape stays kept
     assert len(execution.fused._templates.get(graph.start)) == 3
+
+
+@pytest.mark.skipif(not execution.fused.record_in_core, reason="needs the C++ runtime core")
+def test_the_core_records_nodes_returning_lists_and_tuples_with_none(monkeypatch):
+    """A foreach op's list of outputs, and a backward's tuple holding None for a gradient not
+    asked for, repeated at their places: recorded by the core (Graph.record is not called for
+    them after the first graph), with the structure and results Graph.record gives."""
+    in_python = []
+    record = execution.fused.Graph.record
+
+    def counted(self, fn, args, kwargs, name, *rest):
+        in_python.append(name)
+        return record(self, fn, args, kwargs, name, *rest)
+
+    monkeypatch.setattr(execution.fused.Graph, "record", counted)
+    generator = torch.Generator().manual_seed(0)
+    shapes = ((2, 3, 8), (4, 3, 3), (2, 4, 6))  # a 1-d convolution's input, weight, output gradient
+    x, weight, grad = (torch.randn(*shape, generator=generator) for shape in shapes)
+
+    def step(device: str) -> list:
+        x_, weight_, grad_ = (t.to(device) + 0 for t in (x, weight, grad))  # (not a graph's first op)
+        scaled = torch._foreach_mul([x_, weight_], 2.0)
+        grads = torch.ops.aten.convolution_backward(
+            grad_, x_, weight_, None, [1], [0], [1], False, [0], 1, [True, True, False]
+        )
+        return [*scaled, *grads]
+
+    expected = step("cpu")
+    with torch_tpu.eager_mode("fused"):
+        for in_core in (True, False):
+            monkeypatch.setattr(execution.fused, "record_in_core", in_core)
+            for _ in range(3):
+                in_python.clear()
+                got = step("tpu")
+                assert [type(g) for g in got] == [type(e) for e in expected]  # (None where CPU's)
+                for g, e in zip(got, expected):
+                    if e is not None:
+                        torch.testing.assert_close(g.cpu(), e)
+            by_python = {"aten._foreach_mul.Scalar", "aten.convolution_backward.default"} & set(in_python)
+            assert not by_python if in_core else by_python

@@ -10,9 +10,9 @@
 // Deferred outputs. That path is this file's: the same specs, key, comparison and appends, built
 // in C++ (in Python it was a sixth of a fused forward's time). Every other case answers
 // NotImplemented before anything of the graph changed, and Graph.record decides: the graph's first
-// op, an op learned to churn, another graph's pending inputs,
-// keyword arguments, an array that is no concrete jax array, a node not at its place in the
-// template, an output that is not one array or a flat tuple, recompile logging, several devices.
+// op, an op learned to churn, another graph's pending inputs, keyword arguments, an array that is
+// no concrete jax array, a node not at its place in the template, an output of no array,
+// recompile logging, several devices.
 // The Python stays the definition: this must build exactly the objects Graph.record builds.
 
 #include "FusedRecord.h"
@@ -57,7 +57,7 @@ FusedState F;
 struct Names {
   PyObject *state, *seen, *churning, *unclaimed, *nodes, *leaves, *leaf_avals, *leaf_ids, *taints, *templ,
       *interned, *entries, *positions, *signatures, *outputs, *lock, *acquire, *release, *key, *aval, *shape,
-      *dtype, *weak_type, *max_nodes, *log_recompiles, *record_in_core, *others_used, *checks_taints, *taint_of;
+      *dtype, *weak_type, *max_nodes, *log_recompiles, *record_in_core, *others_used, *checks_taints, *taint_of, *unflatten;
 };
 Names N;
 
@@ -382,8 +382,8 @@ py::object attr(PyObject* object, PyObject* name) {
   return steal(PyObject_GetAttr(object, name));
 }
 
-// The node at `node` in the template, where `key` is its key and it makes one array or a flat
-// tuple of them; else nullptr (no error).
+// The node at `node` in the template, where `key` is its key and it makes at least one array;
+// else nullptr (no error).
 PyObject* template_entry(PyObject* templ, Py_ssize_t node, PyObject* key) {
   if (!PyList_Check(templ) || node >= PyList_GET_SIZE(templ)) {
     return nullptr;
@@ -399,8 +399,7 @@ PyObject* template_entry(PyObject* templ, Py_ssize_t node, PyObject* key) {
   }
   PyObject* built = PyTuple_GET_ITEM(entry, 1);
   PyObject* avals = PyTuple_GET_ITEM(entry, 2);
-  if ((built != Py_None && built != reinterpret_cast<PyObject*>(&PyTuple_Type)) || !PyList_Check(avals) ||
-      PyList_GET_SIZE(avals) == 0 || (built == Py_None && PyList_GET_SIZE(avals) != 1)) {
+  if (!PyList_Check(avals) || PyList_GET_SIZE(avals) == 0 || (built == Py_None && PyList_GET_SIZE(avals) != 1)) {
     return nullptr;
   }
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(avals); ++i) {
@@ -504,14 +503,29 @@ PyObject* record_repeated(PyObject* graph, PyObject* fn, PyObject* args, PyObjec
       !node_index || !depends) {
     return nullptr;
   }
-  // the outputs first (what can fail for want of memory), then the graph's appends
+  // the outputs first (what can fail: memory, the structure's unflattening), then the graph's
+  // appends. One array, a flat tuple of them, or any other structure (a foreach op's list, a
+  // tuple with Nones) as Graph.record unflattens it
   const Py_ssize_t made = PyList_GET_SIZE(avals);
-  auto out = steal(built == Py_None ? nullptr : PyTuple_New(made));
+  const bool flat = built == reinterpret_cast<PyObject*>(&PyTuple_Type);
+  auto out = steal(built == Py_None ? nullptr : flat ? PyTuple_New(made) : PyList_New(made));
   std::vector<py::object> deferred;
   for (Py_ssize_t i = 0; i < made; ++i) {
     deferred.push_back(steal(new_deferred(PyList_GET_ITEM(avals, i), graph, node_index.ptr(), i)));
     if (!deferred.back()) {
       return nullptr;
+    }
+    if (out && flat) {
+      PyTuple_SET_ITEM(out.ptr(), i, Py_NewRef(deferred.back().ptr()));
+    } else if (out) {  // (the leaves, in order, for the structure's unflatten)
+      PyList_SET_ITEM(out.ptr(), i, Py_NewRef(deferred.back().ptr()));
+    }
+  }
+  if (out && !flat) {
+    out = steal(PyObject_CallMethodOneArg(built, N.unflatten, out.ptr()));
+    if (!out) {
+      PyErr_Clear();  // (Python unflattens it, and raises if it must)
+      return not_implemented();
     }
   }
   if (PyObject_SetAttr(graph, N.seen, next_seen.ptr()) != 0) {
@@ -533,9 +547,6 @@ PyObject* record_repeated(PyObject* graph, PyObject* fn, PyObject* args, PyObjec
   for (Py_ssize_t i = 0; i < made; ++i) {
     if (PyList_Append(outputs.ptr(), deferred[i].ptr()) != 0) {
       return nullptr;
-    }
-    if (out) {
-      PyTuple_SET_ITEM(out.ptr(), i, Py_NewRef(deferred[i].ptr()));
     }
   }
   return out ? out.release().ptr() : deferred[0].release().ptr();
@@ -597,7 +608,7 @@ void configure_fused(
        intern("acquire"), intern("release"), intern("key"), intern("aval"),
        intern("shape"), intern("dtype"), intern("weak_type"), intern("max_nodes"),
        intern("log_recompiles"), intern("record_in_core"), intern("others_used"), intern("_taints"),
-       intern("taint_of")};
+       intern("taint_of"), intern("unflatten")};
   F.configured = true;
 }
 

@@ -57,7 +57,8 @@ FusedState F;
 struct Names {
   PyObject *state, *seen, *churning, *unclaimed, *nodes, *leaves, *leaf_avals, *leaf_ids, *taints, *templ,
       *interned, *entries, *positions, *signatures, *outputs, *lock, *acquire, *release, *key, *aval, *shape,
-      *dtype, *weak_type, *max_nodes, *log_recompiles, *record_in_core, *others_used, *checks_taints, *taint_of, *unflatten;
+      *dtype, *weak_type, *max_nodes, *log_recompiles, *record_in_core, *others_used, *checks_taints, *taint_of,
+      *unflatten;
 };
 Names N;
 

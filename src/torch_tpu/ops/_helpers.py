@@ -128,7 +128,7 @@ def apply_check(fn: Callable, *args: Any) -> Any:
     recorder = context.recorder
     if recorder is None or context.trace is not None:
         return apply(fn, *args)
-    graph = recorder.graph
+    graph = recorder.open_graph()  # (the op's: a graph that ran keeps no results of checks)
     key = _check_key(fn, args)
     known = graph.checked.get(key) if key is not None else None
     if known is not None:

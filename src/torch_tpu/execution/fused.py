@@ -189,6 +189,26 @@ _KEYED_AS_IS = frozenset({int, bool, str, type(None)})
 
 #: Types of static arguments (shapes, dims, flags), told apart from arrays without isinstance
 _PLAIN = frozenset({int, float, bool, str, type(None)})
+
+
+def check_key(fn: Callable, args: tuple) -> tuple | None:
+    """A value check's program and inputs as the key of its result while one graph records
+    (``Graph.checked``, ``ops._helpers.apply_check``): arrays and pending values by identity
+    (their values never change), static arguments as :func:`_typed` keys them; None for
+    anything else. (A decoder layer's cache update checks the positions it writes for its
+    keys, then for its values: one program for both.)"""
+    key = [fn]
+    for a in args:
+        kind = type(a)
+        if kind in _PLAIN:
+            key.append(_typed(a))
+        elif kind is Deferred or kind is _ARRAY:
+            key.append(id(a))
+        else:
+            return None
+    return tuple(key)
+
+
 _taints = checks._taints
 
 

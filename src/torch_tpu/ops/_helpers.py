@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ..execution.fused import check_key
 from ..runtime import checks
-from ..runtime.buffer import Deferred, apply, host_copy, host_range
+from ..runtime.buffer import apply, host_copy, host_range
 from ..runtime.context import context
 from ..runtime.dtypes import item_name, to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
 from .registry import OutDtype, Promote, lower
@@ -124,12 +125,12 @@ def apply_check(fn: Callable, *args: Any) -> Any:
     result would come with the whole graph: the end of ``backward()``, which reports the
     step's checks, would wait for the forward and backward to finish computing, instead of
     the optimizer's ops being recorded while they run. A check of the same values again while
-    the graph records (:func:`_check_key`) reuses the first one's result."""
+    the graph records (``execution.fused.check_key``) reuses the first one's result."""
     recorder = context.recorder
     if recorder is None or context.trace is not None:
         return apply(fn, *args)
     graph = recorder.open_graph()  # (the op's: a graph that ran keeps no results of checks)
-    key = _check_key(fn, args)
+    key = check_key(fn, args)
     known = graph.checked.get(key) if key is not None else None
     if known is not None:
         return known[1]
@@ -139,27 +140,6 @@ def apply_check(fn: Callable, *args: Any) -> Any:
     if key is not None and recorder.graph is graph:  # (the arguments kept: their ids stay theirs)
         graph.checked[key] = (args, result)
     return result
-
-
-def _check_key(fn: Callable, args: tuple) -> tuple | None:
-    """A value check's program and inputs as a key of its result while one graph records:
-    arrays and pending values by identity (their values never change), numbers by type and
-    value; None for anything else. (A decoder layer's cache update checks the positions it
-    writes for its keys, then for its values: one program for both.)"""
-    key = [fn]
-    for a in args:
-        kind = type(a)
-        if kind in _STATIC_KINDS:
-            key.append((kind, repr(a) if kind is float else a))  # (-0.0 and NaN as themselves)
-        elif isinstance(a, _VALUE_KINDS) and not isinstance(a, jax.core.Tracer):
-            key.append(id(a))
-        else:
-            return None
-    return tuple(key)
-
-
-_STATIC_KINDS = frozenset({int, float, bool, type(None)})
-_VALUE_KINDS = (jax.Array, Deferred)
 
 
 def report_values(results, report: Callable[[Any], None]) -> None:

@@ -170,7 +170,8 @@ def test_checks_of_the_same_values_run_once_while_a_graph_records(many_ops, monk
 
     def update(shift: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = torch.zeros(6, 2, device=device), torch.zeros(6, 2, device=device)
-        position = torch.arange(2, device=device) + torch.tensor([shift], device=device)
+        shift = torch.tensor([shift + 0.0], device=device).long()  # (computed on the device)
+        position = torch.arange(2, device=device) + shift
         keys.index_copy_(0, position, torch.ones(2, 2, device=device))
         values.index_copy_(0, position, torch.full((2, 2), 2.0, device=device))
         return keys, values
@@ -189,20 +190,22 @@ def test_checks_of_the_same_values_run_once_while_a_graph_records(many_ops, monk
     torch.tpu.synchronize()
 
 
+@pytest.fixture
+def device_checks(monkeypatch) -> list:
+    """A list that grows by one at each bounds check run by a program on the device."""
+    from torch_tpu.ops import _helpers
+
+    run = []
+    checked_on_device = _helpers._first_out_of_bounds
+    monkeypatch.setattr(_helpers, "_first_out_of_bounds", lambda *a: run.append(1) or checked_on_device(*a))
+    return run
+
+
 @pytest.mark.parametrize("mode", ["strict", "fused"])
-def test_indices_copied_from_the_host_are_checked_on_the_host(mode, monkeypatch):
+def test_indices_copied_from_the_host_are_checked_on_the_host(mode, device_checks):
     """No program runs for the bounds check of a batch copied from the host, a view of one or
     an integer ``arange``: their host copy is read. Indices computed on the device (or changed
     there) are checked by a program."""
-    from torch_tpu.ops import _helpers
-
-    device_checks = []
-    checked_on_device = _helpers._first_out_of_bounds
-    monkeypatch.setattr(
-        _helpers,
-        "_first_out_of_bounds",
-        lambda *a: device_checks.append(1) or checked_on_device(*a),
-    )
     weight = torch.randn(5, 3, device="tpu")
     with torch_tpu.eager_mode(mode):
         host = torch.tensor([4, 0])
@@ -226,11 +229,73 @@ def test_indices_copied_from_the_host_are_checked_on_the_host(mode, monkeypatch)
             with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 0 with size 4"):
                 weight[:4][rows].cpu()
         assert not device_checks
-        index.add_(1)  # now 5 and 1, computed on the device: its old host copy is not used
+        index.copy_((index + 1.0).long())  # now 5 and 1, computed on the device (from floats,
+        # which keep no host copy): its old host copy is not used
         with pytest.raises(IndexError, match="index out of range in self"):
             F.embedding(index, weight).cpu()
         assert device_checks
     torch.tpu.synchronize()
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_positions_summed_from_host_copies_are_checked_on_the_host(mode, device_checks):
+    """A static cache's positions (``arange + length``, then ``length.add_``, as Transformers'
+    ``StaticLayer.update`` computes them at every step) keep a host copy computed by numpy
+    (``Lowering.host``), so their bounds check runs no program; a position past the cache still
+    raises PyTorch's error. The values equal CPU's."""
+
+    def decode(device: str, steps: int) -> torch.Tensor:
+        cache = torch.zeros(1, 2, 6, 3, device=device)
+        length = torch.tensor(0).to(device)
+        for step in range(steps):
+            positions = torch.arange(1, device=device) + length
+            length.add_(1)
+            cache.index_copy_(2, positions, torch.full((1, 2, 1, 3), float(step), device=device))
+            cache.sum().item()  # (a step's host read: its graph runs)
+        return cache
+
+    with torch_tpu.eager_mode(mode):
+        torch.testing.assert_close(decode("tpu", 6).cpu(), decode("cpu", 6))
+        assert not device_checks
+        with pytest.raises(IndexError, match=r"index_copy_\(\): index 6 is out of bounds for dimension 2"):
+            decode("tpu", 7)
+    torch.tpu.synchronize()
+    assert not device_checks
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_host_rule_keeps_the_device_result_wrapping_included(mode):
+    """Where an op with a host rule keeps a host copy it equals the value the device computed
+    (integer wrapping included); a number outside the dtype (which PyTorch wraps first), a
+    float result, or an operand computed on the device keeps none."""
+    from torch_tpu.runtime import tensor
+
+    near_max = torch.tensor([2**31 - 2, -(2**31), 5], dtype=torch.int32)
+    cases = {
+        "int32 overflow": lambda x, y, u: x + x,
+        "alpha": lambda x, y, u: torch.sub(x, y, alpha=3),
+        "a 0-dim CPU operand": lambda x, y, u: y + torch.tensor(7),
+        "uint8 wrap": lambda x, y, u: u - 200,
+        "in place": lambda x, y, u: y.clone().add_(x, alpha=-2),
+        "int64 and bool": lambda x, y, u: y + torch.tensor([True, False, True]).to(y.device),
+    }
+    with torch_tpu.eager_mode(mode):
+        x, y = near_max.to("tpu"), torch.tensor([3, -4, 2**40]).to("tpu")
+        u = torch.tensor([1, 100, 255], dtype=torch.uint8).to("tpu")
+        for name, op in cases.items():
+            got = op(x, y, u)
+            kept = tensor.host_value(got)
+            assert kept is not None, name
+            expected = op(near_max, y.cpu(), u.cpu())
+            assert kept.tolist() == expected.tolist() == got.cpu().tolist(), name
+            assert tensor.host_value(got) is not None, name  # (still, once its graph ran)
+        for name, result in {
+            "past int32": x + 2**40,
+            "float": y + 0.5,
+            "computed on the device": x.neg() + x,
+        }.items():
+            assert tensor.host_value(result) is None, name
+        torch.testing.assert_close((x + 2**40).cpu(), near_max + 2**40)
 
 
 def test_host_copies_are_kept_for_small_integer_arrays_only():

@@ -833,6 +833,7 @@ class Graph:
                 raise self._failed(error) from error
             for d, value in zip(live, values):
                 d.value = value
+            buffer.pass_host_copies(live)
             self.state = _DONE
             self._release()
             self._replace_template()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 import torch
 
 from .. import config
@@ -461,6 +462,7 @@ def _compute_fn(entry: Lowering) -> _Compute:
         promote_pos = [binder.names.index(n) for n in names]
     draws_key = entry.random
     check = entry.check
+    host_rule = entry.host
     traced, on_host = runs is Runs.TRACED, runs is Runs.HOST
     name = str(op)
     convert_by_kind = {  # (each takes the value and the tpu index of the op)
@@ -644,6 +646,10 @@ def _compute_fn(entry: Lowering) -> _Compute:
             if translated is e:
                 raise
             raise translated from e
+        shadowed = host_rule is not None and _is_integral(result)  # (the key decides: the core
+        # serves none of this key's calls, whose host copies Python keeps)
+        if shadowed and result.size <= HOST_SHADOW_ELEMENTS and ctx.trace is None:
+            _shadow(host_rule, binder.bind(args, kwargs), result)
         if learn is not None:
             rules = conversions(args, operands[1])
             kept = fast_plans[learn] = (
@@ -652,12 +658,55 @@ def _compute_fn(entry: Lowering) -> _Compute:
                 else (lowered, tuple(values[len(args) :]), torch.get_default_dtype(), rules)
             )
             native_rules = None if rules is None or native_plans is None else _native_rules(rules, args)
-            if native_rules is not None:  # (the same plan, its conversions as the core does them)
+            if native_rules is not None and not shadowed:  # (the same plan, its conversions as
+                # the core does them)
                 reads_views = any(how == _NATIVE_VIEW for _, how, _ in native_rules)
                 native_plans[learn] = (*kept[:3], native_rules, reads_views)
         return result
 
     return _Compute(compute, binder, native_plans, views_in_program)
+
+
+#: The most elements a result computed on the host too (``Lowering.host``) may have: numpy's
+#: cost per op stays below the op's own
+HOST_SHADOW_ELEMENTS = 4096
+
+
+def _is_integral(result: Any) -> bool:
+    """Whether ``result`` is an integer array, which an op with a host rule computes on the host
+    too where it is small (positions, lengths: what bounds checks read)."""
+    dtype = getattr(result, "dtype", None)
+    return dtype is not None and dtype.kind in "iu"
+
+
+def _shadow(rule: Callable, values: list, result: Any) -> None:
+    """Keep ``rule``'s result over the host copies of the call's ``values`` (the op's bound
+    arguments) as ``result``'s host copy (``buffer.host_copy``), where every tensor among them
+    has one (or is a CPU scalar) and every number fits ``result``'s dtype; the rule computes in
+    that dtype, wrapping as the device does."""
+    dtype = result.dtype
+    hosts = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            host = tensor.host_value(value) if value.device.type == "tpu" else None
+            if host is None and value.device.type == "cpu" and value.dim() == 0:
+                host = value.detach().numpy()
+            if host is None or host.dtype.kind not in "biu":
+                return
+            value = host.astype(dtype, copy=False)
+        elif type(value) is int:
+            limits = np.iinfo(dtype)
+            if not limits.min <= value <= limits.max:
+                return  # (PyTorch wraps it into the dtype first)
+            value = dtype.type(value)
+        elif type(value) is not bool:
+            return
+        hosts.append(value)
+    with np.errstate(over="ignore"):
+        host = np.asarray(rule(*hosts), dtype)
+    if host.shape == tuple(result.shape):
+        host.flags.writeable = False
+        buffer.keep_host_copy(result, host, shared=True)
 
 
 def _transposing(fn: Callable, orders: tuple) -> Callable:

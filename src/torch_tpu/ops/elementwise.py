@@ -474,7 +474,13 @@ for _name, _fn in [
     predicate(getattr(aten, _name).default, _fn)
 
 
-@lower(aten.add.Tensor, aten.add.Scalar, promote=Promote.DEFAULT, promote_args=("self", "other"))
+@lower(
+    aten.add.Tensor,
+    aten.add.Scalar,
+    promote=Promote.DEFAULT,
+    promote_args=("self", "other"),
+    host=lambda x, y, alpha=1: x + y * alpha,
+)
 def add(x, y, alpha=1, *, types):
     x, y = jnp.asarray(x, types.compute), jnp.asarray(y, types.compute)
     return (x + y * jnp.asarray(alpha, types.compute)).astype(types.result)
@@ -522,7 +528,13 @@ def _check_not_bool(x, y) -> None:
         )
 
 
-@lower(aten.sub.Tensor, aten.sub.Scalar, promote=Promote.DEFAULT, promote_args=("self", "other"))
+@lower(
+    aten.sub.Tensor,
+    aten.sub.Scalar,
+    promote=Promote.DEFAULT,
+    promote_args=("self", "other"),
+    host=lambda x, y, alpha=1: x - y * alpha,
+)
 def sub(x, y, alpha=1, *, types):
     _check_not_bool(x, y)
     x, y = jnp.asarray(x, types.compute), jnp.asarray(y, types.compute)

@@ -100,6 +100,12 @@ class Lowering:
     # A faster way for some calls, tried first on the functional overload's tpu tensors: returns
     # the result, or None for the calls it does not cover (which then run ``fn``)
     shortcut: Callable | None = None
+    # The same result computed by numpy from the host copies of the call's arguments
+    # (``buffer.host_copy``: small integer tensors copied from the host, ranges, and results of
+    # such rules), given them in the result's dtype (same arguments as ``fn``, numbers as they
+    # are): kept as the host copy of a small integer result, so that a bounds check over it
+    # (a cache's positions, computed from its length) reads no device value
+    host: Callable | None = None
     # Tensor arguments whose buffers strict eager donates to the computation (``jax.jit``'s
     # ``donate_argnums``); graphs and compiled programs donate by their own rules
     donate: tuple[str, ...] = ()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -325,6 +325,15 @@ def keep_reshape(value: Any, shape: tuple, reshaped: Any) -> None:
     entry = _host_entry(value)
     if entry is not None and len(entry[3]) < _RESHAPES_KEPT:
         entry[3][shape] = reshaped
+
+
+def pass_host_copies(computed: Sequence[Deferred]) -> None:
+    """Keep the host copy of each of ``computed`` (deferred values its graph has just computed)
+    as its array's too: the storages holding it will hold the array."""
+    for deferred in computed:
+        entry = _host_entry(deferred)
+        if entry is not None:
+            keep_host_copy(deferred.value, entry[1], shared=True)
 
 
 def host_range(value: Any) -> tuple[int, int] | None:

@@ -520,17 +520,36 @@ def _reshapes_whole(t: torch.Tensor, buf: buffer.Value, view: tuple) -> bool:
 
 
 def _keep_view_of_host_copy(value: jax.Array, host: np.ndarray, t: torch.Tensor) -> None:
-    """Keep ``t``'s view of its storage's host copy ``host`` as ``value``'s (only a view inside
-    ``host``: numpy's ``as_strided`` does not check)."""
+    """Keep ``t``'s view of its storage's host copy ``host`` as ``value``'s."""
+    view = _host_view(host, t)
+    if view is not None:
+        keep_host_copy(value, view, shared=True)
+
+
+def _host_view(host: np.ndarray, t: torch.Tensor) -> np.ndarray | None:
+    """``t``'s view of its storage's host copy ``host`` (read-only), or None where it would
+    reach outside ``host`` (numpy's ``as_strided`` does not check)."""
     shape, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
     if offset == 0 and t.numel() == host.size and host.flags.c_contiguous and t.is_contiguous():
-        keep_host_copy(value, host.reshape(shape), shared=True)  # (a reshape: the common view)
-        return
+        return host.reshape(shape)  # (a reshape: the common view)
     if 0 not in shape and offset + sum((n - 1) * s for n, s in zip(shape, strides)) >= host.size:
-        return
+        return None
     flat = host.reshape(-1)[offset:]
-    view = np.lib.stride_tricks.as_strided(flat, shape, [s * host.itemsize for s in strides], writeable=False)
-    keep_host_copy(value, view, shared=True)
+    return np.lib.stride_tricks.as_strided(flat, shape, [s * host.itemsize for s in strides], writeable=False)
+
+
+def host_value(t: torch.Tensor) -> np.ndarray | None:
+    """The value of tpu tensor ``t`` (any view) from its storage's host copy
+    (``buffer.host_copy``: read-only, no device read), or None where its storage has none."""
+    buf = whole_value(t)
+    if buf is not None:
+        return host_copy(buf)
+    storage = t.untyped_storage()
+    buf = buffer.get(storage)
+    host = host_copy(buf)
+    if host is None or host.dtype != TORCH_TO_JAX.get(t.dtype) or host.nbytes != storage.nbytes():
+        return None  # (a storage read in another dtype than its value's)
+    return _host_view(host, t)
 
 
 def read_in_program(t: torch.Tensor) -> jax.Array | buffer.StridedView:

@@ -683,27 +683,27 @@ def _shadow(rule: Callable, values: list, result: Any) -> None:
     """Keep ``rule``'s result over the host copies of the call's ``values`` (the op's bound
     arguments) as ``result``'s host copy (``buffer.host_copy``), where every tensor among them
     has one (or is a CPU scalar) and every number fits ``result``'s dtype; the rule computes in
-    that dtype, wrapping as the device does."""
+    that dtype, wrapping as the device does (on arrays: numpy warns of overflow for its scalar
+    types only)."""
     dtype = result.dtype
     hosts = []
     for value in values:
         if isinstance(value, torch.Tensor):
-            host = tensor.host_value(value) if value.device.type == "tpu" else None
-            if host is None and value.device.type == "cpu" and value.dim() == 0:
-                host = value.detach().numpy()
+            if value.is_cpu:
+                host = value.detach().numpy() if value.dim() == 0 else None
+            else:
+                host = tensor.host_value(value)
             if host is None or host.dtype.kind not in "biu":
                 return
-            value = host.astype(dtype, copy=False)
-        elif type(value) is int:
-            limits = np.iinfo(dtype)
-            if not limits.min <= value <= limits.max:
-                return  # (PyTorch wraps it into the dtype first)
-            value = dtype.type(value)
-        elif type(value) is not bool:
+            hosts.append(host.astype(dtype, copy=False))
+        elif type(value) is int or type(value) is bool:
+            try:
+                hosts.append(np.array(value, dtype))
+            except OverflowError:  # (PyTorch wraps it into the dtype first)
+                return
+        else:
             return
-        hosts.append(value)
-    with np.errstate(over="ignore"):
-        host = np.asarray(rule(*hosts), dtype)
+    host = np.asarray(rule(*hosts), dtype)
     if host.shape == tuple(result.shape):
         host.flags.writeable = False
         buffer.keep_host_copy(result, host, shared=True)

@@ -775,6 +775,23 @@ def test_a_planned_call_runs_no_python(planned):
     torch.testing.assert_close(torch.add(a, b).cpu(), torch.arange(4.0) + 0.5, rtol=0, atol=0)
 
 
+def test_a_planned_integer_sum_runs_its_host_rule_only_over_host_copies(planned):
+    """``add`` has a host rule (``Lowering.host``): the core serves its integer calls, running
+    the rule (Python) after the program only where an operand has a host copy, whose result
+    becomes the output's."""
+    from torch_tpu.runtime import tensor
+
+    on_host = torch.tensor([3, 5]).to("tpu")  # (copied from the host: it has a host copy)
+    computed = (on_host + 0.5).long()  # (from floats: it has none)
+    for _ in range(2):
+        on_host + on_host, computed + computed
+    assert not _python_frames(lambda: computed + computed)
+    frames = _python_frames(lambda: on_host + on_host)
+    assert "_shadow" in frames and "kernel" not in frames  # (the rule, not the Python kernel)
+    assert tensor.host_value(on_host + on_host).tolist() == [6, 10]
+    assert tensor.host_value(computed + computed) is None
+
+
 #: what a planned call may still run in Python: a number's conversion to a device scalar, a
 #: view's StridedView (its constructor)
 _CONVERSION_FRAMES = {"_number", "device_scalar", "get", "__init__"}

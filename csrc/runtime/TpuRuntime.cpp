@@ -882,7 +882,8 @@ PyObject* g_zero = nullptr;  // 0, the tpu index numbers are converted for (one 
 struct PlannedKernel {
   PyObject_HEAD PyObject* kernel;  // the op's Python kernel
   // {key: (program, the trailing arguments' converted defaults, default dtype, the conversions:
-  // (position, a NativeRule, default), whether one of them reads a view (kNativeView))}
+  // (position, a NativeRule, default), whether one of them reads a view (kNativeView), the op's
+  // host rule where it has one (operand_has_host_copy), else None)}
   PyObject* plans;
   PyObject* op;  // the OpOverload (dispatch.recorded_ops)
   PyObject* name;  // the op's name (context.op, named by errors of checks reported later)
@@ -1107,6 +1108,24 @@ bool first_stands_alone(PyObject* args) {
   return true;
 }
 
+// Whether one of `values` (a planned call's operands) has a host copy, for a plan whose op has a
+// host rule (`host_rule`: (dispatch._shadow for it, taking the call's arguments and output;
+// buffer.host_copies_by_id); None for an op without one).
+bool operand_has_host_copy(PyObject* host_rule, PyObject* values) {
+  if (host_rule == Py_None) {
+    return false;
+  }
+  PyObject* copies = PyTuple_GET_ITEM(host_rule, 1);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(values); ++i) {
+    auto id = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(PyTuple_GET_ITEM(values, i)));
+    if (!id || PyDict_Contains(copies, id.ptr()) != 0) {
+      PyErr_Clear();
+      return true;
+    }
+  }
+  return false;
+}
+
 // The output of the plan's program run for the call; nullptr and no error where no plan applies.
 PyObject* run_program(PlannedKernel* self, PyObject* args) {
   if (self->returns == kWritesFirst && !first_stands_alone(args)) {
@@ -1133,6 +1152,8 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
     return nullptr;  // (it reads views, which strict eager reads apart: Python's)
   }
   PyObject* values = PyTuple_GET_ITEM(operands.ptr(), 1);
+  PyObject* host_rule = PyTuple_GET_ITEM(plan.ptr(), 5);
+  const bool on_host_too = operand_has_host_copy(host_rule, values);
   PyObject* defaults = PyTuple_GET_ITEM(plan.ptr(), 1);
   const Py_ssize_t given = PyTuple_GET_SIZE(values);
   const Py_ssize_t count = given + PyTuple_GET_SIZE(defaults);
@@ -1216,6 +1237,14 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
   }
   if (out == nullptr && PyErr_ExceptionMatches(PyExc_Exception)) {
     PyErr_Clear();  // the Python kernel runs the call again and raises PyTorch's error
+  }
+  if (out != nullptr && on_host_too) {  // (its result's host copy, computed by the rule)
+    PyObject* kept = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(host_rule, 0), args, out, nullptr);
+    if (kept == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    Py_DECREF(kept);
   }
   return out;
 }

@@ -463,6 +463,10 @@ def _compute_fn(entry: Lowering) -> _Compute:
     draws_key = entry.random
     check = entry.check
     host_rule = entry.host
+    # (what the C++ core calls where a planned call's operand has a host copy: operand_has_host_copy)
+    core_host_rule = (
+        None if host_rule is None else (functools.partial(_shadow, host_rule), buffer.host_copies_by_id)
+    )
     traced, on_host = runs is Runs.TRACED, runs is Runs.HOST
     name = str(op)
     convert_by_kind = {  # (each takes the value and the tpu index of the op)
@@ -646,10 +650,9 @@ def _compute_fn(entry: Lowering) -> _Compute:
             if translated is e:
                 raise
             raise translated from e
-        shadowed = host_rule is not None and _is_integral(result)  # (the key decides: the core
-        # serves none of this key's calls, whose host copies Python keeps)
+        shadowed = host_rule is not None and _is_integral(result)
         if shadowed and result.size <= HOST_SHADOW_ELEMENTS and ctx.trace is None:
-            _shadow(host_rule, binder.bind(args, kwargs), result)
+            _shadow(host_rule, args, result, kwargs)
         if learn is not None:
             rules = conversions(args, operands[1])
             kept = fast_plans[learn] = (
@@ -658,10 +661,14 @@ def _compute_fn(entry: Lowering) -> _Compute:
                 else (lowered, tuple(values[len(args) :]), torch.get_default_dtype(), rules)
             )
             native_rules = None if rules is None or native_plans is None else _native_rules(rules, args)
-            if native_rules is not None and not shadowed:  # (the same plan, its conversions as
-                # the core does them)
+            if native_rules is not None:  # (the same plan, its conversions as the core does them)
                 reads_views = any(how == _NATIVE_VIEW for _, how, _ in native_rules)
-                native_plans[learn] = (*kept[:3], native_rules, reads_views)
+                native_plans[learn] = (
+                    *kept[:3],
+                    native_rules,
+                    reads_views,
+                    core_host_rule if shadowed else None,
+                )
         return result
 
     return _Compute(compute, binder, native_plans, views_in_program)
@@ -679,15 +686,15 @@ def _is_integral(result: Any) -> bool:
     return dtype is not None and dtype.kind in "iu"
 
 
-def _shadow(rule: Callable, values: list, result: Any) -> None:
-    """Keep ``rule``'s result over the host copies of the call's ``values`` (the op's bound
-    arguments) as ``result``'s host copy (``buffer.host_copy``), where every tensor among them
-    has one (or is a CPU scalar) and every number fits ``result``'s dtype; the rule computes in
-    that dtype, wrapping as the device does (on arrays: numpy warns of overflow for its scalar
-    types only)."""
+def _shadow(rule: Callable, args: tuple, result: Any, kwargs: dict | None = None) -> None:
+    """Keep ``rule``'s result over the host copies of the call's arguments as ``result``'s host
+    copy (``buffer.host_copy``), where every tensor among them has one (or is a 0-dim CPU
+    tensor); the rule computes in ``result``'s dtype, wrapping as the device does (numpy arrays
+    do not warn of overflow; a number outside the dtype raises, and none is kept: PyTorch wraps
+    it into the dtype first)."""
     dtype = result.dtype
     hosts = []
-    for value in values:
+    for value in args:
         if isinstance(value, torch.Tensor):
             if value.is_cpu:
                 host = value.detach().numpy() if value.dim() == 0 else None
@@ -695,15 +702,14 @@ def _shadow(rule: Callable, values: list, result: Any) -> None:
                 host = tensor.host_value(value)
             if host is None or host.dtype.kind not in "biu":
                 return
-            hosts.append(host.astype(dtype, copy=False))
-        elif type(value) is int or type(value) is bool:
-            try:
-                hosts.append(np.array(value, dtype))
-            except OverflowError:  # (PyTorch wraps it into the dtype first)
-                return
-        else:
+            value = host.astype(dtype, copy=False)
+        elif type(value) is not int and type(value) is not bool:
             return
-    host = np.asarray(rule(*hosts), dtype)
+        hosts.append(value)
+    try:
+        host = np.asarray(rule(*hosts, **(kwargs or {})), dtype)
+    except (OverflowError, TypeError):  # (a number outside the dtype; a keyword not a number)
+        return
     if host.shape == tuple(result.shape):
         host.flags.writeable = False
         buffer.keep_host_copy(result, host, shared=True)

@@ -270,11 +270,13 @@ def concrete(storage) -> jax.Array:
 #: loss's targets, ``torch.tensor([0, 2])``), views read from them and integer ``arange``s keep
 #: their host copy: a value check over them (index bounds) reads it instead of running a
 #: program on the device and waiting for it. A value changed on the device is a new array,
-#: without one: a host copy is never stale.
+#: without one unless an op's host rule computed the same value (``Lowering.host``): a host
+#: copy is never stale.
 HOST_COPY_BYTES = 1 << 20
 #: id(array) -> (weak reference to it, its host copy, [its (min, max) once asked], its reshapes
-#: read so far by shape (:func:`kept_reshape`))
-_host_copies: dict[int, tuple[weakref.ref, np.ndarray, list, dict]] = {}
+#: read so far by shape (:func:`kept_reshape`)); the C++ core leaves a planned call of an op with
+#: a host rule to Python where an operand is in it
+host_copies_by_id: dict[int, tuple[weakref.ref, np.ndarray, list, dict]] = {}
 #: Reshapes kept per host-copied array (a few: a batch flattened for a loss, for an embedding)
 _RESHAPES_KEPT = 4
 #: Up to this many entries, a host copy's range is taken in Python (numpy's reductions cost
@@ -295,12 +297,12 @@ def keep_host_copy(value: Any, array: np.ndarray, shared: bool = False) -> None:
         copy.flags.writeable = False
     key = id(value)
     # (the callback runs while ``value`` is freed, before its id can be reused)
-    forget = _host_copies.pop  # (bound now: a kept reshape may be freed at exit, after the module)
-    _host_copies[key] = (weakref.ref(value, lambda _: forget(key, None)), copy, [], {})
+    forget = host_copies_by_id.pop  # (bound now: a kept reshape may be freed at exit, after the module)
+    host_copies_by_id[key] = (weakref.ref(value, lambda _: forget(key, None)), copy, [], {})
 
 
 def _host_entry(value: Any) -> tuple | None:
-    entry = _host_copies.get(id(value))
+    entry = host_copies_by_id.get(id(value))
     return None if entry is None or entry[0]() is not value else entry
 
 

@@ -268,6 +268,7 @@ def test_a_host_rule_keeps_the_device_result_wrapping_included(mode):
     """Where an op with a host rule keeps a host copy it equals the value the device computed
     (integer wrapping included); a number outside the dtype (which PyTorch wraps first), a
     float result, or an operand computed on the device keeps none."""
+    from torch_tpu.ops import dispatch
     from torch_tpu.runtime import tensor
 
     near_max = torch.tensor([2**31 - 2, -(2**31), 5], dtype=torch.int32)
@@ -289,12 +290,16 @@ def test_a_host_rule_keeps_the_device_result_wrapping_included(mode):
             expected = op(near_max, y.cpu(), u.cpu())
             assert kept.tolist() == expected.tolist() == got.cpu().tolist(), name
             assert tensor.host_value(got) is not None, name  # (still, once its graph ran)
-        for name, result in {
-            "past int32": x + 2**40,
-            "float": y + 0.5,
-            "computed on the device": x.neg() + x,
-        }.items():
-            assert tensor.host_value(result) is None, name
+        long_range = torch.arange(dispatch.HOST_SHADOW_ELEMENTS + 1, device="tpu")
+        assert tensor.host_value(long_range) is not None  # (a range: it has one)
+        for _ in range(2):  # (the Python kernel, then the C++ core's plan)
+            for name, result in {
+                "past int32": x + 2**40,
+                "float": y + 0.5,
+                "computed on the device": x.neg() + x,
+                "more elements than HOST_SHADOW_ELEMENTS": long_range + 1,
+            }.items():
+                assert tensor.host_value(result) is None, name
         torch.testing.assert_close((x + 2**40).cpu(), near_max + 2**40)
 
 

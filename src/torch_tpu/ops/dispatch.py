@@ -651,7 +651,7 @@ def _compute_fn(entry: Lowering) -> _Compute:
                 raise
             raise translated from e
         shadowed = host_rule is not None and _is_integral(result)
-        if shadowed and result.size <= HOST_SHADOW_ELEMENTS and ctx.trace is None:
+        if shadowed and ctx.trace is None:
             _shadow(host_rule, args, result, kwargs)
         if learn is not None:
             rules = conversions(args, operands[1])
@@ -691,7 +691,9 @@ def _shadow(rule: Callable, args: tuple, result: Any, kwargs: dict | None = None
     copy (``buffer.host_copy``), where every tensor among them has one (or is a 0-dim CPU
     tensor); the rule computes in ``result``'s dtype, wrapping as the device does (numpy arrays
     do not warn of overflow; a number outside the dtype raises, and none is kept: PyTorch wraps
-    it into the dtype first)."""
+    it into the dtype first). Not for a result of more than ``HOST_SHADOW_ELEMENTS``."""
+    if result.size > HOST_SHADOW_ELEMENTS:
+        return
     dtype = result.dtype
     hosts = []
     for value in args:

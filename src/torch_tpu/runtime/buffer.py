@@ -274,8 +274,8 @@ def concrete(storage) -> jax.Array:
 #: copy is never stale.
 HOST_COPY_BYTES = 1 << 20
 #: id(array) -> (weak reference to it, its host copy, [its (min, max) once asked], its reshapes
-#: read so far by shape (:func:`kept_reshape`)); the C++ core leaves a planned call of an op with
-#: a host rule to Python where an operand is in it
+#: read so far by shape (:func:`kept_reshape`)); the C++ core runs the host rule of a planned
+#: call (``Lowering.host``) where an operand is in it
 host_copies_by_id: dict[int, tuple[weakref.ref, np.ndarray, list, dict]] = {}
 #: Reshapes kept per host-copied array (a few: a batch flattened for a loss, for an embedding)
 _RESHAPES_KEPT = 4

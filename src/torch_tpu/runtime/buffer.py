@@ -329,13 +329,19 @@ def keep_reshape(value: Any, shape: tuple, reshaped: Any) -> None:
         entry[3][shape] = reshaped
 
 
+def _pass_host_copy(source: Any, target: Any) -> None:
+    """Keep ``source``'s host copy, if it has one, as ``target``'s: the same value elsewhere
+    (placed on the device, computed by its graph)."""
+    host = host_copy(source)
+    if host is not None:
+        keep_host_copy(target, host, shared=True)
+
+
 def pass_host_copies(computed: Sequence[Deferred]) -> None:
     """Keep the host copy of each of ``computed`` (deferred values its graph has just computed)
     as its array's too: the storages holding it will hold the array."""
     for deferred in computed:
-        entry = _host_entry(deferred)
-        if entry is not None:
-            keep_host_copy(deferred.value, entry[1], shared=True)
+        _pass_host_copy(deferred, deferred.value)
 
 
 def host_range(value: Any) -> tuple[int, int] | None:
@@ -372,9 +378,7 @@ def put(storage, value: Value) -> None:
             value = jax.device_put(
                 value, made.sharding._device if platform.others_used else platform.device()
             )
-            host = host_copy(made)
-            if host is not None:
-                keep_host_copy(value, host, shared=True)
+            _pass_host_copy(made, value)
     elif type(value) is Deferred and value.value is None:
         old = getattr(storage, _ATTR, None)
         if old is not None and not (type(old) is Deferred and old.graph is value.graph):

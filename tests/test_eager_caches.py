@@ -792,6 +792,28 @@ def test_a_planned_integer_sum_runs_its_host_rule_only_over_host_copies(planned)
     assert tensor.host_value(computed + computed) is None
 
 
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_planned_checked_call_runs_its_check_at_every_call(planned, mode):
+    """An op with a value check (``Lowering.check``: ``index_select``'s bounds) is served by the
+    core, which calls the check before the program at every call: a bad index of the planned
+    key raises the general path's error, host-copied or computed on the device, and the
+    process goes on."""
+    weight = torch.arange(12.0).view(4, 3)
+    on_tpu = weight.to("tpu")
+    rows = torch.tensor([3, 0]).to("tpu")  # (copied from the host: checked on its host copy)
+    with torch_tpu.eager_mode(mode):
+        for _ in range(2):
+            on_tpu.index_select(0, rows)
+        frames = _python_frames(lambda: on_tpu.index_select(0, rows))
+        assert "check" in frames and "kernel" not in frames and "compute" not in frames
+        past_end = [torch.tensor([1, 4]).to("tpu"), (torch.tensor([1.0, 4.0]).to("tpu") + 0.5).long()]
+        for bad in past_end:  # (the same key as the planned calls')
+            with pytest.raises(IndexError, match="index out of range in self"):
+                on_tpu.index_select(0, bad).cpu()
+        torch.testing.assert_close(on_tpu.index_select(0, rows).cpu(), weight[[3, 0]], rtol=0, atol=0)
+    torch.tpu.synchronize()
+
+
 #: what a planned call may still run in Python: a number's conversion to a device scalar, a
 #: view's StridedView (its constructor)
 _CONVERSION_FRAMES = {"_number", "device_scalar", "get", "__init__"}

@@ -883,7 +883,8 @@ struct PlannedKernel {
   PyObject_HEAD PyObject* kernel;  // the op's Python kernel
   // {key: (program, the trailing arguments' converted defaults, default dtype, the conversions:
   // (position, a NativeRule, default), whether one of them reads a view (kNativeView), the op's
-  // host rule where it has one (operand_has_host_copy), else None)}
+  // host rule where it has one (operand_has_host_copy), else None, the op's check (Lowering.check,
+  // called with the converted arguments before the program, as dispatch.compute does), else None)}
   PyObject* plans;
   PyObject* op;  // the OpOverload (dispatch.recorded_ops)
   PyObject* name;  // the op's name (context.op, named by errors of checks reported later)
@@ -1211,6 +1212,17 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
   }
   if (PyObject_SetAttr(g_plans.context, g_plans.op, self->name) != 0) {
     return nullptr;
+  }
+  PyObject* check = PyTuple_GET_ITEM(plan.ptr(), 6);
+  if (check != Py_None) {  // (one that refuses: the Python kernel runs the call again and raises)
+    PyObject* passed = PyObject_Vectorcall(check, stack.data() + 1, count | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+    if (passed == nullptr) {
+      if (PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+      }
+      return nullptr;
+    }
+    Py_DECREF(passed);
   }
   PyObject* program = PyTuple_GET_ITEM(plan.ptr(), 0);
   PyObject* out;

@@ -379,8 +379,9 @@ class _Compute(NamedTuple):
 
     compute: Callable
     binder: _Binder
-    #: key -> (program, converted defaults, default dtype, :func:`_native_rules`) of the calls
-    #: the C++ core may serve (:func:`_planned`); None for an op it never serves
+    #: key -> (program, converted defaults, default dtype, :func:`_native_rules`, whether one
+    #: reads a view, the host rule, the op's check) of the calls the C++ core may serve
+    #: (:func:`_planned`); None for an op it never serves
     native_plans: dict[int, tuple] | None
     #: the op's tensor positions read as views in its program (``whole_operands``'s bit mask)
     views_in_program: int
@@ -522,11 +523,9 @@ def _compute_fn(entry: Lowering) -> _Compute:
     fast = traced and not draws_key and not generator_pos and not entry.donate and not always_beyond_key
     default_at, converter_at = dict(defaulted), dict(converters)
     # the plans of calls whose every argument the core reads or converts (_native_rules), which
-    # the C++ core serves before this kernel is reached (_planned); not for an op whose call does
-    # more than run its program (a check, a host computation)
-    native_plans: dict[int, tuple] | None = (
-        {} if fast and check is None and not on_host and native.available() else None
-    )
+    # the C++ core serves before this kernel is reached (_planned), calling the op's check first
+    # as this function does; not for an op that computes on the host
+    native_plans: dict[int, tuple] | None = {} if fast and not on_host and native.available() else None
 
     def conversions(args: tuple, operands: tuple) -> tuple | None:
         """What the fast path converts of a call with the key of ``args``: every argument
@@ -668,6 +667,7 @@ def _compute_fn(entry: Lowering) -> _Compute:
                     native_rules,
                     reads_views,
                     core_host_rule if shadowed else None,
+                    check,
                 )
         return result
 

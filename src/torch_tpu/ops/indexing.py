@@ -204,17 +204,15 @@ def _check_along(x: jax.Array, dim: int, index: jax.Array, op: str) -> None:
     )
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
-def _gather(x, dim, index):
-    return _as_1d(x)[_along(_as_1d(index), dim)].reshape(index.shape)
-
-
-@lower(aten.gather.default, runs=Runs.EAGER, out_dtype=structured_out(input_dtype))
+@lower(
+    aten.gather.default,
+    check=lambda x, dim, index, sparse_grad=False: _check_along(x, dim, index, "gather"),
+    out_dtype=structured_out(input_dtype),
+)
 def gather(x, dim, index, sparse_grad=False):
-    _check_along(x, dim, index, "gather")
     if not index.size:  # torch accepts any empty index
         return jnp.zeros(index.shape, x.dtype)
-    return apply(_gather, x, _wrap_dim(dim, x.ndim), index)
+    return _as_1d(x)[_along(_as_1d(index), _wrap_dim(dim, x.ndim))].reshape(index.shape)
 
 
 def _scatter_reduce_into(x, dim, index, src, reduce: str):
@@ -229,30 +227,29 @@ def _scatter_reduce_into(x, dim, index, src, reduce: str):
 _LEGACY_REDUCE = {"add": "sum", "multiply": "prod"}
 
 
-@functools.partial(jax.jit, static_argnums=(1, 4))
-def _scatter(x, dim, index, src, reduce):
-    return _scatter_reduce_into(x, dim, index, src, reduce)
+def _check_scatter(x, dim, index, src, reduce=None):
+    if jnp.ndim(src):  # a 0-dim src is a value, cast like torch's scatter.value
+        _require_same_dtype(x, src, "scatter")
+    _check_along(x, dim, index, "scatter")
 
 
 def _scatter_lowering(reduce_arg: bool):
     def scatter(x, dim, index, src, reduce="set"):
-        if getattr(src, "ndim", 0):  # a 0-dim src is a value, cast like torch's scatter.value
-            _require_same_dtype(x, src, "scatter")
-        _check_along(x, dim, index, "scatter")
         if not index.size:
             return x
-        return apply(
-            _scatter, x, _wrap_dim(dim, x.ndim), index, src, _LEGACY_REDUCE[reduce] if reduce_arg else "set"
-        )
+        reduce = _LEGACY_REDUCE[reduce] if reduce_arg else "set"
+        return _scatter_reduce_into(x, _wrap_dim(dim, x.ndim), index, src, reduce)
 
     return scatter
 
 
-lower(aten.scatter.src, aten.scatter.value, runs=Runs.EAGER)(_scatter_lowering(reduce_arg=False))
-lower(aten.scatter.reduce, aten.scatter.value_reduce, runs=Runs.EAGER)(_scatter_lowering(reduce_arg=True))
+lower(aten.scatter.src, aten.scatter.value, check=_check_scatter)(_scatter_lowering(reduce_arg=False))
+lower(aten.scatter.reduce, aten.scatter.value_reduce, check=_check_scatter)(
+    _scatter_lowering(reduce_arg=True)
+)
 
 
-@lower(aten.scatter_add.default, runs=Runs.EAGER)
+@lower(aten.scatter_add.default, check=_check_scatter)
 def scatter_add(x, dim, index, src):
     return _scatter_lowering(reduce_arg=True)(x, dim, index, src, "add")
 

@@ -814,6 +814,54 @@ def test_a_planned_checked_call_runs_its_check_at_every_call(planned, mode):
     torch.tpu.synchronize()
 
 
+def _index_lists(on: str) -> list[list]:
+    """Lists of indices for a (4, 3) tensor, all of one key (the list is one argument): integer
+    tensors of two dtypes, a None, a mask, a view, an index on the host, two indices."""
+    rows = torch.tensor([3, 0, 3]).to(on)
+    return [
+        [rows],
+        [None, torch.tensor([2, 0], dtype=torch.int32).to(on)],
+        [torch.tensor([True, False, True, False]).to(on)],
+        [rows[1:]],
+        [torch.tensor([1, -1])],  # (on the host, as CUDA allows)
+        [rows[:2], torch.tensor([0, 2]).to(on)],
+    ]
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_an_index_plan_takes_lists_of_any_indices_and_equals_cpu(planned, mode):
+    """``index`` (an eager lowering: it decides per call whether an index is a mask) is served
+    by the core from one plan whatever its list of indices holds; each read, and each store
+    (``x[indices] = v``, with ``accumulate``), equals CPU's. A store whose index shares the
+    target's storage is left to Python, which refuses it as CPU does."""
+    x = torch.arange(12.0).view(4, 3)
+    on_tpu = x.to("tpu")
+    with torch_tpu.eager_mode(mode):
+        row = torch.tensor([1]).to("tpu")
+        for _ in range(2):
+            on_tpu[row]
+        frames = _python_frames(lambda: on_tpu[row])
+        assert "index" in frames and "kernel" not in frames and "compute" not in frames
+        for indices, on_host in zip(_index_lists("tpu"), _index_lists("cpu")):
+            got = torch.ops.aten.index.Tensor(on_tpu, indices)
+            torch.testing.assert_close(got.cpu(), torch.ops.aten.index.Tensor(x, on_host), rtol=0, atol=0)
+            for accumulate in (False, True):
+                target, expected = on_tpu.clone(), x.clone()
+                for _ in range(2):
+                    torch.ops.aten.index_put_(target, indices, torch.tensor(0.5).to("tpu"), accumulate)
+                    torch.ops.aten.index_put_(expected, on_host, torch.tensor(0.5), accumulate)
+                torch.testing.assert_close(target.cpu(), expected, rtol=0, atol=0)
+        with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 0 with size 4"):
+            on_tpu[torch.tensor([4]).to("tpu")].cpu()
+        ints, seven = torch.tensor([2, 0, 1, 3]).to("tpu"), torch.tensor(7).to("tpu")
+        for _ in range(2):  # (the plan of the key learned from a store that does not overlap)
+            torch.zeros(4, dtype=torch.int64, device="tpu").index_put_([ints], seven)
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            ints.index_put_([ints], seven)
+        assert ints.tolist() == [2, 0, 1, 3]
+    torch.tpu.synchronize()
+
+
 #: what a planned call may still run in Python: a number's conversion to a device scalar, a
 #: view's StridedView (its constructor)
 _CONVERSION_FRAMES = {"_number", "device_scalar", "get", "__init__"}

@@ -884,7 +884,9 @@ struct PlannedKernel {
   // {key: (program, the trailing arguments' converted defaults, default dtype, the conversions:
   // (position, a NativeRule, default), whether one of them reads a view (kNativeView), the op's
   // host rule where it has one (operand_has_host_copy), else None, the op's check (Lowering.check,
-  // called with the converted arguments before the program, as dispatch.compute does), else None)}
+  // called with the converted arguments before the program, as dispatch.compute does), else None,
+  // whether the program is recorded while a graph records (a traced lowering's; an eager one, Python
+  // that records its own pieces, is called))}
   PyObject* plans;
   PyObject* op;  // the OpOverload (dispatch.recorded_ops)
   PyObject* name;  // the op's name (context.op, named by errors of checks reported later)
@@ -892,8 +894,8 @@ struct PlannedKernel {
   long returns;  // a Returns
 };
 
-// (dispatch._NATIVE_STATIC, _NATIVE_NUMBER and _NATIVE_VIEW)
-enum NativeRule : long { kNativeStatic, kNativeNumber, kNativeView };
+// (dispatch._NATIVE_STATIC, _NATIVE_NUMBER, _NATIVE_VIEW and _NATIVE_INDICES)
+enum NativeRule : long { kNativeStatic, kNativeNumber, kNativeView, kNativeIndices };
 // What an op returns (dispatch._RETURNS): one contiguous tensor, one tensor laid out like its
 // tensor inputs (an elementwise op's: tensor.wrap_elementwise), a tuple (dispatch._wrap_output),
 // or its first argument, into which an in-place variant writes its program's one output
@@ -1092,8 +1094,14 @@ bool merged_by_jit(PyObject* value) {
   return false;
 }
 
-// Whether an in-place call's first argument shares its storage with none of the others (a tensor
-// that does is left to Python, which refuses a partial overlap as PyTorch does).
+// Whether `item` (an argument, or an item of a list argument) is a tensor of `storage`.
+bool shares(PyObject* item, const c10::StorageImpl* storage) {
+  return THPVariable_Check(item) && THPVariable_Unpack(item).storage().unsafeGetStorageImpl() == storage;
+}
+
+// Whether an in-place call's first argument shares its storage with none of the others, nor with
+// a tensor of a list among them (a tensor that does is left to Python, which refuses a partial
+// overlap as PyTorch does).
 bool first_stands_alone(PyObject* args) {
   PyObject* first = PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : nullptr;
   if (first == nullptr || !THPVariable_Check(first)) {
@@ -1102,11 +1110,35 @@ bool first_stands_alone(PyObject* args) {
   const c10::StorageImpl* storage = THPVariable_Unpack(first).storage().unsafeGetStorageImpl();
   for (Py_ssize_t i = 1; i < PyTuple_GET_SIZE(args); ++i) {
     PyObject* item = PyTuple_GET_ITEM(args, i);
-    if (THPVariable_Check(item) && THPVariable_Unpack(item).storage().unsafeGetStorageImpl() == storage) {
+    if (shares(item, storage)) {
       return false;
+    }
+    for (Py_ssize_t k = 0; PyList_Check(item) && k < PyList_GET_SIZE(item); ++k) {
+      if (shares(PyList_GET_ITEM(item, k), storage)) {
+        return false;
+      }
     }
   }
   return true;
+}
+
+// A list of indices (Tensor?[]) as dispatch._indices_to_jax makes it, where each is None or a
+// tpu tensor that is its whole storage value; else None (Python converts it).
+py::object whole_indices(PyObject* indices) {
+  if (!PyList_Check(indices)) {
+    return py::none();
+  }
+  const Py_ssize_t count = PyList_GET_SIZE(indices);
+  py::list values(count);
+  for (Py_ssize_t k = 0; k < count; ++k) {
+    PyObject* item = PyList_GET_ITEM(indices, k);
+    py::object value = item == Py_None ? py::none() : whole_value(item);
+    if (value.is_none() && item != Py_None) {
+      return py::none();
+    }
+    PyList_SET_ITEM(values.ptr(), k, value.release().ptr());
+  }
+  return std::move(values);
 }
 
 // Whether one of `values` (a planned call's operands) has a host copy, for a plan whose op has a
@@ -1178,6 +1210,14 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
       value = converted.back().ptr();
       continue;
     }
+    if (how == kNativeIndices) {
+      converted.push_back(whole_indices(value));
+      if (converted.back().is_none()) {
+        return nullptr;
+      }
+      value = converted.back().ptr();
+      continue;
+    }
     if (how == kNativeStatic) {
       if (merged_by_jit(value)) {
         return nullptr;  // (Python's dispatch._exact_static keys it)
@@ -1226,7 +1266,7 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
   }
   PyObject* program = PyTuple_GET_ITEM(plan.ptr(), 0);
   PyObject* out;
-  if (recorder.ptr() == Py_None) {
+  if (recorder.ptr() == Py_None || PyTuple_GET_ITEM(plan.ptr(), 7) == Py_False) {
     out = PyObject_Vectorcall(program, stack.data() + 1, count | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
   } else {  // a pending output, under the "highest" precision (None) tested above: the
             // node recorded here where it repeats the graph's template, else

@@ -163,6 +163,12 @@ def _index_to_jax(x: Any, index: int = 0) -> Any:
     return _to_jax_arg(x, index)
 
 
+def _indices_to_jax(xs: list, index: int = 0) -> list:
+    """``Tensor?[] indices`` (``index``, ``index_put``): each index as :func:`_index_to_jax`
+    makes it, None kept."""
+    return [_index_to_jax(x, index) for x in xs]
+
+
 def _number(x: bool | int | float | complex, index: int = 0) -> Any:
     """A Python number as a cached device scalar (``transfer.device_scalar``); an integer past
     int64 (a uint64 value) stays a Python number, which JAX cannot take as a runtime value."""
@@ -249,8 +255,9 @@ def _holds_floats(arg: torch._C.Argument) -> bool:
 #: :func:`_static` does (one :func:`_exact_static` would change is left to Python), a number as
 #: :func:`_number` does (None where it equals its default), a view its op's program reads as
 #: :func:`_to_program_arg` hands it to a fused graph's node (``tensor.read_in_program``; strict
-#: eager reads such views apart: Python does)
-_NATIVE_STATIC, _NATIVE_NUMBER, _NATIVE_VIEW = 0, 1, 2
+#: eager reads such views apart: Python does), a list of indices as :func:`_indices_to_jax`
+#: makes it where each is None or a whole tpu tensor (others: Python)
+_NATIVE_STATIC, _NATIVE_NUMBER, _NATIVE_VIEW, _NATIVE_INDICES = 0, 1, 2, 3
 
 
 def _native_rules(rules: tuple, args: tuple) -> tuple | None:
@@ -265,6 +272,8 @@ def _native_rules(rules: tuple, args: tuple) -> tuple | None:
             native.append((i, _NATIVE_STATIC, None))
         elif convert is _to_program_arg and isinstance(args[i], torch.Tensor):
             native.append((i, _NATIVE_VIEW, None))
+        elif convert is _indices_to_jax and default is _NO_DEFAULT:
+            native.append((i, _NATIVE_INDICES, None))
         else:
             return None
     return tuple(native)
@@ -380,7 +389,8 @@ class _Compute(NamedTuple):
     compute: Callable
     binder: _Binder
     #: key -> (program, converted defaults, default dtype, :func:`_native_rules`, whether one
-    #: reads a view, the host rule, the op's check) of the calls the C++ core may serve
+    #: reads a view, the host rule, the op's check, whether the program is recorded while a
+    #: graph records: a traced one; an eager one runs) of the calls the C++ core may serve
     #: (:func:`_planned`); None for an op it never serves
     native_plans: dict[int, tuple] | None
     #: the op's tensor positions read as views in its program (``whole_operands``'s bit mask)
@@ -473,7 +483,7 @@ def _compute_fn(entry: Lowering) -> _Compute:
     convert_by_kind = {  # (each takes the value and the tpu index of the op)
         _TENSOR: _to_jax_arg,
         _TENSOR_LIST: lambda xs, index: [_to_jax_arg(x, index) for x in xs],
-        _INDICES: lambda xs, index: [_index_to_jax(x, index) for x in xs],
+        _INDICES: _indices_to_jax,
         _DTYPE: lambda d, index: None if d is None else to_jax(d),
         _STATIC: _static_arg,
         _SCALAR: _scalar,
@@ -509,23 +519,25 @@ def _compute_fn(entry: Lowering) -> _Compute:
     # view; anything else's type; and the default dtype), skipping binding and promotion; of its
     # arguments only those the core did not read (views, numbers, static lists) are converted,
     # each as the general path converts it. The call then runs, is recorded or checked as any
-    # call. Not for ops whose calls differ in more than that: a host computation, a random key
-    # or generator, donated buffers
+    # call (an op whose lowering is Python, Runs.EAGER, runs it: the index ops decide per call
+    # whether an index is a mask). Not for ops whose calls differ in more than that: a host
+    # computation, a random key or generator, donated buffers
     whole_operands = tensor.whole_operands
     views_in_program = sum(1 << i for i in in_program if kinds[i] == _TENSOR)
     #: key -> (program, converted defaults, default dtype, (position, schema default, converter)
     #: of each argument converted at every call)
     fast_plans: dict[int, tuple[Callable, tuple, torch.dtype, tuple]] = {}
     # (a list of tensors or numbers, a dtype: the key does not tell their dtypes or values; an
-    # op with such a required argument, ``cat``, the ``_foreach_*`` ops, never has a plan)
-    beyond_key = {_TENSOR_LIST, _INDICES, _SCALAR_LIST, _HOST_SCALARS, _DTYPE}
+    # op with such a required argument, ``cat``, the ``_foreach_*`` ops, never has a plan. A
+    # list of indices is converted at every call: what its items are is the lowering's to see)
+    beyond_key = {_TENSOR_LIST, _SCALAR_LIST, _HOST_SCALARS, _DTYPE}
     always_beyond_key = any(k in beyond_key and d is _NO_DEFAULT for k, d in zip(kinds, binder.defaults))
-    fast = traced and not draws_key and not generator_pos and not entry.donate and not always_beyond_key
+    fast = not on_host and not draws_key and not generator_pos and not entry.donate and not always_beyond_key
     default_at, converter_at = dict(defaulted), dict(converters)
     # the plans of calls whose every argument the core reads or converts (_native_rules), which
     # the C++ core serves before this kernel is reached (_planned), calling the op's check first
     # as this function does; not for an op that computes on the host
-    native_plans: dict[int, tuple] | None = {} if fast and not on_host and native.available() else None
+    native_plans: dict[int, tuple] | None = {} if fast and native.available() else None
 
     def conversions(args: tuple, operands: tuple) -> tuple | None:
         """What the fast path converts of a call with the key of ``args``: every argument
@@ -668,6 +680,7 @@ def _compute_fn(entry: Lowering) -> _Compute:
                     reads_views,
                     core_host_rule if shadowed else None,
                     check,
+                    traced,
                 )
         return result
 

@@ -37,6 +37,7 @@ def _cases() -> dict[str, Callable[[], float]]:
     import torch.nn.functional as F
 
     import torch_tpu
+    from torch_tpu.testing.ops_seen import OpsSeen
 
     model, idx, targets = bench_fused._model_and_batch(bench_eager.GPT_CONFIG, bench_eager.GPT_BATCH)
     replica = copy.deepcopy(model).to("tpu")
@@ -47,8 +48,8 @@ def _cases() -> dict[str, Callable[[], float]]:
     logits, labels = torch.randn(8, 64, 96).to("tpu"), torch.randint(0, 96, (8, 64)).to("tpu")
     q, a = torch.randn(8, 4, 64, 32).to("tpu"), torch.randn(16).to("tpu")
     small_x, small_w = torch.randn(4, 16).to("tpu"), torch.randn(32, 16).to("tpu")  # bench_eager's
-    rows = torch.tensor([0, 2, 3]).to("tpu")
-    with bench_eager._CountOps() as counted:  # the forward's ATen ops, as bench_eager counts them
+    rows, stored = torch.tensor([0, 2, 3]).to("tpu"), torch.randn(3, 16).to("tpu")
+    with OpsSeen() as seen:  # the forward's ATen ops, as bench_eager counts them
         replica(idx, targets)
     torch_tpu.sync()
     fused_ops = {
@@ -82,7 +83,7 @@ def _cases() -> dict[str, Callable[[], float]]:
             seconds = time.perf_counter() - started
             del first, again
             torch_tpu.sync()
-        return seconds / counted.count
+        return seconds / len(seen.ops)
 
     strict_ops = {  # on 16 elements: the per-op path, not XLA's compute
         "strict add, 16 elements": lambda: a + a,
@@ -92,6 +93,11 @@ def _cases() -> dict[str, Callable[[], float]]:
         "strict in-place mul_": lambda: a.mul_(1.0),
         "strict linear, transposed weight": lambda: F.linear(small_x, small_w),
         "strict index with a tensor": lambda: small_w[rows],
+        "strict index_select": lambda: small_w.index_select(0, rows),
+        "strict embedding": lambda: F.embedding(rows, small_w),
+        "strict store at indices (index_put_)": lambda: small_w.index_put_((rows,), stored),
+        "strict gather": lambda: torch.gather(a, 0, rows),
+        "strict floor division by a number": lambda: rows // 2,
     }
 
     def strict(op: Callable) -> float:

@@ -1080,6 +1080,33 @@ def test_the_core_passes_the_dispatchers_arguments_as_pythons_holder_does(planne
         torch.testing.assert_close(got.cpu(), cpu)
 
 
+@pytest.mark.parametrize(
+    "call, served",
+    [
+        (lambda x: x * 2, True),
+        (lambda x: x * 2.5, True),
+        (lambda x: x * True, True),
+        (lambda x: (x > 0) * True, True),  # (bool times bool stays bool: the number's type counts)
+        (lambda x: x.view(torch.int32) * -3, True),
+        (lambda x: x * 1j, False),  # (a complex one: toPyObject's, then Python's)
+    ],
+    ids=["int", "float", "bool", "bool-tensor", "int-tensor", "complex"],
+)
+def test_a_number_pytorch_wraps_reaches_the_core_as_the_holder_passes_it(planned, call, served):
+    """``x * 2`` hands the op a CPU tensor wrapping the number; the core passes the number itself,
+    of its Python type, as PyTorch's kernel holder does, and the result equals CPU's."""
+    x = torch.arange(6.0) - 2
+    on_tpu = x.to("tpu")
+    expected = call(x)
+    for _ in range(2):
+        call(on_tpu)
+    if served:
+        assert _served(lambda: call(on_tpu))
+    got = call(on_tpu)
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+
+
 def test_the_ops_seen_helper_does_what_its_docstring_says():
     import doctest
 

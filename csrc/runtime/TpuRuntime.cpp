@@ -1465,6 +1465,30 @@ bool converted_like_the_holder(const c10::TypePtr& type) {
   }
 }
 
+// An argument as the holder's torch::jit::toPyObject makes it. A number PyTorch wrapped into a CPU
+// tensor (`x * 2`) becomes that number: read here where the tensor has no Python object, so no
+// `_wrapped_number` attribute (toPyObject makes the object and looks the attribute up, a failed
+// lookup raising and clearing an AttributeError at every call); the rest is toPyObject's.
+py::object holder_object(const c10::IValue& argument) {
+  if (argument.isTensor()) {
+    const at::Tensor& tensor = argument.toTensor();
+    c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+    if (impl->is_wrapped_number() && impl->pyobj_slot()->load_pyobj() == nullptr && tensor.device().is_cpu()) {
+      switch (tensor.scalar_type()) {
+        case at::ScalarType::Bool:
+          return py::bool_(*tensor.const_data_ptr<bool>());
+        case at::ScalarType::Long:
+          return py::int_(*tensor.const_data_ptr<int64_t>());
+        case at::ScalarType::Double:
+          return py::float_(*tensor.const_data_ptr<double>());
+        default:
+          break;  // (uint64, complex: toPyObject's)
+      }
+    }
+  }
+  return torch::jit::toPyObject(argument);
+}
+
 struct BoxedPlannedKernel final : c10::OperatorKernel {
   BoxedPlannedKernel(PyObject* planned, size_t keywords_start) : planned(planned), keywords_start(keywords_start) {}
   PyObject* planned;  // the PlannedKernel (kept for the process's lifetime, as the library is)
@@ -1486,7 +1510,7 @@ struct BoxedPlannedKernel final : c10::OperatorKernel {
     py::gil_scoped_acquire gil;
     py::tuple args(positional);
     for (size_t i = 0; i < positional; ++i) {
-      PyTuple_SET_ITEM(args.ptr(), i, torch::jit::toPyObject(arguments[i]).release().ptr());
+      PyTuple_SET_ITEM(args.ptr(), i, holder_object(arguments[i]).release().ptr());
     }
     py::object kwargs;  // (made only for a keyword argument given)
     for (size_t i = keywords_start; i < count; ++i) {
@@ -1494,7 +1518,7 @@ struct BoxedPlannedKernel final : c10::OperatorKernel {
         if (!kwargs) {
           kwargs = py::dict();
         }
-        kwargs[declared[i].name().c_str()] = torch::jit::toPyObject(arguments[i]);
+        kwargs[declared[i].name().c_str()] = holder_object(arguments[i]);
       }
     }
     auto* self = reinterpret_cast<PlannedKernel*>(planned);

@@ -49,6 +49,7 @@ def _cases() -> dict[str, Callable[[], float]]:
     q, a = torch.randn(8, 4, 64, 32).to("tpu"), torch.randn(16).to("tpu")
     small_x, small_w = torch.randn(4, 16).to("tpu"), torch.randn(32, 16).to("tpu")  # bench_eager's
     rows, stored = torch.tensor([0, 2, 3]).to("tpu"), torch.randn(3, 16).to("tpu")
+    param = torch.randn(16).to("tpu")
     with OpsSeen() as seen:  # the forward's ATen ops, as bench_eager counts them
         replica(idx, targets)
     torch_tpu.sync()
@@ -98,6 +99,9 @@ def _cases() -> dict[str, Callable[[], float]]:
         "strict store at indices (index_put_)": lambda: small_w.index_put_((rows,), stored),
         "strict gather": lambda: torch.gather(a, 0, rows),
         "strict floor division by a number": lambda: rows // 2,
+        "strict add with alpha=2 (a keyword)": lambda: a.add(a, alpha=2),
+        "strict in-place add_ with alpha (an SGD step)": lambda: param.add_(a, alpha=-1e-3),
+        "strict gelu, approximate='tanh'": lambda: F.gelu(a, approximate="tanh"),
     }
 
     def strict(op: Callable) -> float:

@@ -862,9 +862,17 @@ def test_an_index_plan_takes_lists_of_any_indices_and_equals_cpu(planned, mode):
     torch.tpu.synchronize()
 
 
-#: what a planned call may still run in Python: a number's conversion to a device scalar, a
-#: view's StridedView (its constructor)
-_CONVERSION_FRAMES = {"_number", "device_scalar", "get", "__init__"}
+#: what a planned call may still run in Python: a number's conversion to a device scalar (and
+#: its overflow check: ``dispatch._FittedNumber``), a view's StridedView (its constructor)
+_CONVERSION_FRAMES = {
+    "_number",
+    "device_scalar",
+    "get",
+    "__init__",
+    "__call__",
+    "check_integer",
+    "check_float",
+}
 
 
 def _served(call) -> bool:
@@ -873,7 +881,7 @@ def _served(call) -> bool:
     from torch_tpu.runtime.context import context
 
     if context.recorder is not None:
-        return set(_python_frames(call, "torch_tpu/ops/")) <= {"_number"}
+        return set(_python_frames(call, "torch_tpu/ops/")) <= {"_number", "__call__"}
     return set(_python_frames(call)) <= _CONVERSION_FRAMES
 
 
@@ -888,6 +896,9 @@ def _served(call) -> bool:
             lambda x: x * 3,
             lambda x: torch.nn.functional.leaky_relu(x, 0.01),
             lambda x: torch.nn.functional.leaky_relu(x, 0.3),
+            lambda x: x.add(x, alpha=2),  # a keyword-only number
+            lambda x: x.add(x, alpha=3),
+            lambda x: x.add(x, alpha=1),  # (its default: the call's key is x.add(x)'s)
         ],
         # tuples of tensors; an optional tensor left None
         [
@@ -1041,9 +1052,10 @@ def test_a_plan_serves_one_thread_while_another_records(planned):
     torch.testing.assert_close(pending[1], torch.arange(4.0) + 0.5, rtol=0, atol=0)
 
 
-# The dispatcher calls an op's PlannedKernel itself (no Python kernel holder around it), passing
-# the call's arguments as the holder would: trailing and keyword-only arguments left out where
-# they equal their defaults, other keyword-only ones by name.
+# The dispatcher calls an op's PlannedKernel itself (no Python kernel holder around it). The core
+# keys a call by its arguments up to the last one not at its default, a keyword-only one too; the
+# Python kernel is passed them as the holder would: trailing and keyword-only arguments left out
+# where they equal their defaults, other keyword-only ones by name.
 def _registered_where(op: str) -> str:
     (line,) = (line for line in torch._C._dispatch_dump(op).splitlines() if line.startswith("PrivateUse1:"))
     return line
@@ -1059,8 +1071,11 @@ def test_the_dispatcher_calls_the_core_for_a_planned_op(planned):
     "call, served",
     [
         (lambda x, y: torch.add(x, y, alpha=1), True),  # a keyword argument equal to its default
-        (lambda x, y: torch.add(x, y, alpha=2), False),  # ... another: the Python kernel's
-        (lambda x, y: torch.add(x, y, alpha=0.5), False),
+        (lambda x, y: torch.add(x, y, alpha=2), True),  # ... another: a number of the call
+        (lambda x, y: torch.add(x, y, alpha=0.5), True),
+        (lambda x, y: torch.sub(x, y, alpha=-0.5), True),
+        (lambda x, y: torch.nn.functional.gelu(x, approximate="tanh"), True),  # a keyword-only static
+        (lambda x, y: torch.addcmul(x, x, y, value=0.3), True),
         (lambda x, y: torch.softmax(x + y, -1), True),
         (lambda x, y: torch.max(x - y, 0, False), True),  # a trailing default given
         (lambda x, y: torch.max(x - y, 0, True), True),
@@ -1078,6 +1093,19 @@ def test_the_core_passes_the_dispatchers_arguments_as_pythons_holder_does(planne
     for got, cpu in zip(*(torch.utils._pytree.tree_leaves(r) for r in (call(*on_tpu), expected))):
         assert got.dtype == cpu.dtype and got.shape == cpu.shape and got.stride() == cpu.stride()
         torch.testing.assert_close(got.cpu(), cpu)
+
+
+def test_an_in_place_call_with_a_keyword_argument_is_served_and_equals_cpu(planned):
+    """``p.add_(g, alpha=-lr)`` (an optimizer's step) keeps the functional op's plan."""
+    p, g = torch.arange(6.0), torch.full((6,), 0.25)
+    on_tpu = p.to("tpu"), g.to("tpu")
+    for _ in range(2):
+        p.add_(g, alpha=-0.5)
+        on_tpu[0].add_(on_tpu[1], alpha=-0.5)
+    frames = _python_frames(lambda: on_tpu[0].add_(on_tpu[1], alpha=-0.5))
+    assert set(frames) <= _CONVERSION_FRAMES | {"write_whole", "put"}, frames  # (the store is Python's)
+    p.add_(g, alpha=-0.5)
+    torch.testing.assert_close(on_tpu[0].cpu(), p, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(

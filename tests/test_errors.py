@@ -187,6 +187,81 @@ def test_dtype_errors_like_cpu(fn, args, message):
     assert message in str(error)
 
 
+ALPHA_OPS = {
+    "add": lambda a, b, alpha: torch.add(a, b, alpha=alpha),
+    "sub": lambda a, b, alpha: torch.sub(a, b, alpha=alpha),
+    "add_number": lambda a, b, alpha: torch.add(a, 2, alpha=alpha),
+    "add_": lambda a, b, alpha: a.add_(b, alpha=alpha),
+}
+
+
+@pytest.mark.parametrize("op", ALPHA_OPS.values(), ids=ALPHA_OPS.keys())
+@pytest.mark.parametrize("alpha", [True, 3, 0.5, 2j], ids=["bool", "int", "float", "complex"])
+def test_an_alpha_the_result_dtype_cannot_take_is_refused_like_cpu(op, alpha):
+    """CPU refuses a bool alpha but for a bool result, a float one for an integer result and a
+    complex one for a real result (tpu once computed with the alpha cast instead)."""
+    for dtype in (torch.bool, torch.int64, torch.float32, torch.complex64):
+        a, b = torch.ones(3, dtype=dtype), torch.ones(3, dtype=dtype)
+        try:
+            expected = op(a.clone(), b, alpha)
+        except RuntimeError as cpu_error:
+            error = assert_raises_like_cpu(lambda x, y: op(x, y, alpha), a, b)
+            assert str(error) == str(cpu_error), dtype
+            continue
+        got = op(a.to(TPU), b.to(TPU), alpha).cpu()
+        assert got.dtype == expected.dtype and torch.equal(got, expected), dtype
+
+
+FITTED = {
+    "add_alpha": lambda x, v: x.add(x, alpha=v),
+    "sub_alpha": lambda x, v: x.sub(x, alpha=v),
+    "add_alpha_in_place": lambda x, v: x.clone().add_(x, alpha=v),
+    "clamp_max": lambda x, v: x.clamp(max=v),
+    "clamp_min": lambda x, v: torch.clamp_min(x, v),
+    "addcmul_value": lambda x, v: torch.addcmul(x, x, x, value=v),
+    "threshold": lambda x, v: torch.threshold(x, v, 1),
+    "threshold_value": lambda x, v: torch.threshold(x, 1, v),
+    "lerp_weight": lambda x, v: torch.lerp(x, x + 1, v),
+}
+
+
+@pytest.mark.parametrize("op", FITTED.values(), ids=FITTED.keys())
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int64, torch.float16, torch.float32])
+def test_a_scalar_argument_its_dtype_cannot_hold_is_refused_like_cpu(op, dtype):
+    """CPU converts these numbers into the op's dtype (float32 for some half-precision
+    kernels) and refuses one that overflows it: tpu raises the same error, also once the call's
+    plan is kept (a fitting number first), and computes CPU's values for the numbers that fit."""
+    x = torch.tensor([0, 1, 2]).to(dtype)
+    for value in (1, 2, 300, -1, -300, 2**40, 2**63 + 5, 1e5, 1e39, float("inf"), float("nan")):
+        if op is FITTED["sub_alpha"] and value == 2**63 + 5:
+            continue  # (CPU subtracts by adding -alpha, a uint64 negated modulo 2**64: not mirrored)
+        try:
+            expected = op(x, value)
+        except NotImplementedError:  # (an op CPU has no kernel of this dtype for)
+            continue
+        except RuntimeError as cpu_error:
+            with pytest.raises(RuntimeError) as tpu_error:
+                op(x.to(TPU), value)
+            assert str(tpu_error.value) == str(cpu_error), value
+            continue
+        got = op(x.to(TPU), value).cpu()
+        assert got.dtype == expected.dtype, value
+        torch.testing.assert_close(got, expected, equal_nan=True, rtol=0, atol=0, msg=f"{value}")
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int32, torch.int64, torch.float32, torch.float64])
+@pytest.mark.parametrize("value", [2**63, 2**63 + 5, 2**64 - 1])
+def test_a_number_past_int64_computes_like_cpu(dtype, value):
+    """A Python int in uint64's range joins an op as CPU's wrapped number does: cast into the
+    op's dtype modulo its size (an OverflowError from JAX once)."""
+    x = torch.tensor([0, 1, 2]).to(dtype)
+    for op in (lambda t: t * value, lambda t: t + value, lambda t: t - value, lambda t: t == value):
+        expected = op(x)
+        got = op(x.to(TPU)).cpu()
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 # ----------------------------------------------------------------------------- indexing
 INDEX_ERRORS = {
     "past_end": (lambda x: x[10], (5,)),

@@ -1241,9 +1241,10 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
         continue;
       }
     }
-    if (value != Py_None) {
+    if (value != Py_None) {  // (a fourth item: the number's own conversion, dispatch._FittedNumber)
+      PyObject* number = PyTuple_GET_SIZE(rule) > 3 ? PyTuple_GET_ITEM(rule, 3) : g_plans.number;
       PyObject* pair[] = {value, g_zero};
-      converted.push_back(py::reinterpret_steal<py::object>(PyObject_Vectorcall(g_plans.number, pair, 2, nullptr)));
+      converted.push_back(py::reinterpret_steal<py::object>(PyObject_Vectorcall(number, pair, 2, nullptr)));
       if (!converted.back()) {
         return nullptr;
       }
@@ -1454,6 +1455,7 @@ bool converted_like_the_holder(const c10::TypePtr& type) {
     case c10::TypeKind::FloatType:
     case c10::TypeKind::BoolType:
     case c10::TypeKind::NumberType:
+    case c10::TypeKind::StringType:
       return true;
     case c10::TypeKind::ListType: {
       const auto kind = inner->castRaw<c10::ListType>()->getElementType()->kind();
@@ -1503,30 +1505,23 @@ struct BoxedPlannedKernel final : c10::OperatorKernel {
       const auto& fallback = declared[i].default_value();
       return fallback.has_value() && *fallback == arguments[i];
     };
-    size_t positional = keywords_start;
-    while (positional > 0 && is_default(positional - 1)) {
-      --positional;
+    // the call as the plans know it (dispatch._Binder.positional): its arguments up to the last
+    // one not at its default, a keyword-only one too (`x.add(y, alpha=2)`)
+    size_t used = count;
+    while (used > 0 && is_default(used - 1)) {
+      --used;
     }
     py::gil_scoped_acquire gil;
-    py::tuple args(positional);
-    for (size_t i = 0; i < positional; ++i) {
-      PyTuple_SET_ITEM(args.ptr(), i, holder_object(arguments[i]).release().ptr());
-    }
-    py::object kwargs;  // (made only for a keyword argument given)
-    for (size_t i = keywords_start; i < count; ++i) {
-      if (!is_default(i)) {
-        if (!kwargs) {
-          kwargs = py::dict();
-        }
-        kwargs[declared[i].name().c_str()] = holder_object(arguments[i]);
-      }
+    py::tuple call(used);
+    for (size_t i = 0; i < used; ++i) {
+      PyTuple_SET_ITEM(call.ptr(), i, holder_object(arguments[i]).release().ptr());
     }
     auto* self = reinterpret_cast<PlannedKernel*>(planned);
     TORCH_CHECK(self->kernel != nullptr, schema.name(), ": its PlannedKernel was cleared");
-    if (!kwargs) {
-      auto out = py::reinterpret_steal<py::object>(run_program(self, args.ptr()));
+    {
+      auto out = py::reinterpret_steal<py::object>(run_program(self, call.ptr()));
       if (out && self->returns == kWritesFirst) {
-        if (write_first(args.ptr(), out.ptr())) {
+        if (write_first(call.ptr(), out.ptr())) {
           at::Tensor first = arguments[0].toTensor();
           torch::jit::drop(*stack, count);
           torch::jit::push(*stack, std::move(first));
@@ -1534,7 +1529,7 @@ struct BoxedPlannedKernel final : c10::OperatorKernel {
         }
       } else if (out) {  // (the core's tensors go on the stack as they are: no Python object made for them)
         c10::SmallVector<WrappedOutput, 2> outputs;
-        if (!wrap_each_output(self->returns, out.ptr(), args.ptr(), outputs)) {
+        if (!wrap_each_output(self->returns, out.ptr(), call.ptr(), outputs)) {
           raise_if_set();
         }
         TORCH_CHECK(
@@ -1547,6 +1542,21 @@ struct BoxedPlannedKernel final : c10::OperatorKernel {
         return;
       }
       raise_if_set();
+    }
+    // the Python kernel's call: the positional arguments given, the keyword-only ones by name
+    py::object args = call, kwargs;
+    if (used > keywords_start) {
+      size_t positional = keywords_start;
+      while (positional > 0 && is_default(positional - 1)) {
+        --positional;
+      }
+      args = py::reinterpret_steal<py::object>(PyTuple_GetSlice(call.ptr(), 0, positional));
+      kwargs = py::dict();
+      for (size_t i = keywords_start; i < used; ++i) {
+        if (!is_default(i)) {
+          kwargs[declared[i].name().c_str()] = call[i];
+        }
+      }
     }
     auto result = py::reinterpret_steal<py::object>(PyObject_Call(self->kernel, args.ptr(), kwargs.ptr()));
     raise_if_set();

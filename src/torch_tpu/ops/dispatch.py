@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -24,7 +25,7 @@ from ..execution.tracing import NEEDS_VALUES
 from ..runtime import buffer, checks, memory, native, overlap, platform, precision, random, tensor, transfer
 from ..runtime.buffer import Deferred
 from ..runtime.context import context
-from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, to_jax, type_name
+from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, number_check, to_jax, type_name
 from . import cpu_dtypes, layout
 from ._helpers import warn
 from .meta import NEEDS_VALUES_MESSAGES, to_meta
@@ -170,11 +171,31 @@ def _indices_to_jax(xs: list, index: int = 0) -> list:
 
 
 def _number(x: bool | int | float | complex, index: int = 0) -> Any:
-    """A Python number as a cached device scalar (``transfer.device_scalar``); an integer past
-    int64 (a uint64 value) stays a Python number, which JAX cannot take as a runtime value."""
-    if type(x) is int and x not in transfer.INT64_RANGE:
-        return x
+    """A Python number as a cached device scalar (``transfer.device_scalar``)."""
     return transfer.device_scalar(x, index)
+
+
+class _FittedNumber:
+    """:func:`_number` for a Scalar argument CPU converts into ``dtype`` with its overflow check
+    (``Lowering.fitted``): PyTorch's error for a number ``dtype`` cannot hold."""
+
+    __slots__ = ("check",)
+
+    def __init__(self, dtype: np.dtype):
+        self.check = number_check(dtype)
+
+    def __call__(self, x: bool | int | float | complex, index: int = 0) -> Any:
+        self.check(x)
+        return transfer.device_scalar(x, index)
+
+
+@functools.cache
+def _fitted_number(result: np.dtype, in_opmath: bool) -> _FittedNumber:
+    """The :class:`_FittedNumber` of an argument of an op whose result is ``result`` (CPU's
+    ``scalar_t``; ``in_opmath``: float32 for a half-precision one)."""
+    if in_opmath and result in (np.dtype(jnp.float16), np.dtype(jnp.bfloat16)):
+        result = np.dtype(jnp.float32)
+    return _FittedNumber(result)
 
 
 def _scalar(x: Any, index: int = 0) -> Any:
@@ -253,7 +274,8 @@ def _holds_floats(arg: torch._C.Argument) -> bool:
 
 #: How the C++ core converts an argument of a planned call (``PlannedKernel``): a static one as
 #: :func:`_static` does (one :func:`_exact_static` would change is left to Python), a number as
-#: :func:`_number` does (None where it equals its default), a view its op's program reads as
+#: :func:`_number` does (None where it equals its default; a rule's fourth item, a
+#: :class:`_FittedNumber`, converts it instead), a view its op's program reads as
 #: :func:`_to_program_arg` hands it to a fused graph's node (``tensor.read_in_program``; strict
 #: eager reads such views apart: Python does), a list of indices as :func:`_indices_to_jax`
 #: makes it where each is None or a whole tpu tensor (others: Python)
@@ -268,6 +290,8 @@ def _native_rules(rules: tuple, args: tuple) -> tuple | None:
     for i, default, convert in rules:
         if convert is _number:
             native.append((i, _NATIVE_NUMBER, default))
+        elif type(convert) is _FittedNumber:  # (the core calls it instead of _number)
+            native.append((i, _NATIVE_NUMBER, default, convert))
         elif (convert in (None, _static_arg, _exact_static) or args[i] is None) and default is _NO_DEFAULT:
             native.append((i, _NATIVE_STATIC, None))
         elif convert is _to_program_arg and isinstance(args[i], torch.Tensor):
@@ -375,6 +399,22 @@ class _Binder:
             values.append(kwargs[name] if name in kwargs else default)
         return values
 
+    def positional(self, args: tuple, kwargs: dict) -> tuple:
+        """The call as one tuple of its arguments up to the last one not at its default (a
+        keyword-only one too): what the C++ core hands the fast path (``BoxedPlannedKernel``),
+        so that ``x.add(y, alpha=2)`` keeps plans as ``x.add(y)`` does."""
+        values = self.bind(args, kwargs)
+        used = len(values)
+        while used and _is_default(values[used - 1], self.defaults[used - 1]):
+            used -= 1
+        return tuple(values[:used])
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """Whether an argument is at its schema default as the dispatcher compares them (IValue
+    equality: of the same type)."""
+    return value is default or (type(value) is type(default) and value == default)
+
 
 def _returns_shape(schema: torch._C.FunctionSchema) -> str:
     returns = schema.returns
@@ -473,6 +513,12 @@ def _compute_fn(entry: Lowering) -> _Compute:
         promote_pos = [binder.names.index(n) for n in names]
     draws_key = entry.random
     check = entry.check
+    # (Scalar ones only: a tensor overload's argument of the same name is not converted so)
+    fitted_at = {  # position -> whether in opmath
+        i: n in entry.fitted_in_opmath
+        for i, n in enumerate(binder.names)
+        if n in (*entry.fitted, *entry.fitted_in_opmath) and kinds[i] == _SCALAR
+    }
     host_rule = entry.host
     # (what the C++ core calls where a planned call's operand has a host copy: operand_has_host_copy)
     core_host_rule = (
@@ -539,10 +585,10 @@ def _compute_fn(entry: Lowering) -> _Compute:
     # as this function does; not for an op that computes on the host
     native_plans: dict[int, tuple] | None = {} if fast and native.available() else None
 
-    def conversions(args: tuple, operands: tuple) -> tuple | None:
-        """What the fast path converts of a call with the key of ``args``: every argument
-        ``whole_operands`` left as it is, as the general path converts it; None when the key
-        does not decide all it depends on."""
+    def conversions(args: tuple, operands: tuple, types: Types | None) -> tuple | None:
+        """What the fast path converts of a call with the key of ``args`` (computing in
+        ``types``): every argument ``whole_operands`` left as it is, as the general path
+        converts it; None when the key does not decide all it depends on."""
         rules = []
         for i, (x, operand) in enumerate(zip(args, operands)):
             if operand is not x:
@@ -551,7 +597,9 @@ def _compute_fn(entry: Lowering) -> _Compute:
                 return None
             convert = converter_at.get(i)
             if type(x) in _NUMBERS and convert in _NUMBER_CONVERTERS:
-                convert = _number  # (what each of them comes to for a number)
+                # (what each of them comes to for a number; a fitted one is checked too)
+                checked = i in fitted_at and types is not None
+                convert = _fitted_number(types.result, fitted_at[i]) if checked else _number
             rules.append((i, default_at.get(i, _NO_DEFAULT), convert))
         return tuple(rules)
 
@@ -575,8 +623,10 @@ def _compute_fn(entry: Lowering) -> _Compute:
         """The op's result for these arguments; ``orders`` (``layout.MetaLayout.orders``): its
         outputs transposed into these memory orders by its program."""
         learn = plan = None  # (the fast path's key a plan is to be kept under; the kept plan)
-        if fast and not kwargs:
-            operands = whole_operands(args, views_in_program)
+        fitted = ()  # (a fitted argument's number and its check, of a call the general path takes)
+        call = args if fast and not kwargs else binder.positional(args, kwargs) if fast else None
+        if call is not None:
+            operands = whole_operands(call, views_in_program)
             if operands is not None and not (platform.attention_needed or platform.others_used):
                 plan = fast_plans.get(operands[0])
                 if plan is None or plan[2] is not torch.get_default_dtype():
@@ -620,6 +670,10 @@ def _compute_fn(entry: Lowering) -> _Compute:
                 value = values[i]
                 if type(value) is type(default) and value == default:
                     values[i] = None  # (what ``_or_default`` puts back, in the trace)
+            if fitted_at and types is not None:  # (checked once the lowering took their kinds)
+                fitted = [
+                    (values[i], _fitted_number(types.result, opmath)) for i, opmath in fitted_at.items()
+                ]
             for i, convert in converters:
                 value = values[i]
                 if value is not None:  # (None converts to None)
@@ -661,19 +715,22 @@ def _compute_fn(entry: Lowering) -> _Compute:
             if translated is e:
                 raise
             raise translated from e
+        for number, fit in fitted:
+            if type(number) in _NUMBERS:
+                fit.check(number)
         shadowed = host_rule is not None and _is_integral(result)
         if shadowed and ctx.trace is None:
             _shadow(host_rule, args, result, kwargs)
         if learn is not None:
-            rules = conversions(args, operands[1])
+            rules = conversions(call, operands[1], types)
             kept = fast_plans[learn] = (
                 _NO_PLAN
                 if rules is None
-                else (lowered, tuple(values[len(args) :]), torch.get_default_dtype(), rules)
+                else (lowered, tuple(values[len(call) :]), torch.get_default_dtype(), rules)
             )
-            native_rules = None if rules is None or native_plans is None else _native_rules(rules, args)
+            native_rules = None if rules is None or native_plans is None else _native_rules(rules, call)
             if native_rules is not None:  # (the same plan, its conversions as the core does them)
-                reads_views = any(how == _NATIVE_VIEW for _, how, _ in native_rules)
+                reads_views = any(rule[1] == _NATIVE_VIEW for rule in native_rules)
                 native_plans[learn] = (
                     *kept[:3],
                     native_rules,
@@ -1058,15 +1115,15 @@ def _mutating_kernel(
     schema: torch._C.FunctionSchema,
     resize: bool,
     out_dtype: OutDtype | None = None,
-    learned: tuple[dict, dict, int] | None = None,
+    learned: tuple[dict, dict, int, _Binder] | None = None,
 ) -> Callable:
     """The kernel of a derived in-place or ``out=`` overload: compute the functional op, then
     store its outputs, in order, into the arguments the schema marks as written (``self`` for
     ``add_``; the five state lists for ``_fused_adam_``; the ``out`` tensors for ``add.out``).
     ``learned`` (an overload :func:`_writes_first_only`): the functional op's native plans, the
-    overload's, and the op's ``views_in_program``; a call with positional arguments whose output
-    became its first argument's whole value hands the functional plan of its key to the
-    overload's (:func:`_planned_in_place`)."""
+    overload's, the op's ``views_in_program`` and its binder; a call whose output became its
+    first argument's whole value hands the functional plan of its key (that of its
+    ``_Binder.positional`` form) to the overload's (:func:`_planned_in_place`)."""
     names = [a.name for a in schema.arguments]
     targets = [(names.index(a.name), a.name) for a in schema.arguments if _is_written(a)]
     outs = {a.name for a in schema.arguments if _is_out(a)}
@@ -1076,7 +1133,7 @@ def _mutating_kernel(
     single = len(targets) == 1
     returns = len(schema.returns)
     own_defaults = _own_defaults(functional, schema)
-    functional_plans, own_plans, views_in_program = learned or (None, None, 0)
+    functional_plans, own_plans, views_in_program, binder = learned or (None, None, 0, None)
 
     def kernel(*args, **kwargs):
         written = [args[i] if i < len(args) else kwargs[name] for i, name in targets]
@@ -1093,8 +1150,9 @@ def _mutating_kernel(
         if check_resized is None:
             for dst, value in stores:  # one target after another, as CPU writes a list's
                 _store(dst, value, resize)
-            if own_plans is not None and not kwargs and tensor.whole_value(stores[0][0]) is values:
-                operands = tensor.whole_operands(args, views_in_program)
+            if own_plans is not None and tensor.whole_value(stores[0][0]) is values:
+                call = binder.positional(args, kwargs) if kwargs else args
+                operands = tensor.whole_operands(call, views_in_program)
                 plan = None if operands is None else functional_plans.get(operands[0])
                 if plan is not None:
                     own_plans[operands[0]] = plan
@@ -1395,7 +1453,8 @@ def install() -> None:
             plannable = not resize and _servable(entry, computed) and _returns_shape(op._schema) == "one"
             plannable = plannable and _writes_first_only(op._schema, variant._schema)
             own_plans: dict = {}
-            learned = (computed.native_plans, own_plans, computed.views_in_program) if plannable else None
+            learned = (computed.native_plans, own_plans, computed.views_in_program, computed.binder)
+            learned = learned if plannable else None
             schemas = (op._schema, variant._schema)
             mutating = checked(variant, _mutating_kernel(compute, *schemas, resize, entry.out_dtype, learned))
             if plannable:

@@ -474,19 +474,40 @@ for _name, _fn in [
     predicate(getattr(aten, _name).default, _fn)
 
 
+def _check_alpha(alpha, result) -> None:
+    """CPU's refusals of an ``alpha`` of a kind the result's dtype cannot take (at trace time:
+    the number's type is part of the call's key), which PyTorch's meta kernels do not make."""
+    kind = jnp.asarray(alpha).dtype
+    if kind == jnp.bool_ and result != jnp.bool_:
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
+    inexact = jnp.issubdtype(kind, jnp.inexact)
+    if inexact and not jnp.issubdtype(result, jnp.inexact):
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
+    if jnp.issubdtype(kind, jnp.complexfloating) and not jnp.issubdtype(result, jnp.complexfloating):
+        raise RuntimeError("For non-complex input tensors, argument alpha must not be a complex number.")
+
+
 @lower(
     aten.add.Tensor,
     aten.add.Scalar,
     promote=Promote.DEFAULT,
     promote_args=("self", "other"),
+    fitted=("alpha",),
     host=lambda x, y, alpha=1: x + y * alpha,
 )
 def add(x, y, alpha=1, *, types):
+    _check_alpha(alpha, types.result)
     x, y = jnp.asarray(x, types.compute), jnp.asarray(y, types.compute)
     return (x + y * jnp.asarray(alpha, types.compute)).astype(types.result)
 
 
-@lower(aten._add_relu.Tensor, aten._add_relu.Scalar, promote=Promote.DEFAULT, promote_args=("self", "other"))
+@lower(
+    aten._add_relu.Tensor,
+    aten._add_relu.Scalar,
+    promote=Promote.DEFAULT,
+    promote_args=("self", "other"),
+    fitted=("alpha",),
+)
 def add_relu(x, y, alpha=1, *, types):
     # CPU's fused kernel exists for float32, float64 and the integer types only
     require(x.dtype not in (jnp.bool_, jnp.float16, jnp.bfloat16) and not jnp.iscomplexobj(x))
@@ -533,15 +554,23 @@ def _check_not_bool(x, y) -> None:
     aten.sub.Scalar,
     promote=Promote.DEFAULT,
     promote_args=("self", "other"),
+    fitted=("alpha",),
     host=lambda x, y, alpha=1: x - y * alpha,
 )
 def sub(x, y, alpha=1, *, types):
     _check_not_bool(x, y)
+    _check_alpha(alpha, types.result)
     x, y = jnp.asarray(x, types.compute), jnp.asarray(y, types.compute)
     return (x - y * jnp.asarray(alpha, types.compute)).astype(types.result)
 
 
-@lower(aten.rsub.Tensor, aten.rsub.Scalar, promote=Promote.DEFAULT, promote_args=("self", "other"))
+@lower(
+    aten.rsub.Tensor,
+    aten.rsub.Scalar,
+    promote=Promote.DEFAULT,
+    promote_args=("self", "other"),
+    fitted=("alpha",),
+)
 def rsub(x, y, alpha=1, *, types):
     return sub(y, x, alpha, types=types)
 
@@ -615,7 +644,9 @@ def _check_clamp(x, min=None, max=None):
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
 
 
-@lower(aten.clamp.default, aten.clamp.Tensor, promote=Promote.DEFAULT, check=_check_clamp)
+@lower(
+    aten.clamp.default, aten.clamp.Tensor, promote=Promote.DEFAULT, check=_check_clamp, fitted=("min", "max")
+)
 def clamp(x, min=None, max=None, *, types):
     x = x.astype(types.compute)
     if min is not None:
@@ -625,17 +656,17 @@ def clamp(x, min=None, max=None, *, types):
     return x.astype(types.result)
 
 
-@lower(aten.clamp_min.default, aten.clamp_min.Tensor, promote=Promote.DEFAULT)
+@lower(aten.clamp_min.default, aten.clamp_min.Tensor, promote=Promote.DEFAULT, fitted=("min",))
 def clamp_min(x, min, *, types):
     return clamp(x, min, None, types=types)
 
 
-@lower(aten.clamp_max.default, aten.clamp_max.Tensor, promote=Promote.DEFAULT)
+@lower(aten.clamp_max.default, aten.clamp_max.Tensor, promote=Promote.DEFAULT, fitted=("max",))
 def clamp_max(x, max, *, types):
     return clamp(x, None, max, types=types)
 
 
-@lower(aten.lerp.Scalar, aten.lerp.Tensor, promote=Promote.DEFAULT)
+@lower(aten.lerp.Scalar, aten.lerp.Tensor, promote=Promote.DEFAULT, fitted_in_opmath=("weight",))
 def lerp(x, end, weight, *, types):
     x, end = x.astype(types.compute), jnp.asarray(end, types.compute)
     weight = jnp.asarray(weight, types.compute)
@@ -645,7 +676,12 @@ def lerp(x, end, weight, *, types):
     )
 
 
-@lower(aten.addcmul.default, promote=Promote.DEFAULT, promote_args=("self", "tensor1", "tensor2"))
+@lower(
+    aten.addcmul.default,
+    promote=Promote.DEFAULT,
+    promote_args=("self", "tensor1", "tensor2"),
+    fitted_in_opmath=("value",),
+)
 def addcmul(x, t1, t2, value=1, *, types):
     c = types.compute
     return (x.astype(c) + jnp.asarray(value, c) * t1.astype(c) * t2.astype(c)).astype(types.result)
@@ -660,7 +696,12 @@ _ADDCDIV_INTEGERS = (  # CPU's message (meta's spells it as a tuple)
 )
 
 
-@lower(aten.addcdiv.default, promote=Promote.DEFAULT, promote_args=("self", "tensor1", "tensor2"))
+@lower(
+    aten.addcdiv.default,
+    promote=Promote.DEFAULT,
+    promote_args=("self", "tensor1", "tensor2"),
+    fitted_in_opmath=("value",),
+)
 def addcdiv(x, t1, t2, value=1, *, types):
     if not any(jnp.issubdtype(t.dtype, jnp.inexact) for t in (t1, t2)):
         raise RuntimeError(_ADDCDIV_INTEGERS)

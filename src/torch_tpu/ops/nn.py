@@ -375,7 +375,13 @@ def weight_norm_interface_backward(grad_w, v, g, norms, dim):
 
 
 # ----------------------------------------------------------------------------- activations
-@lower(aten.threshold.default, promote=Promote.DEFAULT, promote_args=("self",))
+@lower(
+    aten.threshold.default,
+    promote=Promote.DEFAULT,
+    promote_args=("self",),
+    fitted=("value",),
+    fitted_in_opmath=("threshold",),
+)
 def threshold(x, threshold, value, *, types):
     x = x.astype(types.compute)
     return jnp.where(x <= threshold, jnp.asarray(value, types.compute), x).astype(types.result)

@@ -86,6 +86,12 @@ class Lowering:
     runs: Runs = Runs.TRACED
     static: tuple[str, ...] = ()  # Scalar arguments that must be compile-time constants
     dynamic: tuple[str, ...] = ()  # float/int arguments passed as device scalars (no recompiles)
+    # Scalar arguments CPU's kernel converts into the op's result dtype, refusing a number that
+    # dtype cannot hold (``Scalar::to<scalar_t>``: ``x.add(y, alpha=300)`` on uint8, an alpha
+    # of 1e39 on float32); ``fitted_in_opmath``: those it converts into float32 for a
+    # half-precision result (``opmath_t``), into the result dtype otherwise
+    fitted: tuple[str, ...] = ()
+    fitted_in_opmath: tuple[str, ...] = ()
     # Validates the arguments before the lowering runs (same arguments as ``fn``) and raises
     # PyTorch's exception: shape and dtype checks directly, value checks (index bounds) through
     # ``check_bounds``/``checks.when_ready``, which in fused eager and compiled programs run with

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -195,6 +196,45 @@ def _overflows(value, dtype: np.dtype, numel: int) -> bool:
     if dtype in (jnp.float16, jnp.bfloat16) and numel == 1:
         return False  # CPU fills one half-precision element without the check (rounding to inf)
     return dtype != jnp.float64 and math.isfinite(value) and abs(value) > float(jnp.finfo(dtype).max)
+
+
+def number_check(dtype) -> Callable[[bool | int | float | complex], None]:
+    """:func:`check_scalar` of a number converted into many elements of ``dtype``, its limits
+    looked up once (a call's Scalar argument checked at every call)."""
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating) or dtype == jnp.bool_:
+        return lambda value: None
+    info = jnp.iinfo(dtype) if jnp.issubdtype(dtype, jnp.integer) else jnp.finfo(dtype)
+    low, high = int(info.min), int(info.max)
+    if dtype == jnp.float64:
+        return lambda value: None if type(value) is not complex or not value.imag else _refuse(dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        lowest = -high if low == 0 else low  # (negative integers may wrap into an unsigned type)
+
+        def check_integer(value) -> None:
+            kind = type(value)
+            if kind is int:
+                if not lowest <= value <= high:
+                    _refuse(dtype)
+            elif kind is not bool and _overflows(value, dtype, 2):
+                _refuse(dtype)
+
+        return check_integer
+    limit = float(high)
+
+    def check_float(value) -> None:
+        kind = type(value)
+        if kind is float or kind is int:
+            if abs(value) > limit and (kind is int or math.isfinite(value)):
+                _refuse(dtype)
+        elif kind is not bool and _overflows(value, dtype, 2):
+            _refuse(dtype)
+
+    return check_float
+
+
+def _refuse(dtype) -> None:
+    raise overflow_error(dtype)
 
 
 def check_scalar(value, dtype, numel: int) -> None:

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+from jax._src.lax import lax as lax_internal
 
 from . import checks, platform
 from .buffer import keep_host_copy
@@ -34,8 +35,18 @@ def device_scalar(x: bool | int | float | complex, index: int = 0) -> jax.Array:
     array = cache.get(key)
     if array is None:
         with jax.ensure_compile_time_eval():  # a constant, even when first seen in a trace
-            array = cache[key] = jax.device_put(jnp.asarray(x), platform.jax_device(index))
+            array = cache[key] = jax.device_put(_weak_scalar(x), platform.jax_device(index))
     return array
+
+
+def _weak_scalar(x: bool | int | float | complex) -> jax.Array:
+    """``x`` as JAX holds a Python number: weakly typed, so it takes its operation's dtype. An
+    integer past int64 (a uint64 value, which PyTorch's Scalar holds and JAX takes from no Python
+    int) is a weak uint64, which promotes as a Python int does and converts to the op's dtype
+    modulo its size, as CPU casts it (``x * (2**63 + 5)`` on int64 wraps)."""
+    if type(x) is int and x not in INT64_RANGE:
+        return lax_internal._convert_element_type(jnp.asarray(np.uint64(x)), weak_type=True)
+    return jnp.asarray(x)
 
 
 #: The largest fill :func:`_filled_on_host` builds: the host memory and the copy it costs grow

@@ -382,11 +382,17 @@ def _step_of_kind(x, weight, kind: str):
 
 def test_an_op_meeting_another_loops_shapes_after_its_ops_differ_is_not_taken_for_churn(fresh_churn):
     x, weight = torch.randn(4, 8), torch.randn(8, 8)
-    expected = [_step_of_kind(x, weight, kind) for kind in ("train", "eval") * 3]
+    kinds = ("train", "eval") * 3
+    exact = [_step_of_kind(x.double(), weight.double(), kind) for kind in kinds]
+    expected = [_step_of_kind(x, weight, kind) for kind in kinds]
     torch.tpu.reset_compilation_cache_stats()
     with torch_tpu.eager_mode("fused"):
-        actual = [_step_of_kind(x.to("tpu"), weight.to("tpu"), kind) for kind in ("train", "eval") * 3]
-    torch.testing.assert_close(actual, expected)
+        actual = [_step_of_kind(x.to("tpu"), weight.to("tpu"), kind) for kind in kinds]
+    # float32 sums of positive terms (about 30 each), 30 additions then 32 terms summed in another
+    # order than CPU's: within CPU's own distance from the float64 result, or that many roundings
+    for got, cpu, reference in zip(actual, expected, exact):
+        bound = max(4 * abs(cpu - reference), 64 * torch.finfo(torch.float32).eps * abs(reference))
+        assert abs(got - reference) <= bound, (got, cpu, reference)
     stats = torch.tpu.compilation_cache_stats()
     assert stats["ops_run_alone"] == 0 and stats["misses"] == 2, stats
 

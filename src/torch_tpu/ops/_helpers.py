@@ -219,6 +219,25 @@ def _zero_division(has_zero) -> None:
         raise RuntimeError("ZeroDivisionError")  # CPU's exception, message and all
 
 
+#: (id of a number's device scalar, dtype) -> (the scalar, whether it is 0 in that dtype): the
+#: scalar held, so that its id is not another's while it is here
+_ZERO_NUMBERS: dict[tuple[int, Any], tuple[jax.Array, bool]] = {}
+
+
+def _is_zero_number(divisor, dtype) -> bool:
+    """Whether a number (as the dispatcher's cached device scalar) is 0 once in ``dtype``
+    (``x // 256`` on uint8 divides by zero), decided once per scalar and dtype."""
+    key = (id(divisor), dtype)
+    known = _ZERO_NUMBERS.get(key)
+    if known is not None and known[0] is divisor:
+        return known[1]
+    zero = bool(np.asarray(divisor).astype(dtype) == 0)
+    if len(_ZERO_NUMBERS) >= 256:
+        _ZERO_NUMBERS.clear()
+    _ZERO_NUMBERS[key] = (divisor, zero)
+    return zero
+
+
 def check_nonzero(divisor, dtype) -> None:
     """Raise CPU's error for an integer division whose ``divisor``, converted to the integer
     ``dtype`` it divides in, holds a zero (XLA would return an arbitrary value).
@@ -232,7 +251,7 @@ def check_nonzero(divisor, dtype) -> None:
         and not isinstance(divisor, jax.core.Tracer)
     )
     if python_scalar and context.trace is None:
-        _zero_division(np.asarray(divisor).astype(dtype) == 0)
+        _zero_division(_is_zero_number(divisor, dtype))
     elif has_values(divisor):
         report_values(apply(_has_zero, divisor, np.dtype(dtype)), _zero_division)
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ..runtime.buffer import apply
@@ -365,9 +367,23 @@ def _size(x) -> int:
     return math.prod(getattr(x, "shape", ()))
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _divided(x, y, divide, types):
-    return divide(jnp.asarray(x, types.compute), jnp.asarray(y, types.compute)).astype(types.result)
+@functools.cache
+def _divided(divide: Callable, types: Types) -> Callable:
+    """The program of ``divide`` computing in ``types``: one per pair, as static arguments of
+    one program would be hashed and compared at every call."""
+
+    def program(x, y):
+        return divide(jnp.asarray(x, types.compute), jnp.asarray(y, types.compute)).astype(types.result)
+
+    return jax.jit(program)
+
+
+@functools.cache
+def _in_integers(types: Types) -> bool:
+    return bool(jnp.issubdtype(types.compute, jnp.integer))
+
+
+_BOOL = np.dtype(jnp.bool_)
 
 
 def _division(divide, kernel: str):
@@ -377,11 +393,11 @@ def _division(divide, kernel: str):
     has no bool version."""
 
     def lowering(x, y, *, types):
-        if types.compute == jnp.bool_:
+        if types.compute == _BOOL:
             raise NotImplementedError(f"\"{kernel}\" not implemented for 'Bool'")
-        if jnp.issubdtype(types.compute, jnp.integer) and _size(x) and _size(y):
+        if _in_integers(types) and _size(x) and _size(y):
             check_nonzero(y, types.compute)
-        return apply(_divided, x, y, divide, types)
+        return apply(_divided(divide, types), x, y)
 
     return lowering
 
@@ -597,7 +613,7 @@ def div_mode(x, y, rounding_mode=None, *, types):
         if not jnp.issubdtype(types.compute, jnp.inexact):
             default = to_jax(__import__("torch").get_default_dtype())
             types = Types(default, default)
-        return apply(_divided, x, y, _true_divide, types)
+        return apply(_divided(_true_divide, types), x, y)
     return _ROUNDED_DIVISIONS[rounding_mode](x, y, types=types)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 
 from ..runtime.buffer import apply
-from ..runtime.dtypes import to_jax
+from ..runtime.dtypes import overflow_error, to_jax
 from ._helpers import (
     accumulator,
     binary,
@@ -229,7 +229,30 @@ def softplus(x, beta=1.0, threshold=20.0, *, types):
     return jnp.where(scaled > threshold, x, jnp.log1p(jnp.exp(scaled)) / beta).astype(types.result)
 
 
-@lower(aten.hardtanh.default, promote=Promote.DEFAULT, promote_args=("self",))
+def _check_hardtanh(x, min_val=None, max_val=None) -> None:
+    """CPU's refusals for an integer input, whose limits it first converts to int64 (truncated
+    toward zero): one int64 cannot hold, and for uint8 one below 0 (-0.5 passes). None is the
+    default, -1.0 or 1.0. (The limits are then clamped in the input's dtype: ``fitted``.)"""
+    if x.dtype.kind not in "iu":  # (a cheap test: the core calls it at every call)
+        return
+    limits = [
+        -1.0 if min_val is None else host_number(min_val),
+        1.0 if max_val is None else host_number(max_val),
+    ]
+    for limit in limits:
+        if limit is not None and not -(2.0**63) <= limit < 2.0**63:  # (NaN too)
+            raise overflow_error(jnp.int64)
+    if x.dtype == jnp.uint8 and any(limit is not None and limit <= -1 for limit in limits):
+        raise RuntimeError("cannot do hardtanh on an unsigned type with negative limits")
+
+
+@lower(
+    aten.hardtanh.default,
+    promote=Promote.DEFAULT,
+    promote_args=("self",),
+    check=_check_hardtanh,
+    fitted=("min_val", "max_val"),  # (clamped in the input's dtype)
+)
 def hardtanh(x, min_val=-1.0, max_val=1.0, *, types):
     require(x.dtype != jnp.bool_)
     return jnp.clip(x.astype(types.compute), min_val, max_val).astype(types.result)

@@ -233,6 +233,21 @@ def number_check(dtype) -> Callable[[bool | int | float | complex], None]:
     return check_float
 
 
+def sure_fits(dtype) -> tuple[int | float, int | float, float, float]:
+    """(lowest, highest) int and (lowest, highest) float that surely fit ``dtype`` under
+    :func:`number_check`: a number of that type between them needs no check; one outside may
+    still fit (an infinity or NaN into a float dtype, an int into float64)."""
+    dtype = np.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating) or dtype == jnp.bool_ or dtype == jnp.float64:
+        return -math.inf, math.inf, -math.inf, math.inf
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = jnp.iinfo(dtype)
+        low, high = int(info.min), int(info.max)
+        return (-high if low == 0 else low), high, float(low), float(high)
+    limit = float(jnp.finfo(dtype).max)
+    return -limit, limit, -limit, limit
+
+
 def _refuse(dtype) -> None:
     raise overflow_error(dtype)
 

@@ -862,17 +862,9 @@ def test_an_index_plan_takes_lists_of_any_indices_and_equals_cpu(planned, mode):
     torch.tpu.synchronize()
 
 
-#: what a planned call may still run in Python: a number's conversion to a device scalar (and
-#: its overflow check: ``dispatch._FittedNumber``), a view's StridedView (its constructor)
-_CONVERSION_FRAMES = {
-    "_number",
-    "device_scalar",
-    "get",
-    "__init__",
-    "__call__",
-    "check_integer",
-    "check_float",
-}
+#: what a planned call may still run in Python: a number's conversion to a device scalar (one
+#: checked as well: ``dispatch._FittedNumber``), a view's StridedView (its constructor)
+_CONVERSION_FRAMES = {"_number", "device_scalar", "get", "__init__", "__call__"}
 
 
 def _served(call) -> bool:

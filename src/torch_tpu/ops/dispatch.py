@@ -25,7 +25,7 @@ from ..execution.tracing import NEEDS_VALUES
 from ..runtime import buffer, checks, memory, native, overlap, platform, precision, random, tensor, transfer
 from ..runtime.buffer import Deferred
 from ..runtime.context import context
-from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, number_check, sure_fits, to_jax, type_name
+from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, check_scalar, sure_fits, to_jax, type_name
 from . import cpu_dtypes, layout
 from ._helpers import warn
 from .meta import NEEDS_VALUES_MESSAGES, to_meta
@@ -179,22 +179,22 @@ class _FittedNumber:
     """:func:`_number` for a Scalar argument CPU converts into ``dtype`` with its overflow check
     (``Lowering.fitted``): PyTorch's error for a number ``dtype`` cannot hold."""
 
-    __slots__ = ("check", "int_low", "int_high", "float_low", "float_high")
+    __slots__ = ("dtype", "int_low", "int_high", "float_low", "float_high")
 
     def __init__(self, dtype: np.dtype):
-        self.check = number_check(dtype)
+        self.dtype = dtype
         self.int_low, self.int_high, self.float_low, self.float_high = sure_fits(dtype)
 
     def __call__(self, x: bool | int | float | complex, index: int = 0) -> Any:
-        kind = type(x)  # (the common numbers tested here: one frame less at every call)
+        kind = type(x)  # (a number within the sure bounds, the common case, is tested here)
         if kind is float:
-            if not self.float_low <= x <= self.float_high:
-                self.check(x)
+            fits = self.float_low <= x <= self.float_high
         elif kind is int:
-            if not self.int_low <= x <= self.int_high:
-                self.check(x)
-        elif kind is not bool:
-            self.check(x)
+            fits = self.int_low <= x <= self.int_high
+        else:
+            fits = kind is bool
+        if not fits:
+            check_scalar(x, self.dtype, 2)  # (2 elements: not a fill of one, which skips half's test)
         return transfer.device_scalar(x, index)
 
 
@@ -726,7 +726,7 @@ def _compute_fn(entry: Lowering) -> _Compute:
             raise translated from e
         for number, fit in fitted:
             if type(number) in _NUMBERS:
-                fit.check(number)
+                check_scalar(number, fit.dtype, 2)
         shadowed = host_rule is not None and _is_integral(result)
         if shadowed and ctx.trace is None:
             _shadow(host_rule, args, result, kwargs)

@@ -516,7 +516,7 @@ for _name, _fn in [
 def _check_alpha(alpha, result) -> None:
     """CPU's refusals of an ``alpha`` of a kind the result's dtype cannot take (at trace time:
     the number's type is part of the call's key), which PyTorch's meta kernels do not make."""
-    kind = jnp.asarray(alpha).dtype
+    kind = jnp.result_type(alpha)
     if kind == jnp.bool_ and result != jnp.bool_:
         raise RuntimeError("Boolean alpha only supported for Boolean results.")
     inexact = jnp.issubdtype(kind, jnp.inexact)

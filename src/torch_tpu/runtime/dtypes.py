@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -198,45 +197,10 @@ def _overflows(value, dtype: np.dtype, numel: int) -> bool:
     return dtype != jnp.float64 and math.isfinite(value) and abs(value) > float(jnp.finfo(dtype).max)
 
 
-def number_check(dtype) -> Callable[[bool | int | float | complex], None]:
-    """:func:`check_scalar` of a number converted into many elements of ``dtype``, its limits
-    looked up once (a call's Scalar argument checked at every call)."""
-    dtype = np.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.complexfloating) or dtype == jnp.bool_:
-        return lambda value: None
-    info = jnp.iinfo(dtype) if jnp.issubdtype(dtype, jnp.integer) else jnp.finfo(dtype)
-    low, high = int(info.min), int(info.max)
-    if dtype == jnp.float64:
-        return lambda value: None if type(value) is not complex or not value.imag else _refuse(dtype)
-    if jnp.issubdtype(dtype, jnp.integer):
-        lowest = -high if low == 0 else low  # (negative integers may wrap into an unsigned type)
-
-        def check_integer(value) -> None:
-            kind = type(value)
-            if kind is int:
-                if not lowest <= value <= high:
-                    _refuse(dtype)
-            elif kind is not bool and _overflows(value, dtype, 2):
-                _refuse(dtype)
-
-        return check_integer
-    limit = float(high)
-
-    def check_float(value) -> None:
-        kind = type(value)
-        if kind is float or kind is int:
-            if abs(value) > limit and (kind is int or math.isfinite(value)):
-                _refuse(dtype)
-        elif kind is not bool and _overflows(value, dtype, 2):
-            _refuse(dtype)
-
-    return check_float
-
-
 def sure_fits(dtype) -> tuple[int | float, int | float, float, float]:
-    """(lowest, highest) int and (lowest, highest) float that surely fit ``dtype`` under
-    :func:`number_check`: a number of that type between them needs no check; one outside may
-    still fit (an infinity or NaN into a float dtype, an int into float64)."""
+    """(lowest, highest) int and (lowest, highest) float that surely fit many elements of
+    ``dtype`` (:func:`check_scalar`): a number of that type between them needs no check; one
+    outside may still fit (an infinity or NaN into a float dtype)."""
     dtype = np.dtype(dtype)
     if jnp.issubdtype(dtype, jnp.complexfloating) or dtype == jnp.bool_ or dtype == jnp.float64:
         return -math.inf, math.inf, -math.inf, math.inf
@@ -246,10 +210,6 @@ def sure_fits(dtype) -> tuple[int | float, int | float, float, float]:
         return (-high if low == 0 else low), high, float(low), float(high)
     limit = float(jnp.finfo(dtype).max)
     return -limit, limit, -limit, limit
-
-
-def _refuse(dtype) -> None:
-    raise overflow_error(dtype)
 
 
 def check_scalar(value, dtype, numel: int) -> None:

@@ -187,20 +187,6 @@ def test_dtype_errors_like_cpu(fn, args, message):
     assert message in str(error)
 
 
-def assert_like_cpu(fn, *cpu_tensors: torch.Tensor, context: object = None) -> None:
-    """``fn`` on the tpu copies gives CPU's result (its dtype and values, NaN where CPU has
-    NaN), or raises CPU's exception with CPU's message (:func:`assert_raises_like_cpu`)."""
-    try:
-        expected = fn(*(t.clone() for t in cpu_tensors))
-    except RuntimeError as cpu_error:
-        error = assert_raises_like_cpu(fn, *cpu_tensors)
-        assert str(error) == str(cpu_error), context
-        return
-    got = fn(*(t.to(TPU) for t in cpu_tensors)).cpu()
-    assert got.dtype == expected.dtype, context
-    torch.testing.assert_close(got, expected, equal_nan=True, rtol=0, atol=0, msg=f"{context}")
-
-
 ALPHA_OPS = {
     "add": lambda a, b, alpha: torch.add(a, b, alpha=alpha),
     "sub": lambda a, b, alpha: torch.sub(a, b, alpha=alpha),
@@ -216,7 +202,14 @@ def test_an_alpha_the_result_dtype_cannot_take_is_refused_like_cpu(op, alpha):
     complex one for a real result (tpu once computed with the alpha cast instead)."""
     for dtype in (torch.bool, torch.int64, torch.float32, torch.complex64):
         a, b = torch.ones(3, dtype=dtype), torch.ones(3, dtype=dtype)
-        assert_like_cpu(lambda x, y: op(x, y, alpha), a, b, context=dtype)
+        try:
+            expected = op(a.clone(), b, alpha)
+        except RuntimeError as cpu_error:
+            error = assert_raises_like_cpu(lambda x, y: op(x, y, alpha), a, b)
+            assert str(error) == str(cpu_error), dtype
+            continue
+        got = op(a.to(TPU), b.to(TPU), alpha).cpu()
+        assert got.dtype == expected.dtype and torch.equal(got, expected), dtype
 
 
 FITTED = {
@@ -252,12 +245,17 @@ def test_a_scalar_argument_its_dtype_cannot_hold_is_refused_like_cpu(name, dtype
         ):
             continue  # (refused once planned as overflowing the input's dtype: CPU's message differs)
         try:
-            op(x, value)
+            expected = op(x, value)
         except NotImplementedError:  # (an op CPU has no kernel of this dtype for)
             continue
-        except RuntimeError:
-            pass
-        assert_like_cpu(lambda t: op(t, value), x, context=value)
+        except RuntimeError as cpu_error:
+            with pytest.raises(RuntimeError) as tpu_error:
+                op(x.to(TPU), value)
+            assert str(tpu_error.value) == str(cpu_error), value
+            continue
+        got = op(x.to(TPU), value).cpu()
+        assert got.dtype == expected.dtype, value
+        torch.testing.assert_close(got, expected, equal_nan=True, rtol=0, atol=0, msg=f"{value}")
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int32, torch.int64, torch.float32, torch.float64])

@@ -170,9 +170,9 @@ def _indices_to_jax(xs: list, index: int = 0) -> list:
     return [_index_to_jax(x, index) for x in xs]
 
 
-#: A Python number as the program's input: its cached device scalar (the same function, so that
-#: a number's conversion, the core's too, is one Python frame)
-_number = transfer.device_scalar
+def _number(x: bool | int | float | complex, index: int = 0) -> Any:
+    """A Python number as a cached device scalar (``transfer.device_scalar``)."""
+    return transfer.device_scalar(x, index)
 
 
 class _FittedNumber:

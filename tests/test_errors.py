@@ -187,6 +187,20 @@ def test_dtype_errors_like_cpu(fn, args, message):
     assert message in str(error)
 
 
+def assert_like_cpu(fn, *cpu_tensors: torch.Tensor, context: object = None) -> None:
+    """``fn`` on the tpu copies gives CPU's result (its dtype and values, NaN where CPU has
+    NaN), or raises CPU's exception with CPU's message (:func:`assert_raises_like_cpu`)."""
+    try:
+        expected = fn(*(t.clone() for t in cpu_tensors))
+    except RuntimeError as cpu_error:
+        error = assert_raises_like_cpu(fn, *cpu_tensors)
+        assert str(error) == str(cpu_error), context
+        return
+    got = fn(*(t.to(TPU) for t in cpu_tensors)).cpu()
+    assert got.dtype == expected.dtype, context
+    torch.testing.assert_close(got, expected, equal_nan=True, rtol=0, atol=0, msg=f"{context}")
+
+
 ALPHA_OPS = {
     "add": lambda a, b, alpha: torch.add(a, b, alpha=alpha),
     "sub": lambda a, b, alpha: torch.sub(a, b, alpha=alpha),
@@ -202,14 +216,7 @@ def test_an_alpha_the_result_dtype_cannot_take_is_refused_like_cpu(op, alpha):
     complex one for a real result (tpu once computed with the alpha cast instead)."""
     for dtype in (torch.bool, torch.int64, torch.float32, torch.complex64):
         a, b = torch.ones(3, dtype=dtype), torch.ones(3, dtype=dtype)
-        try:
-            expected = op(a.clone(), b, alpha)
-        except RuntimeError as cpu_error:
-            error = assert_raises_like_cpu(lambda x, y: op(x, y, alpha), a, b)
-            assert str(error) == str(cpu_error), dtype
-            continue
-        got = op(a.to(TPU), b.to(TPU), alpha).cpu()
-        assert got.dtype == expected.dtype and torch.equal(got, expected), dtype
+        assert_like_cpu(lambda x, y: op(x, y, alpha), a, b, context=dtype)
 
 
 FITTED = {
@@ -232,30 +239,21 @@ FITTED = {
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int64, torch.float16, torch.float32])
 def test_a_scalar_argument_its_dtype_cannot_hold_is_refused_like_cpu(name, dtype):
     """CPU converts these numbers into the op's dtype (float32 for some half-precision
-    kernels) and refuses one that overflows it: tpu raises the same error, also once the call's
-    plan is kept (a fitting number first), and computes CPU's values for the numbers that fit."""
+    kernels) and refuses one that overflows it: tpu raises the same error, first in CPU's order
+    (hardtanh's int64 conversion of an integer input's limits comes before its dtype's), also
+    once the call's plan is kept (a fitting int, then float, first), and computes CPU's values
+    for the numbers that fit."""
     op, x = FITTED[name], torch.tensor([0, 1, 2]).to(dtype)
-    for value in (1, 2, 300, -1, -300, 2**40, 2**63 + 5, 1e5, 1e39, float("inf"), float("nan")):
+    for value in (1, 2, 300, -1, -300, 2**40, 2**63 + 5, 1.0, 1e5, 1e39, float("inf"), float("nan")):
         if name == "sub_alpha" and value == 2**63 + 5:
             continue  # (CPU subtracts by adding -alpha, a uint64 negated modulo 2**64: not mirrored)
-        if (
-            name.startswith("hardtanh")
-            and (value == 2**63 + 5 or value == -300)
-            and not dtype.is_floating_point
-        ):
-            continue  # (refused once planned as overflowing the input's dtype: CPU's message differs)
         try:
-            expected = op(x, value)
+            op(x, value)
         except NotImplementedError:  # (an op CPU has no kernel of this dtype for)
             continue
-        except RuntimeError as cpu_error:
-            with pytest.raises(RuntimeError) as tpu_error:
-                op(x.to(TPU), value)
-            assert str(tpu_error.value) == str(cpu_error), value
-            continue
-        got = op(x.to(TPU), value).cpu()
-        assert got.dtype == expected.dtype, value
-        torch.testing.assert_close(got, expected, equal_nan=True, rtol=0, atol=0, msg=f"{value}")
+        except RuntimeError:
+            pass
+        assert_like_cpu(lambda t: op(t, value), x, context=value)
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int32, torch.int64, torch.float32, torch.float64])

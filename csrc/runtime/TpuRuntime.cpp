@@ -1245,7 +1245,10 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
       PyObject* number = PyTuple_GET_SIZE(rule) > 3 ? PyTuple_GET_ITEM(rule, 3) : g_plans.number;
       PyObject* pair[] = {value, g_zero};
       converted.push_back(py::reinterpret_steal<py::object>(PyObject_Vectorcall(number, pair, 2, nullptr)));
-      if (!converted.back()) {
+      if (!converted.back()) {  // (a fitted number refused: the Python kernel refuses it in CPU's order)
+        if (PyErr_ExceptionMatches(PyExc_Exception)) {
+          PyErr_Clear();
+        }
         return nullptr;
       }
       value = converted.back().ptr();

@@ -170,14 +170,16 @@ def _indices_to_jax(xs: list, index: int = 0) -> list:
     return [_index_to_jax(x, index) for x in xs]
 
 
-def _number(x: bool | int | float | complex, index: int = 0) -> Any:
-    """A Python number as a cached device scalar (``transfer.device_scalar``)."""
-    return transfer.device_scalar(x, index)
+#: A Python number as the program's input: its cached device scalar (the same function, so that
+#: a number's conversion, the core's too, is one Python frame)
+_number = transfer.device_scalar
 
 
 class _FittedNumber:
     """:func:`_number` for a Scalar argument CPU converts into ``dtype`` with its overflow check
-    (``Lowering.fitted``): PyTorch's error for a number ``dtype`` cannot hold."""
+    (``Lowering.fitted``), for a kept plan: PyTorch's error for a number ``dtype`` cannot hold,
+    which sends the call to the general path (it refuses in CPU's order: the op's check, the
+    numbers' kinds, then this)."""
 
     __slots__ = ("dtype", "int_low", "int_high", "float_low", "float_high")
 
@@ -645,13 +647,16 @@ def _compute_fn(entry: Lowering) -> _Compute:
                 recorded_ops.add(op)
             lowered, extra = plan[0], {}
             values = [*operands[1], *plan[1]]
-            for i, default, convert in plan[3]:  # (as the general path's two loops below)
-                value = values[i]
-                if type(value) is type(default) and value == default:
-                    values[i] = None
-                elif convert is not None and value is not None:
-                    values[i] = convert(value, 0)
-        else:
+            try:
+                for i, default, convert in plan[3]:  # (as the general path's two loops below)
+                    value = values[i]
+                    if type(value) is type(default) and value == default:
+                        values[i] = None
+                    elif convert is not None and value is not None:
+                        values[i] = convert(value, 0)
+            except RuntimeError:  # (a fitted number refused: the general path refuses it in order)
+                plan = None
+        if plan is None:
             if platform.attention_needed:
                 platform.attend()
             if recorded_ops is not None:

@@ -526,27 +526,18 @@ def _check_alpha(alpha, result) -> None:
         raise RuntimeError("For non-complex input tensors, argument alpha must not be a complex number.")
 
 
-@lower(
-    aten.add.Tensor,
-    aten.add.Scalar,
-    promote=Promote.DEFAULT,
-    promote_args=("self", "other"),
-    fitted=("alpha",),
-    host=lambda x, y, alpha=1: x + y * alpha,
-)
+#: The options of ``op(self, other, alpha)``: promoted together, ``alpha`` fitted into the result
+_WITH_ALPHA = {"promote": Promote.DEFAULT, "promote_args": ("self", "other"), "fitted": ("alpha",)}
+
+
+@lower(aten.add.Tensor, aten.add.Scalar, **_WITH_ALPHA, host=lambda x, y, alpha=1: x + y * alpha)
 def add(x, y, alpha=1, *, types):
     _check_alpha(alpha, types.result)
     x, y = jnp.asarray(x, types.compute), jnp.asarray(y, types.compute)
     return (x + y * jnp.asarray(alpha, types.compute)).astype(types.result)
 
 
-@lower(
-    aten._add_relu.Tensor,
-    aten._add_relu.Scalar,
-    promote=Promote.DEFAULT,
-    promote_args=("self", "other"),
-    fitted=("alpha",),
-)
+@lower(aten._add_relu.Tensor, aten._add_relu.Scalar, **_WITH_ALPHA)
 def add_relu(x, y, alpha=1, *, types):
     # CPU's fused kernel exists for float32, float64 and the integer types only
     require(x.dtype not in (jnp.bool_, jnp.float16, jnp.bfloat16) and not jnp.iscomplexobj(x))
@@ -588,14 +579,7 @@ def _check_not_bool(x, y) -> None:
         )
 
 
-@lower(
-    aten.sub.Tensor,
-    aten.sub.Scalar,
-    promote=Promote.DEFAULT,
-    promote_args=("self", "other"),
-    fitted=("alpha",),
-    host=lambda x, y, alpha=1: x - y * alpha,
-)
+@lower(aten.sub.Tensor, aten.sub.Scalar, **_WITH_ALPHA, host=lambda x, y, alpha=1: x - y * alpha)
 def sub(x, y, alpha=1, *, types):
     _check_not_bool(x, y)
     _check_alpha(alpha, types.result)
@@ -603,13 +587,7 @@ def sub(x, y, alpha=1, *, types):
     return (x - y * jnp.asarray(alpha, types.compute)).astype(types.result)
 
 
-@lower(
-    aten.rsub.Tensor,
-    aten.rsub.Scalar,
-    promote=Promote.DEFAULT,
-    promote_args=("self", "other"),
-    fitted=("alpha",),
-)
+@lower(aten.rsub.Tensor, aten.rsub.Scalar, **_WITH_ALPHA)
 def rsub(x, y, alpha=1, *, types):
     return sub(y, x, alpha, types=types)
 

@@ -19,6 +19,7 @@ from ..runtime import checks
 from ..runtime.buffer import apply, host_copy, host_range
 from ..runtime.context import context
 from ..runtime.dtypes import item_name, to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
+from ..runtime.transfer import number_of
 from .registry import OutDtype, Promote, lower
 
 _LIBRARIES = tuple(os.path.dirname(m.__file__) for m in (torch, sys.modules["torch_tpu"]))
@@ -105,6 +106,9 @@ def host_number(value) -> bool | int | float | complex | None:
     typed device scalar, whose host value JAX keeps); None for a tensor's value or in a trace."""
     if isinstance(value, (bool, int, float, complex)):
         return value
+    number = number_of(value)  # (the dispatcher's scalars: no device read)
+    if number is not None:
+        return number
     if isinstance(value, jax.Array) and value.weak_type and not isinstance(value, jax.core.Tracer):
         return value.item()
     return None

@@ -25,7 +25,7 @@ from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
 from ..runtime.lru import LRU, cached
 from ..runtime.tensor import fill
 from ..runtime.transfer import INT64_RANGE, device_scalar, first_fill_on_host
-from ._helpers import accumulator
+from ._helpers import accumulator, host_number
 from .registry import Layout, Runs, lower, runtime
 
 aten = torch.ops.aten
@@ -263,10 +263,20 @@ lower(aten.zeros.default, aten._efficientzerotensor.default, runs=Runs.EAGER)(_c
 lower(aten.ones.default, runs=Runs.EAGER)(_constant_factory(1))
 
 
-@lower(aten.full_like.default, layout=Layout.LIKE)
+def _check_fill(fill_value, dtype, numel: int) -> None:
+    """CPU's ``empty(...).fill_(value)``: a value ``dtype`` cannot hold is refused (the device
+    scalar's number, which JAX keeps on the host once read)."""
+    number = host_number(fill_value)
+    if number is not None:
+        check_scalar(number, dtype, numel)
+
+
+def _check_full_like(x, fill_value, dtype=None, *_):
+    _check_fill(fill_value, x.dtype if dtype is None else dtype, x.size)
+
+
+@lower(aten.full_like.default, layout=Layout.LIKE, check=_check_full_like)
 def full_like(x, fill_value, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    """(The fill value is a device scalar here, so unlike ``full`` it is not overflow-checked:
-    that would cost a host sync per call.)"""
     return jnp.full(x.shape, fill_value, x.dtype if dtype is None else dtype)
 
 
@@ -281,7 +291,11 @@ lower(aten.zeros_like.default, layout=Layout.LIKE, runs=Runs.EAGER)(_constant_li
 lower(aten.ones_like.default, layout=Layout.LIKE, runs=Runs.EAGER)(_constant_like(1))
 
 
-@lower(aten.new_full.default)
+def _check_new_full(x, size, fill_value, dtype=None, *_):
+    _check_fill(fill_value, x.dtype if dtype is None else dtype, math.prod(size))
+
+
+@lower(aten.new_full.default, check=_check_new_full)
 def new_full(x, size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.full(size, fill_value, x.dtype if dtype is None else dtype)
 

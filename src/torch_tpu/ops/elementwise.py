@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 
 from ..runtime.buffer import apply
-from ..runtime.dtypes import overflow_error, to_jax
+from ..runtime.dtypes import check_scalar, overflow_error, to_jax
 from ._helpers import (
     accumulator,
     binary,
@@ -164,19 +164,30 @@ def gelu(x, approximate="none", *, types):
     return jax.nn.gelu(x.astype(types.compute), approximate=approximate == "tanh").astype(types.result)
 
 
-@lower(aten.leaky_relu.default, promote=Promote.DEFAULT, promote_args=("self",))
+@lower(
+    aten.leaky_relu.default,
+    promote=Promote.DEFAULT,
+    promote_args=("self",),
+    fitted_in_opmath=("negative_slope",),
+)
 def leaky_relu(x, negative_slope=0.01, *, types):
     x = x.astype(types.compute)
     return jnp.where(x > 0, x, x * negative_slope).astype(types.result)
 
 
-@lower(aten.elu.default, promote=INT_TO_FLOAT, promote_args=("self",))
+@lower(
+    aten.elu.default,
+    promote=INT_TO_FLOAT,
+    promote_args=("self",),
+    fitted_in_opmath=("alpha", "scale", "input_scale"),
+)
 def elu(x, alpha=1.0, scale=1.0, input_scale=1.0, *, types):
     x = x.astype(types.compute)
-    return (scale * jnp.where(x > 0, x, alpha * jnp.expm1(x * input_scale))).astype(types.result)
+    # (CPU's branch: 0 is positive, so an infinite alpha gives 0 there, not NaN)
+    return (scale * jnp.where(x < 0, alpha * jnp.expm1(x * input_scale), x)).astype(types.result)
 
 
-@lower(aten.celu.default, promote=INT_TO_FLOAT, promote_args=("self",))
+@lower(aten.celu.default, promote=INT_TO_FLOAT, promote_args=("self",), fitted_in_opmath=("alpha",))
 def celu(x, alpha=1.0, *, types):
     """PyTorch's ``elu(x, alpha, scale=1, input_scale=1/alpha)``."""
     return elu(x, alpha, 1.0, 1 / alpha, types=types)
@@ -187,7 +198,7 @@ def _shrinks(x, lambd):
     return (x >= -lambd) & (x <= lambd)
 
 
-@lower(aten.hardshrink.default, promote=Promote.DEFAULT, promote_args=("self",))
+@lower(aten.hardshrink.default, promote=Promote.DEFAULT, promote_args=("self",), fitted=("lambd",))
 def hardshrink(x, lambd=0.5, *, types):
     # CPU compares with lambd rounded to the input's dtype
     return jnp.where(_shrinks(x, jnp.asarray(lambd, x.dtype)), 0, x).astype(types.result)
@@ -222,7 +233,12 @@ lower(aten.softshrink_backward.default, promote=Promote.DEFAULT, promote_args=("
 )
 
 
-@lower(aten.softplus.default, promote=INT_TO_FLOAT, promote_args=("self",))
+@lower(
+    aten.softplus.default,
+    promote=INT_TO_FLOAT,
+    promote_args=("self",),
+    fitted_in_opmath=("beta", "threshold"),
+)
 def softplus(x, beta=1.0, threshold=20.0, *, types):
     x = x.astype(types.compute)
     scaled = x * beta
@@ -261,8 +277,11 @@ def hardtanh(x, min_val=-1.0, max_val=1.0, *, types):
 @lower(aten.logit.default, promote=INT_TO_FLOAT, promote_args=("self",))
 def logit(x, eps=None, *, types):
     x = x.astype(types.compute)
-    if eps is not None:
-        x = jnp.clip(x, eps, 1 - eps)
+    if eps is not None:  # (static: CPU's conversion into the result dtype, checked as it traces)
+        check_scalar(eps, types.result, 2)
+        low, high = jnp.asarray(eps, x.dtype), 1 - jnp.asarray(eps, x.dtype)
+        # (CPU's comparisons, not a clip: NaN clamps nothing, and eps > 0.5 crosses the limits)
+        x = jnp.where(x < low, low, jnp.where(x > high, high, x))
     return jnp.log(x / (1 - x)).astype(types.result)
 
 
@@ -622,12 +641,30 @@ def div_mode(x, y, rounding_mode=None, *, types):
     aten.pow.Tensor_Scalar, promote=Promote.DEFAULT, promote_args=("self", "exponent"), static=("exponent",)
 )
 def pow_tensor_scalar(x, exponent, *, types):
+    _check_exponent(x.dtype, exponent, types.result)
     x = x.astype(types.compute)
     if isinstance(exponent, int) and not isinstance(exponent, bool):
         if exponent >= 0:
             return lax.integer_pow(x, exponent).astype(types.result)
         return _power(x, jnp.asarray(exponent, types.compute)).astype(types.result)
-    return jnp.power(x, jnp.asarray(exponent, types.compute)).astype(types.result)
+    with np.errstate(over="ignore"):  # (one past the dtype's range is infinite, as cast on CPU)
+        exponent = jnp.asarray(exponent, types.compute)
+    return jnp.power(x, exponent).astype(types.result)
+
+
+def _check_exponent(base: np.dtype, exponent: bool | int | float | complex, result: np.dtype) -> None:
+    """CPU's refusals of a number exponent (static here, so checked as it traces): a negative
+    integer one for an integer or bool base (read as an int64 first), and one the kernel's
+    exponent type cannot hold: the result dtype, but double for float32 and float64. (A traced
+    exponent, a foreach op's list's, is not a number here.)"""
+    if type(exponent) not in (bool, int, float, complex):
+        return
+    if base.kind in "biu" and type(exponent) in (bool, int):
+        check_scalar(exponent, jnp.int64, 2)
+        if exponent < 0:
+            raise RuntimeError("Integers to negative integer powers are not allowed.")
+    if result.kind in "biu" or result in (np.dtype(jnp.float16), np.dtype(jnp.bfloat16)):
+        check_scalar(exponent, result, 2)
 
 
 def _power(base, exponent):

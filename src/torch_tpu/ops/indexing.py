@@ -313,6 +313,8 @@ def _index_dim_check(
             _require_same_dtype(x, source, op)
         if scalar_value and jnp.ndim(source):
             _reject(f"{op}: value must be 0-dim")
+        if scalar_value:  # (converted by the kernel before it reads an index)
+            _check_value_fits(source, x.dtype, 2)
         _require_index_dtype(index, op)
         if index.ndim > 1:
             _reject(f"{op}: index must be a vector")
@@ -436,13 +438,18 @@ def _fits(dtype: np.dtype) -> Callable:
     return fits
 
 
-def _check_fill_value(x, mask, value):
-    """CPU converts the value to ``x``'s dtype on the host, refusing one it cannot hold."""
+def _check_value_fits(value, dtype: np.dtype, numel: int) -> None:
+    """CPU converts a fill value (a number, or a 0-dim tensor's) to ``dtype`` on the host,
+    refusing one it cannot hold (``numel``: the filled tensor's, see ``check_scalar``)."""
     number = host_number(value)
     if number is not None:
-        check_scalar(number, x.dtype, x.size)
+        check_scalar(number, dtype, numel)
     elif jnp.ndim(value) == 0:
-        check_values(_fits(np.dtype(x.dtype)), [value], lambda: overflow_error(x.dtype))
+        check_values(_fits(np.dtype(dtype)), [value], lambda: overflow_error(dtype))
+
+
+def _check_fill_value(x, mask, value):
+    _check_value_fits(value, x.dtype, x.size)
 
 
 @lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor, check=_check_fill_value)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -197,6 +198,7 @@ def _overflows(value, dtype: np.dtype, numel: int) -> bool:
     return dtype != jnp.float64 and math.isfinite(value) and abs(value) > float(jnp.finfo(dtype).max)
 
 
+@functools.cache
 def sure_fits(dtype) -> tuple[int | float, int | float, float, float]:
     """(lowest, highest) int and (lowest, highest) float that surely fit many elements of
     ``dtype`` (:func:`check_scalar`): a number of that type between them needs no check; one
@@ -215,6 +217,14 @@ def sure_fits(dtype) -> tuple[int | float, int | float, float, float]:
 def check_scalar(value, dtype, numel: int) -> None:
     """Raise PyTorch's error for a Python number that ``dtype`` cannot hold, filling ``numel``
     elements (``fill_``, ``full``)."""
+    int_low, int_high, float_low, float_high = sure_fits(dtype)  # (the common case, decided here)
+    kind = type(value)
+    if (
+        kind is bool
+        or (kind is float and float_low <= value <= float_high)
+        or (kind is int and int_low <= value <= int_high)
+    ):
+        return
     dtype = np.dtype(dtype)
     if _overflows(value, dtype, numel):
         raise overflow_error(dtype)

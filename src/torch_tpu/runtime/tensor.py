@@ -691,7 +691,9 @@ def write(t: torch.Tensor, value) -> None:
     if filled is not None:  # (a model's initial weights: zeros_(bias), ones_(norm.weight))
         buffer.put(storage, filled)
         return
-    if not isinstance(value, (jax.Array, Deferred)):
+    if type(value) in (bool, int, float, complex):  # (an int past int64 too: a weak uint64)
+        value = device_scalar(value, device_index(t))
+    elif not isinstance(value, (jax.Array, Deferred)):
         value = jnp.asarray(value)
         if platform.others_used:  # (made on tpu:0)
             value = jax.device_put(value, platform.jax_device(t.get_device()))

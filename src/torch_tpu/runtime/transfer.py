@@ -19,6 +19,11 @@ from .lru import LRU
 
 _scalar_arrays = LRU()  # tpu:0's
 _other_scalar_arrays: dict[int, LRU] = {}  # other devices'
+#: id -> (device scalar, its number) for the scalars :func:`device_scalar` made, so that a
+#: check reads an argument's number without a device read (holding the array keeps its id
+#: from naming another while listed; emptied when full, after which ``.item()`` answers)
+_numbers_by_id: dict[int, tuple[jax.Array, bool | int | float | complex]] = {}
+_NUMBERS_HELD = 4096
 #: The Python integers JAX takes as runtime values (``device_scalar``): int64's.
 INT64_RANGE = range(-(2**63), 2**63)
 
@@ -36,7 +41,23 @@ def device_scalar(x: bool | int | float | complex, index: int = 0) -> jax.Array:
     if array is None:
         with jax.ensure_compile_time_eval():  # a constant, even when first seen in a trace
             array = cache[key] = jax.device_put(_weak_scalar(x), platform.jax_device(index))
+        if len(_numbers_by_id) >= _NUMBERS_HELD:
+            _numbers_by_id.clear()
+        _numbers_by_id[id(array)] = (array, x)
     return array
+
+
+def number_of(array: object) -> bool | int | float | complex | None:
+    """The Python number a :func:`device_scalar` holds (None for any other object).
+
+    Example::
+
+        >>> from torch_tpu.runtime.transfer import device_scalar, number_of
+        >>> number_of(device_scalar(0.5))
+        0.5
+    """
+    known = _numbers_by_id.get(id(array))
+    return known[1] if known is not None and known[0] is array else None
 
 
 def _weak_scalar(x: bool | int | float | complex) -> jax.Array:

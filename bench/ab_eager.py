@@ -50,6 +50,7 @@ def _cases() -> dict[str, Callable[[], float]]:
     small_x, small_w = torch.randn(4, 16).to("tpu"), torch.randn(32, 16).to("tpu")  # bench_eager's
     rows, stored = torch.tensor([0, 2, 3]).to("tpu"), torch.randn(3, 16).to("tpu")
     param = torch.randn(16).to("tpu")
+    mask, moments = a > 0, [torch.randn(16).to("tpu") for _ in range(8)]  # (an optimizer's lists)
     with OpsSeen() as seen:  # the forward's ATen ops, as bench_eager counts them
         replica(idx, targets)
     torch_tpu.sync()
@@ -102,6 +103,11 @@ def _cases() -> dict[str, Callable[[], float]]:
         "strict add with alpha=2 (a keyword)": lambda: a.add(a, alpha=2),
         "strict in-place add_ with alpha (an SGD step)": lambda: param.add_(a, alpha=-1e-3),
         "strict gelu, approximate='tanh'": lambda: F.gelu(a, approximate="tanh"),
+        "strict masked_fill with a number": lambda: a.masked_fill(mask, -1e9),
+        "strict full_like": lambda: torch.full_like(a, 3.0),
+        "strict leaky_relu(a, 0.2)": lambda: F.leaky_relu(a, 0.2),
+        "strict hardtanh of integers": lambda: F.hardtanh(rows),
+        "strict _foreach_lerp_ of 8 tensors (Adam's)": lambda: torch._foreach_lerp_(moments, moments, 0.1),
     }
 
     def strict(op: Callable) -> float:

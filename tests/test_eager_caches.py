@@ -1151,3 +1151,39 @@ def test_an_error_raised_under_the_core_is_pytorchs_and_loses_nothing(planned):
     with pytest.raises(IndexError, match="Dimension out of range"):
         torch.softmax(a, 3)
     torch.testing.assert_close(torch.add(a, b).cpu(), torch.arange(4.0) + 0.5, rtol=0, atol=0)
+
+
+def _same_number(a, b) -> bool:
+    """Equal with the same type, -0.0 apart from 0.0 and NaN equal to NaN."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return (a != a and b != b) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    return a == b
+
+
+def test_a_device_scalars_number_read_by_its_id_is_the_one_it_holds(monkeypatch):
+    """Checks read a converted Scalar's number by the device scalar's id instead of from the
+    device (``transfer.number_of``): it must be the number the array holds, for every kind of
+    number, and never another array's once the list is emptied and ids are reused."""
+    import jax.numpy as jnp
+
+    from torch_tpu.ops._helpers import host_number
+    from torch_tpu.runtime import transfer
+
+    monkeypatch.setattr(transfer, "_NUMBERS_HELD", 4)
+    monkeypatch.setattr(transfer, "_numbers_by_id", {})
+    transfer._scalar_arrays.clear()  # (each number's scalar made, and listed, anew)
+    numbers = [0.5, -0.0, 0.0, float("nan"), float("-inf"), 2**63 + 5, -3, True, False, 1e39, 7, 0.25]
+    for number in numbers:  # (the list empties itself several times over)
+        scalar = transfer.device_scalar(number)
+        assert _same_number(host_number(scalar), number), number
+        assert len(transfer._numbers_by_id) <= 4
+    for number in numbers:  # (cached, most no longer listed: read from the device, the same)
+        read = host_number(transfer.device_scalar(number))
+        if read is None:  # (as before: an unlisted bool scalar cannot be told from a tensor's)
+            assert type(number) is bool
+        else:
+            assert _same_number(read, number), number
+    assert transfer.number_of(jnp.asarray(0.5)) is None  # (not one device_scalar made)
+    assert transfer.number_of(0.5) is None

@@ -245,6 +245,9 @@ FITTED = {
     "new_full": lambda x, v: x.new_full((2,), v),
     "fill_": lambda x, v: x.clone().fill_(v),
     "index_fill": lambda x, v: x.index_fill(0, torch.tensor([1], device=x.device), v),
+    "foreach_clamp_min": lambda x, v: torch._foreach_clamp_min([x, x], v)[1],
+    "foreach_clamp_max_list": lambda x, v: torch._foreach_clamp_max([x, x], [2, v])[1],
+    "foreach_addcmul_value": lambda x, v: torch._foreach_addcmul([x], [x], [x], v)[0],
 }
 #: (computed with transcendental functions: CPU's values within the dtype's rounding)
 ROUNDED = {"elu_alpha", "softplus_beta", "logit_eps", "pow_exponent"}

@@ -200,13 +200,18 @@ class _FittedNumber:
         return transfer.device_scalar(x, index)
 
 
+def fitted_dtype(result: np.dtype, in_opmath: bool) -> np.dtype:
+    """The dtype CPU converts a fitted Scalar argument into (``Lowering.fitted``) for an op whose
+    result is ``result``: its ``scalar_t``, or with ``in_opmath`` float32 for a half-precision one."""
+    if in_opmath and result in (np.dtype(jnp.float16), np.dtype(jnp.bfloat16)):
+        return np.dtype(jnp.float32)
+    return result
+
+
 @functools.cache
 def _fitted_number(result: np.dtype, in_opmath: bool) -> _FittedNumber:
-    """The :class:`_FittedNumber` of an argument of an op whose result is ``result`` (CPU's
-    ``scalar_t``; ``in_opmath``: float32 for a half-precision one)."""
-    if in_opmath and result in (np.dtype(jnp.float16), np.dtype(jnp.bfloat16)):
-        result = np.dtype(jnp.float32)
-    return _FittedNumber(result)
+    """The :class:`_FittedNumber` of an argument of an op whose result is ``result``."""
+    return _FittedNumber(fitted_dtype(result, in_opmath))
 
 
 def _scalar(x: Any, index: int = 0) -> Any:

@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ..runtime.dtypes import cast
-from ._helpers import accumulator, to_torch, type_name
-from .dispatch import promoted
+from ..runtime.dtypes import cast, check_scalar
+from ._helpers import accumulator, host_number, to_torch, type_name
+from .dispatch import fitted_dtype, promoted
 from .elementwise import lerp
 from .registry import LOWERINGS, Types, lower
 
@@ -45,30 +45,82 @@ def _promotion_signature(value, is_tensor: bool) -> tuple:
     return _PYTHON_SCALAR[np.dtype(value.dtype).kind], True
 
 
-def _per_tensor(op: torch._ops.OpOverload) -> Callable:
-    """``op``'s lowering as a function of one tensor's arguments (schema order), computing its
-    promoted dtypes from those arguments, as the dispatcher does for a single call."""
+def _typing(op: torch._ops.OpOverload) -> Callable[[Sequence], Types] | None:
+    """``op``'s promoted dtypes as a function of one tensor's arguments (schema order), as the
+    dispatcher computes them for a single call; None for an op that promotes nothing."""
     entry = LOWERINGS[op]
     if entry.promote is None:
-        return entry.fn
+        return None
     arguments = op._schema.arguments
     names = entry.promote_args or [a.name for a in arguments if _is_tensor(a) or _is_number(a)]
     taking_part = [(i, _is_tensor(a)) for i, a in enumerate(arguments) if a.name in names]
 
-    def call(*values):
+    def types_of(values: Sequence) -> Types:
         signature = tuple(
             _promotion_signature(values[i], is_tensor)
             for i, is_tensor in taking_part
             if i < len(values) and values[i] is not None
         )
-        return entry.fn(*values, types=promoted(entry.promote, signature, torch.get_default_dtype()))
+        return promoted(entry.promote, signature, torch.get_default_dtype())
 
-    return call
+    return types_of
 
 
-def _list_checks(op: torch._ops.OpOverload, rows: Sequence[int] = ()) -> Callable:
-    """CPU's argument checks for a foreach op: list lengths, and the 0-dim ``Tensor`` scalar
-    (one value for all) or the ``rows`` tensors (one value per tensor) of Tensor overloads."""
+def _per_tensor(op: torch._ops.OpOverload) -> Callable:
+    """``op``'s lowering as a function of one tensor's arguments (schema order), computing its
+    promoted dtypes from those arguments (:func:`_typing`)."""
+    entry, types_of = LOWERINGS[op], _typing(op)
+    if types_of is None:
+        return entry.fn
+    return lambda *values: entry.fn(*values, types=types_of(values))
+
+
+#: numbers every dtype holds (an optimizer's rates, betas and epsilons): no further check
+_HELD_BY_ALL = 127
+
+
+def _may_overflow(number: bool | int | float | complex | None) -> bool:
+    """Whether some dtype may not hold ``number`` (None: a traced one, not checked)."""
+    return number is not None and (type(number) is complex or not -_HELD_BY_ALL <= number <= _HELD_BY_ALL)
+
+
+def _fitted_numbers(op: torch._ops.OpOverload, single: torch._ops.OpOverload) -> Callable | None:
+    """CPU converts a foreach op's Scalar, or each number of its ScalarList, as ``single``
+    converts the argument in its place (``Lowering.fitted``): into each tensor's result dtype,
+    refusing a number that dtype cannot hold. The check of ``op``'s converted arguments, or
+    None where ``single`` fits none of them."""
+    entry, types_of = LOWERINGS[single], _typing(single)
+    fitted = (*entry.fitted, *entry.fitted_in_opmath)
+    positions = [
+        (i, theirs.name in entry.fitted_in_opmath)
+        for i, (ours, theirs) in enumerate(zip(op._schema.arguments, single._schema.arguments))
+        if theirs.name in fitted and str(ours.type) in ("number", "List[number]")
+    ]
+    if not positions or types_of is None:
+        return None
+
+    def check(values: Sequence) -> None:
+        count = len(next(v for v in values if isinstance(v, list)))
+        for i, in_opmath in positions:
+            given = values[i]
+            each = isinstance(given, list)  # (a ScalarList: a number per tensor)
+            for t in range(count):
+                number = host_number(given[t] if each else given)
+                if _may_overflow(number):
+                    one = [v[t] if isinstance(v, list) else v for v in values]
+                    check_scalar(number, fitted_dtype(types_of(one).result, in_opmath), 2)
+                elif not each:
+                    break
+
+    return check
+
+
+def _list_checks(
+    op: torch._ops.OpOverload, rows: Sequence[int] = (), numbers: Callable | None = None
+) -> Callable:
+    """CPU's argument checks for a foreach op: list lengths, the 0-dim ``Tensor`` scalar (one
+    value for all) or the ``rows`` tensors (one value per tensor) of Tensor overloads, then
+    ``numbers`` (:func:`_fitted_numbers`)."""
     kinds = [str(a.type) for a in op._schema.arguments]
     tensor_lists = [i for i, k in enumerate(kinds) if k == "List[Tensor]"]
     scalar_lists = [i for i, k in enumerate(kinds) if k == "List[number]"]
@@ -101,6 +153,8 @@ def _list_checks(op: torch._ops.OpOverload, rows: Sequence[int] = ()) -> Callabl
                     f"scalar tensor expected to be 0 dim but it has {scalar.ndim} "
                     f"dimensions and {scalar.size} elements."
                 )
+        if numbers is not None:
+            numbers(values)
 
     return check
 
@@ -131,7 +185,8 @@ def foreach(
         return [apply(*(a[i] if isinstance(a, list) else a for a in args)) for i in range(count)]
 
     lowering.__name__ = op.__name__.replace(".", "_")
-    lower(op, static=static, check=_list_checks(op, rows), check_lists_by_length=True)(lowering)
+    check = _list_checks(op, rows, _fitted_numbers(op, single))
+    lower(op, static=static, check=check, check_lists_by_length=True)(lowering)
 
 
 _UNARY = (

@@ -100,17 +100,17 @@ def _fitted_numbers(op: torch._ops.OpOverload, single: torch._ops.OpOverload) ->
         return None
 
     def check(values: Sequence) -> None:
-        count = len(next(v for v in values if isinstance(v, list)))
         for i, in_opmath in positions:
             given = values[i]
             each = isinstance(given, list)  # (a ScalarList: a number per tensor)
+            if not each and not _may_overflow(host_number(given)):
+                continue  # (one number for all, which every dtype holds: the common case)
+            count = len(next(v for v in values if isinstance(v, list)))
             for t in range(count):
                 number = host_number(given[t] if each else given)
                 if _may_overflow(number):
                     one = [v[t] if isinstance(v, list) else v for v in values]
                     check_scalar(number, fitted_dtype(types_of(one).result, in_opmath), 2)
-                elif not each:
-                    break
 
     return check
 

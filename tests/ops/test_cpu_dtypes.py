@@ -127,6 +127,14 @@ FAMILIES = {  # CPU's kernel has no implementation for the dtype: NotImplemented
     "cross_bool": lambda d: torch.linalg.cross(
         torch.ones(3, dtype=torch.bool, device=d), torch.ones(3, dtype=torch.bool, device=d)
     ),
+    # a foreach op refuses what its single op refuses (the probe's foreach OpInfos and list calls)
+    "foreach_lerp_scalar_int": lambda d: torch._foreach_lerp_(
+        [torch.arange(3, device=d)], [torch.arange(3, device=d)], 0.5
+    ),
+    "foreach_frac_int": lambda d: torch._foreach_frac([torch.arange(3, device=d)]),
+    "foreach_clamp_min_complex": lambda d: torch._foreach_clamp_min(
+        [torch.ones(2, dtype=torch.cfloat, device=d)], 1.0
+    ),
     "bmm_bool": lambda d: torch.bmm(
         torch.ones(1, 2, 2, dtype=torch.bool, device=d), torch.ones(1, 2, 2, dtype=torch.bool, device=d)
     ),

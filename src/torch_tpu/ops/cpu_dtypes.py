@@ -341,7 +341,7 @@ def probe(samples_per_dtype: int = 10) -> dict[str, dict[str, str]]:
     and no call that ran had (scatter_reduce's ``mean``, clamp with both bounds), else left out.
     A call with a ``dtype=`` runs in that dtype, so a refusal of it is keyed by ``dtype``."""
     from torch._prims_common import elementwise_dtypes
-    from torch.testing._internal.common_methods_invocations import op_db
+    from torch.testing._internal import common_methods_invocations as opinfos
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from . import dispatch
@@ -418,7 +418,9 @@ def probe(samples_per_dtype: int = 10) -> dict[str, dict[str, str]]:
             except Exception:  # noqa: BLE001, S110  (recorded by the mode, or not a refusal)
                 pass
 
-    for info in op_db:
+    foreach_dbs = ("unary", "binary", "pointwise", "reduce", "other")  # (the _foreach_* ops')
+    infos = [*opinfos.op_db, *(i for db in foreach_dbs for i in getattr(opinfos, f"foreach_{db}_op_db"))]
+    for info in infos:
         supported = set(info.supported_dtypes("cpu"))
         for dtype in PROBED:
             # supported dtypes: a sample, for what runs (a refusal that depends on another
@@ -430,12 +432,18 @@ def probe(samples_per_dtype: int = 10) -> dict[str, dict[str, str]]:
                 continue
             for s in samples:
                 run(info.op, s.input, *s.args, **s.kwargs)
-    # every overload taking only tensors and numbers (those it needs, then every leading one it
-    # takes), called with (2, 2) tensors of each dtype and numbers of the tensors' kind and 1:
-    # the overloads OpInfo reaches through another name (``<<``, ``Scalar`` variants, clamp);
-    # and with empty tensors, which tell a refusal of any call (clamp of bool with two bounds)
-    # from one of calls with elements
-    simple = {dispatch._TENSOR, dispatch._SCALAR}
+    # every overload taking only tensors and numbers, or lists of them (those it needs, then
+    # every leading one it takes), called with (2, 2) tensors of each dtype and numbers of the
+    # tensors' kind and 1, a list holding one: the overloads OpInfo reaches through another name
+    # (``<<``, ``Scalar`` variants, clamp, the foreach ``Scalar`` ones); and with empty tensors,
+    # which tell a refusal of any call (clamp of bool with two bounds) from one of calls with
+    # elements
+    simple = {dispatch._TENSOR, dispatch._SCALAR, dispatch._TENSOR_LIST, dispatch._SCALAR_LIST}
+
+    def argument(kind, tensor, number):
+        one = tensor.clone() if kind in (dispatch._TENSOR, dispatch._TENSOR_LIST) else number
+        return [one] if kind in (dispatch._TENSOR_LIST, dispatch._SCALAR_LIST) else one
+
     for op in LOWERINGS:
         needed = [dispatch._kind(a) for a in op._schema.arguments if not a.has_default_value()]
         if not needed or not set(needed) <= simple:
@@ -449,7 +457,7 @@ def probe(samples_per_dtype: int = 10) -> dict[str, dict[str, str]]:
                 for number in (base[0, 0].item(), 1):
                     for tensor in (base, *empty):
                         refusals_only = tensor is not base
-                        run(op, *[tensor.clone() if k == dispatch._TENSOR else number for k in kinds])
+                        run(op, *[argument(k, tensor, number) for k in kinds])
                 refusals_only = False
     table = collections.defaultdict(dict)
     for (key, arg), by_dtype in sorted(refused.items()):

@@ -18,7 +18,7 @@ from ..execution.fused import check_key
 from ..runtime import checks
 from ..runtime.buffer import apply, host_copy, host_range
 from ..runtime.context import context
-from ..runtime.dtypes import item_name, to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
+from ..runtime.dtypes import check_scalar, item_name, to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
 from ..runtime.transfer import number_of
 from .registry import OutDtype, Promote, lower
 
@@ -112,6 +112,17 @@ def host_number(value) -> bool | int | float | complex | None:
     if isinstance(value, jax.Array) and value.weak_type and not isinstance(value, jax.core.Tracer):
         return value.item()
     return None
+
+
+def check_number_fits(value, dtype, numel: int) -> bool:
+    """CPU's conversion of a Scalar argument's number into ``dtype`` (filling ``numel``
+    elements, see ``check_scalar``), refusing one it cannot hold; False where ``value`` has no
+    number on the host (a tensor's value, or a traced one), which is left unchecked here."""
+    number = host_number(value)
+    if number is None:
+        return False
+    check_scalar(number, dtype, numel)
+    return True
 
 
 def has_values(array) -> bool:

@@ -25,7 +25,7 @@ from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
 from ..runtime.lru import LRU, cached
 from ..runtime.tensor import fill
 from ..runtime.transfer import INT64_RANGE, device_scalar, first_fill_on_host
-from ._helpers import accumulator, host_number
+from ._helpers import accumulator, check_number_fits
 from .registry import Layout, Runs, lower, runtime
 
 aten = torch.ops.aten
@@ -263,16 +263,9 @@ lower(aten.zeros.default, aten._efficientzerotensor.default, runs=Runs.EAGER)(_c
 lower(aten.ones.default, runs=Runs.EAGER)(_constant_factory(1))
 
 
-def _check_fill(fill_value, dtype, numel: int) -> None:
-    """CPU's ``empty(...).fill_(value)``: a value ``dtype`` cannot hold is refused (the device
-    scalar's number, which JAX keeps on the host once read)."""
-    number = host_number(fill_value)
-    if number is not None:
-        check_scalar(number, dtype, numel)
-
-
 def _check_full_like(x, fill_value, dtype=None, *_):
-    _check_fill(fill_value, x.dtype if dtype is None else dtype, x.size)
+    """CPU's ``empty_like(x).fill_(value)``: a value the dtype cannot hold is refused."""
+    check_number_fits(fill_value, x.dtype if dtype is None else dtype, x.size)
 
 
 @lower(aten.full_like.default, layout=Layout.LIKE, check=_check_full_like)
@@ -292,7 +285,7 @@ lower(aten.ones_like.default, layout=Layout.LIKE, runs=Runs.EAGER)(_constant_lik
 
 
 def _check_new_full(x, size, fill_value, dtype=None, *_):
-    _check_fill(fill_value, x.dtype if dtype is None else dtype, math.prod(size))
+    check_number_fits(fill_value, x.dtype if dtype is None else dtype, math.prod(size))
 
 
 @lower(aten.new_full.default, check=_check_new_full)

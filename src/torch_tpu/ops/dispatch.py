@@ -200,12 +200,14 @@ class _FittedNumber:
         return transfer.device_scalar(x, index)
 
 
+_HALF_PRECISION = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+_FLOAT32 = np.dtype(jnp.float32)
+
+
 def fitted_dtype(result: np.dtype, in_opmath: bool) -> np.dtype:
     """The dtype CPU converts a fitted Scalar argument into (``Lowering.fitted``) for an op whose
     result is ``result``: its ``scalar_t``, or with ``in_opmath`` float32 for a half-precision one."""
-    if in_opmath and result in (np.dtype(jnp.float16), np.dtype(jnp.bfloat16)):
-        return np.dtype(jnp.float32)
-    return result
+    return _FLOAT32 if in_opmath and result in _HALF_PRECISION else result
 
 
 @functools.cache
@@ -639,7 +641,7 @@ def _compute_fn(entry: Lowering) -> _Compute:
         """The op's result for these arguments; ``orders`` (``layout.MetaLayout.orders``): its
         outputs transposed into these memory orders by its program."""
         learn = plan = None  # (the fast path's key a plan is to be kept under; the kept plan)
-        fitted = ()  # (a fitted argument's number and its check, of a call the general path takes)
+        fitted = ()  # (a fitted argument's number and its dtype, of a call the general path takes)
         call = args if fast and not kwargs else binder.positional(args, kwargs) if fast else None
         if call is not None:
             operands = whole_operands(call, views_in_program)
@@ -690,9 +692,7 @@ def _compute_fn(entry: Lowering) -> _Compute:
                 if type(value) is type(default) and value == default:
                     values[i] = None  # (what ``_or_default`` puts back, in the trace)
             if fitted_at and types is not None:  # (checked once the lowering took their kinds)
-                fitted = [
-                    (values[i], _fitted_number(types.result, opmath)) for i, opmath in fitted_at.items()
-                ]
+                fitted = [(values[i], fitted_dtype(types.result, opmath)) for i, opmath in fitted_at.items()]
             for i, convert in converters:
                 value = values[i]
                 if value is not None:  # (None converts to None)
@@ -734,9 +734,9 @@ def _compute_fn(entry: Lowering) -> _Compute:
             if translated is e:
                 raise
             raise translated from e
-        for number, fit in fitted:
+        for number, dtype in fitted:
             if type(number) in _NUMBERS:
-                check_scalar(number, fit.dtype, 2)
+                check_scalar(number, dtype, 2)
         shadowed = host_rule is not None and _is_integral(result)
         if shadowed and ctx.trace is None:
             _shadow(host_rule, args, result, kwargs)

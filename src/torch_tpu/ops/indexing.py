@@ -25,12 +25,12 @@ from jax import lax
 
 from ..runtime import checks
 from ..runtime.buffer import apply
-from ..runtime.dtypes import check_scalar, overflow_error
+from ..runtime.dtypes import overflow_error
 from ._helpers import (
     check_bounds,
+    check_number_fits,
     check_values,
     has_values,
-    host_number,
     input_dtype,
     report_values,
     result_dtype,
@@ -441,10 +441,7 @@ def _fits(dtype: np.dtype) -> Callable:
 def _check_value_fits(value, dtype: np.dtype, numel: int) -> None:
     """CPU converts a fill value (a number, or a 0-dim tensor's) to ``dtype`` on the host,
     refusing one it cannot hold (``numel``: the filled tensor's, see ``check_scalar``)."""
-    number = host_number(value)
-    if number is not None:
-        check_scalar(number, dtype, numel)
-    elif jnp.ndim(value) == 0:
+    if not check_number_fits(value, dtype, numel) and jnp.ndim(value) == 0:
         check_values(_fits(np.dtype(dtype)), [value], lambda: overflow_error(dtype))
 
 

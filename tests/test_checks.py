@@ -31,8 +31,10 @@ def _bad_select():
         lambda t: (t + 1).sum().item(),  # a value computed from the bad one
         lambda t: torch.nonzero(t),  # an op that reads values on the host
         lambda t: torch.tpu.synchronize(),
+        lambda t: t.expand(3).cpu(),  # (a view of a small storage: read through it on the host)
+        lambda t: t.expand(2)[1].item(),
     ],
-    ids=["cpu", "item", "tolist", "print", "derived", "nonzero", "synchronize"],
+    ids=["cpu", "item", "tolist", "print", "derived", "nonzero", "synchronize", "view cpu", "view item"],
 )
 def test_every_host_read_of_a_checked_value_raises_there(read):
     with torch_tpu.eager_mode("fused"):

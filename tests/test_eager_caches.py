@@ -431,15 +431,16 @@ def test_appends_to_one_sequence_are_independent():
     assert torch.equal(rows.cpu(), torch.cat([torch.ones(40, 3), torch.zeros(2, 3)]))
 
 
-def test_a_growing_sequence_reuses_its_executables_until_it_outgrows_its_room():
-    ids = torch.zeros(1, 9, dtype=torch.int64, device="tpu")
+@pytest.mark.parametrize("start", [9, 3])  # (3: a short prompt, one token longer each step)
+def test_a_growing_sequence_reuses_its_executables_until_it_outgrows_its_room(start):
+    ids = torch.zeros(1, start, dtype=torch.int64, device="tpu")
     for _ in range(3):
         ids = torch.cat([ids, ids[:, -1:] + 1], dim=-1)
     before = _executables_built()
-    for _ in range(40):  # lengths 13..52: one storage shape, and the last token one view of it
+    for _ in range(40):  # 40 lengths: one storage shape, and the last token one view of it
         ids = torch.cat([ids, ids[:, -1:] + 1], dim=-1)
     assert _executables_built() == before
-    assert ids.cpu().tolist() == [[0] * 9 + list(range(1, 44))]
+    assert ids.cpu().tolist() == [[0] * start + list(range(1, 44))]
 
 
 def _views(base: torch.Tensor) -> list[torch.Tensor]:

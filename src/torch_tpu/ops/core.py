@@ -172,7 +172,7 @@ def copy_(self, src, non_blocking=False):
         overlap.check_writes([self], [src], copy=True)
         tensor.write(self, value)
     else:
-        self.copy_(transfer.to_host(tensor.read_resolved(src)))
+        self.copy_(_to_host(src))
     return self
 
 
@@ -194,7 +194,7 @@ def to_copy(
         if value.dtype != target_dtype:  # (values are immutable: a new storage may share one)
             value = apply(_astype, value, target_dtype)
         return tensor.wrap_like(value, self, memory_format)
-    host = transfer.to_host(tensor.read_resolved(self)).to(dtype=dtype, device=target)
+    host = _to_host(self).to(dtype=dtype, device=target)
     strides = tensor.like_strides(self, memory_format)
     if strides is None:
         return host
@@ -204,13 +204,22 @@ def to_copy(
 _astype = jax.jit(cast, static_argnums=1)
 
 
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A new CPU tensor with tpu tensor ``t``'s value (a small storage's view read on the host)."""
+    host = tensor.read_on_host(t)
+    return transfer.to_host(tensor.read_resolved(t) if host is None else host)
+
+
 def _current_index() -> int:
     return torch.accelerator.current_device_index() if platform.others_used else 0
 
 
 @runtime(aten._local_scalar_dense)
 def local_scalar_dense(self):
-    value = checks.before_host_read(tensor.read(self)).reshape(())
+    value = tensor.read_on_host(self)
+    if value is None:
+        value = checks.before_host_read(tensor.read(self))
+    value = value.reshape(())
     if self.dtype.is_complex:
         return complex(value)
     if self.dtype.is_floating_point:

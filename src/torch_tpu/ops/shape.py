@@ -40,7 +40,8 @@ def _is_legacy_empty(x: jax.Array) -> bool:
     return x.ndim == 1 and x.shape[0] == 0
 
 
-#: an append adds at most this share of the sequence it extends (more is an ordinary cat)
+#: an append adds at most this share of the sequence it extends (more is an ordinary cat), or
+#: one element whatever its length (a token a step after a short prompt)
 _APPEND_SHARE = 1 / 8
 
 
@@ -69,7 +70,7 @@ def _cat_as_append(tensors, dim=0) -> torch.Tensor | None:
             return None
         shape[dim] += t.shape[dim]
         added += t.numel()
-    if not 0 < added <= _APPEND_SHARE * head.numel():
+    if not 0 < added <= max(_APPEND_SHARE * head.numel(), 1):
         return None
     return tensor.append(head, list(tensors[1:]), shape)
 

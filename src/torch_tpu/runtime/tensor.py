@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import buffer, memory, native, platform
+from . import buffer, checks, memory, native, platform
 from .buffer import Deferred, apply, host_copy, keep_host_copy
 from .context import context
 from .dtypes import JAX_TO_TORCH, TORCH_TO_JAX, cast, to_jax, unsupported
@@ -550,6 +550,46 @@ def host_value(t: torch.Tensor) -> np.ndarray | None:
     if host is None or host.dtype != TORCH_TO_JAX.get(t.dtype) or host.nbytes != storage.nbytes():
         return None  # (a storage read in another dtype than its value's)
     return _host_view(host, t)
+
+
+#: The largest storage a view is read through on the host (:func:`read_on_host`): reading it on
+#: the device compiles a program per view geometry (a generated sequence of each new length in
+#: its bucket, ``x[:n]`` for each ``n``), and copying this much costs less than one compile.
+WHOLE_HOST_READ_BYTES = 1 << 20
+
+
+def read_on_host(t: torch.Tensor) -> np.ndarray | None:
+    """The value of tpu view ``t`` for a copy to the host, read through its whole storage (its
+    host copy, else the storage's array copied whole) and viewed there, so that no program is
+    compiled for the view; None where the device reads it instead (:func:`read_resolved`): ``t``
+    is its storage's whole value, has lazy conjugate/negative bits, or its storage is larger than
+    :data:`WHOLE_HOST_READ_BYTES`.
+
+    Example::
+
+        >>> x = torch.arange(6, device="tpu")
+        >>> read_on_host(x[1:4])
+        array([1, 2, 3])
+    """
+    storage = t.untyped_storage()
+    if storage.nbytes() > WHOLE_HOST_READ_BYTES or t.is_conj() or t.is_neg() or _is_whole_reshape(t, storage):
+        return None
+    array = checks.before_host_read(buffer.get_array(storage))  # (runs a pending graph)
+    host = host_copy(array)
+    flat = (np.asarray(array) if host is None else host).reshape(-1)
+    dtype = TORCH_TO_JAX[t.dtype]
+    if flat.dtype != dtype:  # (a view in another dtype than its storage's value)
+        if flat.nbytes % dtype.itemsize:
+            return None  # (the device read raises PyTorch's error)
+        flat = flat.view(dtype)
+    return _host_view(flat, t)
+
+
+def _is_whole_reshape(t: torch.Tensor, storage) -> bool:
+    """Whether ``t`` is all of its storage in order (in its value's shape or another): the
+    device reads such a view once and the storage keeps it in ``t``'s shape for the ops that
+    read it next (:func:`_read_apart`)."""
+    return t.is_contiguous() and not t.storage_offset() and t.numel() * t.element_size() == storage.nbytes()
 
 
 def read_in_program(t: torch.Tensor) -> jax.Array | buffer.StridedView:

@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from jax import lax
 from jax._src.lax import lax as lax_internal
 
 from . import checks, platform
@@ -154,12 +153,11 @@ def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
     """A copy of a CPU tensor on ``tpu:index`` (never aliasing it: torch may mutate the host
     tensor later). A small integer or boolean one keeps its host copy (``buffer.host_copy``)."""
     host = host.detach().resolve_conj().resolve_neg().contiguous()
-    device = platform.jax_device(index)
-    if host.dtype == torch.bfloat16:
-        bits = jax.device_put(_host_array(host.view(torch.int16)), device)
-        return lax.bitcast_convert_type(bits, jnp.bfloat16)
-    array = _host_array(host)
-    value = jax.device_put(array, device)
+    if host.dtype == torch.bfloat16:  # (its bits as numpy's bfloat16: no program, so no compile)
+        array = _host_array(host.view(torch.int16)).view(jnp.bfloat16)
+    else:
+        array = _host_array(host)
+    value = jax.device_put(array, platform.jax_device(index))
     keep_host_copy(value, array)
     return value
 
@@ -172,17 +170,19 @@ def between_devices(value: jax.Array, index: int) -> jax.Array:
     return jax.device_put(value, device)
 
 
-def _host_view(value: jax.Array) -> torch.Tensor:
+def _host_view(value: jax.Array | np.ndarray) -> torch.Tensor:
     """A read-only CPU tensor over the value's host copy (zero-copy on the CPU platform)."""
-    value = checks.before_host_read(value)  # a sync point in fused eager
-    if value.dtype == jnp.bfloat16:  # numpy has no bfloat16 that torch understands: move bits
-        return _host_view(lax.bitcast_convert_type(value, jnp.int16)).view(torch.bfloat16)
+    if type(value) is not np.ndarray:
+        value = np.asarray(checks.before_host_read(value))  # a sync point in fused eager
     with warnings.catch_warnings():  # the view is only read, never written
         warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(np.asarray(value))
+        if value.dtype == jnp.bfloat16:  # torch reads no numpy bfloat16: its bits, viewed back
+            return torch.from_numpy(value.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(value)
 
 
-def to_host(value: jax.Array) -> torch.Tensor:
-    """A new CPU tensor with the value's contents, owning ordinary (resizable) storage."""
+def to_host(value: jax.Array | np.ndarray) -> torch.Tensor:
+    """A new CPU tensor with the contents of ``value`` (a device array, or a host array read
+    already), owning ordinary (resizable) storage."""
     view = _host_view(value)
     return torch.empty(view.shape, dtype=view.dtype).copy_(view)

@@ -236,6 +236,8 @@ FITTED = {
     "hardtanh_min": lambda x, v: aten.hardtanh(x, v, 1.0),
     "hardtanh_default": lambda x, v: aten.hardtanh(x),  # (min -1: refused for uint8)
     "leaky_relu_slope": lambda x, v: F.leaky_relu(x, v),
+    "rrelu_eval_slopes": lambda x, v: F.rrelu(x - 1, v, v),  # (leaky_relu with their mean)
+    "rrelu_train_slopes": lambda x, v: F.rrelu(x - 1, v, v, training=True),  # (slopes drawn from [v, v])
     "elu_alpha": lambda x, v: F.elu(x, alpha=v),
     "softplus_beta": lambda x, v: F.softplus(x, beta=v),
     "hardshrink_lambda": lambda x, v: F.hardshrink(x, v),

@@ -23,6 +23,7 @@ from ._helpers import (
     unary,
 )
 from ._nn_helpers import require
+from .dispatch import fitted_dtype
 from .registry import Promote, Runs, Types, lower, runtime
 
 aten = __import__("torch").ops.aten
@@ -315,7 +316,18 @@ def prelu_backward(grad, x, weight, *, types):
     )
 
 
-@lower(aten.rrelu_with_noise_functional.default, random=True)
+def _check_slopes(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
+    """CPU converts the slopes' bounds into the op's math type when training, and evaluates
+    ``leaky_relu`` with their mean (computed in double), whose slope it converts alike."""
+    lower, upper = host_number(lower), host_number(upper)
+    if lower is None or upper is None:
+        return
+    dtype = fitted_dtype(x.dtype, in_opmath=True)
+    for slope in (lower, upper) if training else ((lower + upper) / 2,):
+        check_scalar(slope, dtype, 1)
+
+
+@lower(aten.rrelu_with_noise_functional.default, random=True, check=_check_slopes)
 def rrelu_with_noise(x, noise, lower=0.125, upper=1 / 3, training=False, generator=None, *, key):
     """(output, noise). Training draws each non-positive element's slope from U(lower, upper)
     (noise 1 elsewhere); evaluation is leaky_relu with their mean, leaving noise as it was."""

@@ -562,8 +562,8 @@ def read_on_host(t: torch.Tensor) -> np.ndarray | None:
     """The value of tpu view ``t`` for a copy to the host, read through its whole storage (its
     host copy, else the storage's array copied whole) and viewed there, so that no program is
     compiled for the view; None where the device reads it instead (:func:`read_resolved`): ``t``
-    is its storage's whole value, has lazy conjugate/negative bits, or its storage is larger than
-    :data:`WHOLE_HOST_READ_BYTES`.
+    is all of its storage in order (:func:`_is_whole_reshape`), has lazy conjugate/negative bits,
+    or its storage is larger than :data:`WHOLE_HOST_READ_BYTES`.
 
     Example::
 

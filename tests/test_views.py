@@ -607,6 +607,22 @@ def test_repr_of_large_tensor_is_summarized_like_cpu():
     assert _without_device(repr(cpu.to(TPU))) == repr(cpu)
 
 
+def test_printing_tensors_of_new_shapes_compiles_nothing():
+    """The formatter's own ops (masked_select, abs, max, ceil...) run on a host copy, as
+    PyTorch runs them for XLA tensors: on the device they compiled ~20 programs a new shape."""
+    cpus = [torch.linspace(-3, 3, 5 * n).reshape(n, 5) for n in range(23, 27)]
+    cpus += [torch.arange(1100 + n).float().reshape(-1, 1) for n in range(3)]  # (summarized)
+    tensors = [cpu.to(TPU) * 2 for cpu in cpus]
+    torch.tpu.synchronize()
+    stats = torch.tpu.compilation_cache_stats()
+    before = stats["xla_compiles"] + stats["disk_hits"]
+    texts = [repr(t) for t in tensors] + [str(tensors[0].t())]
+    stats = torch.tpu.compilation_cache_stats()
+    assert stats["xla_compiles"] + stats["disk_hits"] == before
+    expected = [repr(cpu * 2) for cpu in cpus] + [str((cpus[0] * 2).t())]
+    assert [_without_device(text) for text in texts] == expected
+
+
 @pytest.mark.parametrize(
     "dtype",
     [

@@ -3,13 +3,22 @@ them imports JAX): ``autocast`` (per-op casting on AutocastPrivateUse1), ``modul
 (``Module.to`` moves parameters in place, as for CUDA), ``serialization`` (save/load, deepcopy,
 safetensors), ``pin_memory`` (``DataLoader(pin_memory=True)``), ``accelerate`` (Accelerate's
 default device), ``generation`` (Hugging Face ``generate()`` with a static cache), ``dynamo``
-(Dynamo never traces the runtime)."""
+(Dynamo never traces the runtime), ``printing`` (a printed tensor is formatted on the host)."""
 
 from __future__ import annotations
 
 
 def install() -> None:
-    from . import accelerate, autocast, dynamo, generation, modules, pin_memory, serialization
+    from . import accelerate, autocast, dynamo, generation, modules, pin_memory, printing, serialization
 
-    for integration in (modules, serialization, pin_memory, accelerate, generation, autocast, dynamo):
+    for integration in (
+        modules,
+        serialization,
+        pin_memory,
+        accelerate,
+        generation,
+        autocast,
+        dynamo,
+        printing,
+    ):
         integration.install()

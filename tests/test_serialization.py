@@ -165,6 +165,28 @@ def test_deepcopy_module_is_independent():
     assert clone[0].weight.requires_grad and clone[0].weight.device.type == "tpu"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_saving_and_copying_tensors_of_new_shapes_compiles_nothing(dtype):
+    """``torch.save`` reads each storage as bytes (a view in another dtype, reinterpreted on the
+    host) and ``copy.deepcopy`` clones storages (the copy shares the immutable value): neither
+    runs a program per shape. The copies stay independent of their sources."""
+    cpus = [torch.arange(n * 3).reshape(n, 3).to(dtype) for n in range(41, 45)]
+    tensors = [cpu.to(TPU) for cpu in cpus]
+    stats = torch.tpu.compilation_cache_stats()
+    before = stats["xla_compiles"] + stats["disk_hits"]
+    saved = io.BytesIO()
+    torch.save(tensors, saved)
+    copies = copy.deepcopy(tensors)
+    stats = torch.tpu.compilation_cache_stats()
+    assert stats["xla_compiles"] + stats["disk_hits"] == before
+    saved.seek(0)
+    for loaded, copied, cpu in zip(torch.load(saved, map_location="cpu"), copies, cpus):
+        assert loaded.dtype == dtype and torch.equal(loaded, cpu) and torch.equal(copied.cpu(), cpu)
+    tensors[0].add_(1)
+    copies[1].add_(1)
+    assert torch.equal(copies[0].cpu(), cpus[0]) and torch.equal(tensors[1].cpu(), cpus[1])
+
+
 # ----------------------------------------------------------------------------- safetensors
 def test_safetensors_round_trip(tmp_path):
     cpu = {"w": torch.randn(3, 4), "h": torch.randn(5).bfloat16(), "i": torch.arange(4)}

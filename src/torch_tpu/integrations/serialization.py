@@ -93,6 +93,11 @@ def _copy_(self, source, non_blocking=None):
         raise RuntimeError(
             f"size does not match, self was {self.nbytes()} bytes but src was {source.nbytes()} bytes"
         )
+    if self.device == source.device:  # (``copy.deepcopy``'s clone: values are immutable, so the
+        from ..runtime import buffer  # copy shares its source's, with no program per shape)
+
+        buffer.put(self, buffer.get_array(source))
+        return self
     _as_bytes(self).copy_(_as_bytes(source), non_blocking=bool(non_blocking))
     return self
 

@@ -562,8 +562,9 @@ def read_on_host(t: torch.Tensor) -> np.ndarray | None:
     """The value of tpu view ``t`` for a copy to the host, read through its whole storage (its
     host copy, else the storage's array copied whole) and viewed there, so that no program is
     compiled for the view; None where the device reads it instead (:func:`read_resolved`): ``t``
-    is all of its storage in order (:func:`_is_whole_reshape`), has lazy conjugate/negative bits,
-    or its storage is larger than :data:`WHOLE_HOST_READ_BYTES`.
+    is all of its storage in order and in its value's dtype (:func:`_is_whole_reshape`), has lazy
+    conjugate/negative bits, or its storage is larger than :data:`WHOLE_HOST_READ_BYTES`. (A view
+    in another dtype, such as the bytes ``torch.save`` writes, is reinterpreted on the host.)
 
     Example::
 
@@ -572,12 +573,14 @@ def read_on_host(t: torch.Tensor) -> np.ndarray | None:
         array([1, 2, 3])
     """
     storage = t.untyped_storage()
-    if storage.nbytes() > WHOLE_HOST_READ_BYTES or t.is_conj() or t.is_neg() or _is_whole_reshape(t, storage):
+    if storage.nbytes() > WHOLE_HOST_READ_BYTES or t.is_conj() or t.is_neg():
         return None
-    array = checks.before_host_read(buffer.get_array(storage))  # (runs a pending graph)
+    value, dtype = buffer.get_array(storage), TORCH_TO_JAX[t.dtype]
+    if value.dtype == dtype and _is_whole_reshape(t, storage):
+        return None
+    array = checks.before_host_read(value)  # (runs a pending graph)
     host = host_copy(array)
     flat = (np.asarray(array) if host is None else host).reshape(-1)
-    dtype = TORCH_TO_JAX[t.dtype]
     if flat.dtype != dtype:  # (a view in another dtype than its storage's value)
         if flat.nbytes % dtype.itemsize:
             return None  # (the device read raises PyTorch's error)

@@ -575,9 +575,9 @@ def read_on_host(t: torch.Tensor) -> np.ndarray | None:
     storage = t.untyped_storage()
     if storage.nbytes() > WHOLE_HOST_READ_BYTES or t.is_conj() or t.is_neg():
         return None
-    value, dtype = buffer.get_array(storage), TORCH_TO_JAX[t.dtype]
-    if value.dtype == dtype and _is_whole_reshape(t, storage):
-        return None
+    value, dtype = buffer.get_array(storage), TORCH_TO_JAX.get(t.dtype)
+    if dtype is None or (value.dtype == dtype and _is_whole_reshape(t, storage)):
+        return None  # (a dtype tpu has no storage for: the device read raises PyTorch's error)
     array = checks.before_host_read(value)  # (runs a pending graph)
     host = host_copy(array)
     flat = (np.asarray(array) if host is None else host).reshape(-1)

@@ -13,6 +13,15 @@ import pytest
 import torch_tpu  # noqa: F401  (registers the tpu device)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_buckets():
+    """Which tensors' sizes changed is learned per test: what an earlier test taught would pad
+    (or not) this test's tensors depending on the order tests run in."""
+    from torch_tpu.runtime import padding
+
+    padding.forget_learned()
+
+
 @pytest.fixture
 def run_python(tmp_path):
     """``run_python(code, **env)``: run ``code`` in a new Python process with ``env`` added to

@@ -60,3 +60,23 @@ distributed: bool = os.environ.get("TORCH_TPU_DISTRIBUTED", "1").strip().lower()
 coordinator_port: int | None = (
     int(os.environ["TORCH_TPU_COORDINATOR_PORT"]) if os.environ.get("TORCH_TPU_COORDINATOR_PORT") else None
 )
+
+
+def _buckets(text: str) -> float | None:
+    """``TORCH_TPU_BUCKETS``: ``0``/``off`` keeps every size its own program; ``1``/``on``/``pow2``
+    pads dynamic dimensions to powers of two; a number above 1 is the ladder's growth factor."""
+    text = text.strip().lower()
+    if text in ("0", "off", "false", "no"):
+        return None
+    if text in ("1", "on", "true", "yes", "pow2", ""):
+        return 2.0
+    growth = float(text)
+    if not growth > 1:
+        raise ValueError(f"TORCH_TPU_BUCKETS must be 0, 1 or a growth factor above 1, got {text!r}")
+    return growth
+
+
+#: ``TORCH_TPU_BUCKETS``: how tensors whose sizes change are padded to size buckets (see
+#: ``torch_tpu.runtime.padding`` and docs/execution.md): None turns bucketing off.
+bucket_growth: float | None = _buckets(os.environ.get("TORCH_TPU_BUCKETS", "1"))
+buckets: bool = bucket_growth is not None

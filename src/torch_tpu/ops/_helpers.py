@@ -20,6 +20,7 @@ from ..runtime.buffer import apply, host_copy, host_range
 from ..runtime.context import context
 from ..runtime.dtypes import check_scalar, item_name, to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
 from ..runtime.transfer import number_of
+from .padding import POINTWISE
 from .registry import OutDtype, Promote, lower
 
 _LIBRARIES = tuple(os.path.dirname(m.__file__) for m in (torch, sys.modules["torch_tpu"]))
@@ -68,6 +69,7 @@ def overload(packet, name: str):
 
 def unary(op, fn: Callable, promote: Promote = Promote.DEFAULT, **options) -> None:
     """``op(self)`` computed as ``fn`` in the promoted compute dtype, returned in the result dtype."""
+    options.setdefault("pad", POINTWISE)
     lower(op, promote=promote, promote_args=("self",), **options)(
         lambda x, *, types: fn(x.astype(types.compute)).astype(types.result)
     )
@@ -76,6 +78,7 @@ def unary(op, fn: Callable, promote: Promote = Promote.DEFAULT, **options) -> No
 def binary(op, fn: Callable, promote: Promote = Promote.DEFAULT, **options) -> None:
     """``op(self, other)`` with PyTorch's type promotion (scalars and 0-dim tensors included)."""
     operands = tuple(a.name for a in op._schema.arguments[:2])
+    options.setdefault("pad", POINTWISE)
     lower(op, promote=promote, promote_args=operands, **options)(
         lambda x, y, *, types: fn(jnp.asarray(x, types.compute), jnp.asarray(y, types.compute)).astype(
             types.result

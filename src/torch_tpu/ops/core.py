@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from ..runtime import buffer, checks, overlap, platform, tensor, transfer
+from ..runtime import buffer, checks, overlap, padding, platform, tensor, transfer
 from ..runtime.buffer import apply
 from ..runtime.dtypes import TORCH_TO_JAX, cast, check_scalar, to_jax
 from ._helpers import warn
@@ -144,9 +144,25 @@ def _host_to_device(host: torch.Tensor, dtype: torch.dtype, index: int) -> jax.A
     return transfer.to_device(host, index)
 
 
+def _padded_from_host(host: torch.Tensor, dtype: torch.dtype, index: int) -> buffer.Padded | None:
+    """A CPU tensor put on ``tpu:index`` padded to its size buckets, where the user's code that
+    copies it has copied tensors of other sizes there before (``padding.learned_layout``);
+    else None."""
+    if host.is_complex() or host.dtype not in TORCH_TO_JAX:
+        return None
+    layout = padding.learned_layout("host", host.shape, dtype)
+    if layout is None:
+        return None
+    to_jax(dtype)
+    array = transfer.host_array(host.to(dtype))
+    return padding.from_host(array, layout, platform.jax_device(index))
+
+
 def _on_device(source: torch.Tensor, index: int) -> jax.Array:
     """A tpu tensor's value on ``tpu:index`` (copied there from another device)."""
-    value = tensor.read_resolved(source)
+    value = tensor.read_keeping_padding(source)
+    if type(value) is buffer.Padded:
+        return value if not platform.others_used or source.get_device() == index else value.unpadded()
     if platform.others_used and source.get_device() != index:
         value = transfer.between_devices(buffer.resolved(value), index)
     return value
@@ -189,9 +205,16 @@ def to_copy(
             index = platform.check_index(target.index)  # (tpu:LOCAL_RANK is a rank's tpu:0)
         else:
             index = tensor.device_index(self) if tensor.is_tpu(self) else _current_index()
+        if not tensor.is_tpu(self):
+            padded = _padded_from_host(self, dtype, index)
+            if padded is not None:
+                return tensor.wrap_like(padded, self, memory_format)
         value = _on_device(self, index) if tensor.is_tpu(self) else _host_to_device(self, dtype, index)
         target_dtype = to_jax(dtype)
-        if value.dtype != target_dtype:  # (values are immutable: a new storage may share one)
+        if type(value) is buffer.Padded:
+            if value.dtype != target_dtype:
+                value = buffer.Padded(apply(_astype, value.array, target_dtype), value.layout)
+        elif value.dtype != target_dtype:  # (values are immutable: a new storage may share one)
             value = apply(_astype, value, target_dtype)
         return tensor.wrap_like(value, self, memory_format)
     host = _to_host(self).to(dtype=dtype, device=target)

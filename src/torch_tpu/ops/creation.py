@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from jax.scipy.special import i0
 
-from ..runtime import platform
-from ..runtime.buffer import HOST_COPY_BYTES, apply, keep_host_copy
+from ..runtime import padding, platform
+from ..runtime.buffer import HOST_COPY_BYTES, Padded, apply, keep_host_copy
 from ..runtime.context import context
 from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
 from ..runtime.lru import LRU, cached
@@ -52,6 +52,9 @@ def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=
         # op by op: compiled as one program, XLA would contract the emulated roundings (FMA)
         return _cpu_arange(first, stride, length, dtype, accumulate)
     if host is not None and context.trace is None and host.nbytes <= _KEPT_RANGE_BYTES:
+        layout = padding.learned_layout("arange", host.shape, dtype)
+        if layout is not None:  # (positions of a length that changes: padded to its bucket)
+            return padding.made(padding.from_host(host, layout, platform.jax_device(context.index)))
         return _kept_range(host, first, stride, length, dtype)
     value = apply(_jitted_arange, first, stride, length, dtype, accumulate)
     if host is not None:  # (positions: checked on the host)
@@ -220,6 +223,13 @@ def _full(shape, value, dtype) -> jax.Array:
     number, is cast on the host). A strict-eager fill's first few times are built on the host
     instead (:func:`~torch_tpu.runtime.transfer.first_fill_on_host`)."""
     shape, dtype = tuple(shape), np.dtype(dtype)
+    layout = padding.learned_layout("full", shape, dtype)
+    if layout is not None:  # (made here at other sizes before: padded to its buckets)
+        return padding.made(Padded(_filled(layout.padded_shape, value, dtype), layout))
+    return _filled(shape, value, dtype)
+
+
+def _filled(shape: tuple, value, dtype: np.dtype) -> jax.Array:
     filled = first_fill_on_host(shape, value, dtype, context.index)
     if filled is not None:
         return filled

@@ -22,11 +22,24 @@ import torch
 
 from .. import config
 from ..execution.tracing import NEEDS_VALUES
-from ..runtime import buffer, checks, memory, native, overlap, platform, precision, random, tensor, transfer
-from ..runtime.buffer import Deferred
+from ..runtime import (
+    buffer,
+    checks,
+    memory,
+    native,
+    overlap,
+    padding,
+    platform,
+    precision,
+    random,
+    tensor,
+    transfer,
+)
+from ..runtime.buffer import Deferred, Padded
 from ..runtime.context import context
 from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, check_scalar, sure_fits, to_jax, type_name
 from . import cpu_dtypes, layout
+from . import padding as padding_rules
 from ._helpers import warn
 from .meta import NEEDS_VALUES_MESSAGES, to_meta
 from .promotion import elementwise_dtypes
@@ -543,6 +556,9 @@ def _compute_fn(entry: Lowering) -> _Compute:
         None if host_rule is None else (functools.partial(_shadow, host_rule), buffer.host_copies_by_id)
     )
     traced, on_host = runs is Runs.TRACED, runs is Runs.HOST
+    # (a check sees the op's arrays: an op with one reads its inputs unpadded)
+    checks_padded = getattr(entry.pad, "check_fills", None) is not None
+    pad_rule = entry.pad if traced and (entry.check is None or checks_padded) else None
     name = str(op)
     convert_by_kind = {  # (each takes the value and the tpu index of the op)
         _TENSOR: _to_jax_arg,
@@ -649,11 +665,14 @@ def _compute_fn(entry: Lowering) -> _Compute:
                 plan = fast_plans.get(operands[0])
                 if plan is None or plan[2] is not torch.get_default_dtype():
                     plan, learn = None, None if plan is _NO_PLAN else operands[0]
+        ctx = context
+        padded = pad_rule is not None and padding.live and ctx.recorder is None and ctx.trace is None
         if plan is not None:
             if recorded_ops is not None:
                 recorded_ops.add(op)
             lowered, extra = plan[0], {}
             values = [*operands[1], *plan[1]]
+            ctx.padding_reads = padded
             try:
                 for i, default, convert in plan[3]:  # (as the general path's two loops below)
                     value = values[i]
@@ -663,6 +682,8 @@ def _compute_fn(entry: Lowering) -> _Compute:
                         values[i] = convert(value, 0)
             except RuntimeError:  # (a fitted number refused: the general path refuses it in order)
                 plan = None
+            finally:
+                ctx.padding_reads = False
         if plan is None:
             if platform.attention_needed:
                 platform.attend()
@@ -693,20 +714,32 @@ def _compute_fn(entry: Lowering) -> _Compute:
                     values[i] = None  # (what ``_or_default`` puts back, in the trace)
             if fitted_at and types is not None:  # (checked once the lowering took their kinds)
                 fitted = [(values[i], fitted_dtype(types.result, opmath)) for i, opmath in fitted_at.items()]
-            for i, convert in converters:
-                value = values[i]
-                if value is not None:  # (None converts to None)
-                    values[i] = convert(value, index)
-        ctx = context
+            ctx.padding_reads = padded
+            try:
+                for i, convert in converters:
+                    value = values[i]
+                    if value is not None:  # (None converts to None)
+                        values[i] = convert(value, index)
+            finally:
+                ctx.padding_reads = False
         ctx.op = name  # named by the errors of checks reported later
         if on_host:  # the graphs computing the inputs run, and their checks report, first
             values = [_for_host(v) for v in values]
         program = lowered if orders is None else in_memory_order(lowered, orders)
         try:
+            holds_padded = padded and _holds_padded(values)
             if check is not None:
-                check(*values)
+                check(*(padding_rules.for_check(pad_rule, values, binder.names) if holds_padded else values))
             recorder = ctx.recorder
-            if traced and recorder is not None:
+            if holds_padded:
+                result = _run_padded(pad_rule, lowered, values, extra, binder.names)
+                if result is None:  # (the rule does not serve this call: read unpadded)
+                    values = [_unpadded(v) for v in values]
+                else:
+                    padded = "ran"
+            if padded == "ran":
+                pass
+            elif traced and recorder is not None:
                 result = recorder.record(program, values, extra, name)
             elif precision.setting() == "highest":  # (the default: no precision context)
                 result = program(*values, **extra)
@@ -737,7 +770,7 @@ def _compute_fn(entry: Lowering) -> _Compute:
         for number, dtype in fitted:
             if type(number) in _NUMBERS:
                 check_scalar(number, dtype, 2)
-        shadowed = host_rule is not None and _is_integral(result)
+        shadowed = host_rule is not None and padded != "ran" and _is_integral(result)
         if shadowed and ctx.trace is None:
             _shadow(host_rule, args, result, kwargs)
         if learn is not None:
@@ -761,6 +794,33 @@ def _compute_fn(entry: Lowering) -> _Compute:
         return result
 
     return _Compute(compute, binder, native_plans, views_in_program)
+
+
+def _holds_padded(values: list) -> bool:
+    """Whether an op's converted arguments include a padded value (a tensor list's included)."""
+    for v in values:
+        kind = type(v)
+        if kind is Padded or (kind is list and any(type(x) is Padded for x in v)):
+            return True
+    return False
+
+
+def _unpadded(value: Any) -> Any:
+    if type(value) is Padded:
+        return value.unpadded()
+    if type(value) is list:
+        return [_unpadded(v) for v in value]
+    return value
+
+
+def _run_padded(rule, lowered: Callable, values: list, extra: dict, names) -> Any:
+    """The op's padded outputs (``ops.padding.run``), under the matmul precision now; None where
+    the rule does not serve the call or its program fails (the unpadded path then runs, and
+    raises the op's own error if the call is wrong)."""
+    try:
+        return precision.call(padding_rules.run, rule, lowered, values, extra, names)
+    except (TypeError, ValueError, AssertionError):
+        return None
 
 
 #: The most elements a result computed on the host too (``Lowering.host``) may have: numpy's

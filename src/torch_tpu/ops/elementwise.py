@@ -298,13 +298,13 @@ def logit_backward(grad, x, eps=None, *, types):
     return jnp.where((x < low) | (x > high), outside, inner).astype(types.result)
 
 
-@lower(aten._prelu_kernel.default, promote=Promote.DEFAULT)
+@lower(aten._prelu_kernel.default, promote=Promote.DEFAULT, pad=None)  # (weight along dim 1)
 def prelu(x, weight, *, types):
     x, weight = x.astype(types.compute), weight.astype(types.compute)
     return jnp.where(x > 0, x, weight * x).astype(types.result)
 
 
-@lower(aten._prelu_kernel_backward.default, promote=Promote.DEFAULT)
+@lower(aten._prelu_kernel_backward.default, promote=Promote.DEFAULT, pad=None)
 def prelu_backward(grad, x, weight, *, types):
     """(grad_input, grad_weight), both in the broadcast shape: autograd sums grad_weight down
     to the weight's shape itself."""
@@ -581,7 +581,7 @@ def heaviside(x, values, *, types):
     return jnp.where(x == 0, values, (x > 0).astype(types.result))
 
 
-@lower(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor, promote=BOOL)
+@lower(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor, promote=BOOL, pad=None)
 def isin(elements, test_elements, assume_unique=False, invert=False, *, types):
     """Membership by binary search in the sorted test elements, compared in the promoted dtype."""
     require(types.compute != jnp.bool_)

@@ -597,7 +597,7 @@ def bincount(x, weights=None, minlength=0):
     return jnp.bincount(x, weights.astype(dtype), length=length)
 
 
-@lower(aten.histc.default, promote=Promote.DEFAULT, promote_args=("self",))
+@lower(aten.histc.default, promote=Promote.DEFAULT, promote_args=("self",), pad=None)
 def histc(x, bins=100, min=0, max=0, *, types):
     """Equal-width bins over [min, max] (the data's range when min == max), like torch CPU:
     bin = int((x - min) * bins / (max - min)); x == max goes to the last bin. Integer input (which

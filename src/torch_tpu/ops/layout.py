@@ -28,6 +28,7 @@ import torch
 from torch._prims_common import suggest_memory_format
 
 from ..runtime import tensor
+from ..runtime.buffer import Padded
 from ..runtime.lru import LRU, cached
 from .meta import call_quietly, to_meta
 from .registry import Layout
@@ -148,7 +149,9 @@ def wrap_in_order(outputs: Any, laid: MetaLayout) -> list[torch.Tensor | None]:
     for array, strides, shape, order in zip(
         arrays, laid.strides or unknown, laid.shapes or unknown, laid.orders or unknown
     ):
-        if array is None or order is None:
+        if type(array) is Padded:  # (computed in the tensor's order: laid out as it is stored)
+            wrapped.append(tensor.wrap_padded(array, strides))
+        elif array is None or order is None:
             wrapped.append(_wrap_one(array, strides))
         elif tuple(array.shape) == tuple(shape[d] for d in order):
             wrapped.append(tensor.wrap_stored(array, shape, strides))

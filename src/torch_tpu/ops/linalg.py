@@ -24,6 +24,7 @@ from ..runtime.precision import matmul_precision
 from . import layout
 from ._helpers import accumulator, type_name
 from ._nn_helpers import require, wrap_dim
+from .padding import Einsum
 from .reduction import linalg_vector_norm
 from .registry import Layout, Promote, Runs, lower, runtime
 
@@ -137,11 +138,17 @@ def _scaled_matmul_op(name: str, spec: str, ranks: tuple[int, int], check_sizes)
     return scaled
 
 
-mm = lower(aten.mm.default)(_matmul_op("mm", "nk,km->nm", (2, 2), _check_mm))
-bmm = lower(aten.bmm.default)(_matmul_op("bmm", "bnk,bkm->bnm", (3, 3), _check_bmm))
+mm = lower(aten.mm.default, pad=Einsum("mk,kn->mn", (0, 1)))(_matmul_op("mm", "nk,km->nm", (2, 2), _check_mm))
+bmm = lower(aten.bmm.default, pad=Einsum("bmk,bkn->bmn", (0, 1)))(
+    _matmul_op("bmm", "bnk,bkm->bnm", (3, 3), _check_bmm)
+)
 mv = lower(aten.mv.default)(_matmul_op("mv", "nk,k->n", (2, 1), _check_mv))
-addmm = lower(aten.addmm.default)(_scaled_matmul_op("addmm", "nk,km->nm", (2, 2), _check_mm))
-baddbmm = lower(aten.baddbmm.default)(_scaled_matmul_op("baddbmm", "bnk,bkm->bnm", (3, 3), _check_bmm))
+addmm = lower(aten.addmm.default, pad=Einsum("mn,mk,kn->mn", (0, 1, 2)))(
+    _scaled_matmul_op("addmm", "nk,km->nm", (2, 2), _check_mm)
+)
+baddbmm = lower(aten.baddbmm.default, pad=Einsum("bmn,bmk,bkn->bmn", (0, 1, 2)))(
+    _scaled_matmul_op("baddbmm", "bnk,bkm->bnm", (3, 3), _check_bmm)
+)
 addmv = lower(aten.addmv.default)(_scaled_matmul_op("addmv", "nk,k->n", (2, 1), _check_mv))
 addbmm = lower(aten.addbmm.default)(_scaled_matmul_op("addbmm", "bnk,bkm->nm", (3, 3), _check_addbmm))
 
@@ -846,7 +853,7 @@ def renorm(x, p, dim, maxnorm):
     return x * factor
 
 
-@lower(aten.dist.default, promote=Promote.DEFAULT, promote_args=("self", "other"), static=("p",))
+@lower(aten.dist.default, promote=Promote.DEFAULT, promote_args=("self", "other"), static=("p",), pad=None)
 def dist(a, b, p=2, *, types):
     difference = a.astype(types.compute) - b.astype(types.compute)
     return linalg_vector_norm(difference.astype(types.result), p, None, False, None)

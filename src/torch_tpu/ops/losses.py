@@ -12,6 +12,7 @@ from jax import lax
 from ..runtime.dtypes import type_name
 from ._helpers import check_bounds, host_number
 from ._nn_helpers import REDUCTIONS, compute_dtype, vjp
+from .padding import NLL_LOSS, NLL_LOSS_BACKWARD
 from .registry import lower, runtime
 
 aten = torch.ops.aten
@@ -63,8 +64,10 @@ def _check_targets(x, target, weight, reduction, ignore_index, *_):
     )
 
 
-lower(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default, check=_check_targets)(_nll_loss)
-lower(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)(_nll_loss_backward)
+lower(aten.nll_loss_forward.default, check=_check_targets, pad=NLL_LOSS)(_nll_loss)
+lower(aten.nll_loss2d_forward.default, check=_check_targets)(_nll_loss)
+lower(aten.nll_loss_backward.default, pad=NLL_LOSS_BACKWARD)(_nll_loss_backward)
+lower(aten.nll_loss2d_backward.default)(_nll_loss_backward)
 
 
 def _loss_entries(forward, backward, loss, check=None):

@@ -13,16 +13,19 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
+from ..runtime import padding as padding_state
 from ..runtime import platform, tensor
-from ..runtime.buffer import apply
+from ..runtime.buffer import Padded, apply
 from ..runtime.lru import cached
 from ..runtime.precision import matmul_precision
 from ..runtime.random import key_of, next_key
 from ._helpers import check_bounds
 from ._nn_helpers import compute_dtype, ntuple, require, vjp, wrap_dim
+from .padding import ATTENTION_BACKWARD, TAKE, TAKE_BACKWARD, Along, Rowwise, attention
 from .registry import Layout, Promote, lower, runtime
 
 aten = torch.ops.aten
@@ -290,7 +293,7 @@ def _affine(x, weight, bias, shape):
     return x
 
 
-@lower(aten.native_layer_norm.default)
+@lower(aten.native_layer_norm.default, pad=Rowwise())
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
     require(len(normalized_shape) > 0)  # PyTorch's meta kernel words the errors
     require(tuple(x.shape[x.ndim - len(normalized_shape) :]) == tuple(normalized_shape))
@@ -300,7 +303,7 @@ def native_layer_norm(x, normalized_shape, weight, bias, eps):
     return out.astype(x.dtype), mean.astype(x.dtype), rstd.astype(x.dtype)
 
 
-@lower(aten.native_layer_norm_backward.default)
+@lower(aten.native_layer_norm_backward.default, pad=Rowwise(input=1, stats=0, fills={0: 0, 1: 0, 3: 0, 4: 0}))
 def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
     compute = compute_dtype(x.dtype)
     batch_axes = tuple(range(x.ndim - len(normalized_shape)))
@@ -487,7 +490,7 @@ def _along(fn, x, dim):
 
 
 def _softmax_entry(op, fn):
-    @lower(op)
+    @lower(op, pad=Along("dim", {0: -np.inf}))
     def softmax(x, dim, half_to_float):
         result = jnp.float32 if half_to_float else x.dtype
         return _along(fn, x.astype(compute_dtype(x.dtype)), dim).astype(result)
@@ -511,7 +514,7 @@ def safe_softmax(x, dim, dtype=None):
 
 
 def _softmax_backward_entry(op, fn):
-    @lower(op)
+    @lower(op, pad=Along("dim", {0: 0, 1: 0}))
     def backward(grad, output, dim, input_dtype):
         compute = compute_dtype(grad.dtype)
         return _along(
@@ -570,7 +573,7 @@ def _check_embedding(weight, indices, *_):
     _check_embedding_indices(weight, indices)
 
 
-@lower(aten.embedding.default, check=_check_embedding)
+@lower(aten.embedding.default, check=_check_embedding, pad=TAKE)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     return jnp.take(weight, indices, axis=0)
 
@@ -585,7 +588,7 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
     return weight.at[indices.reshape(-1)].set((rows * scale).astype(weight.dtype))
 
 
-@lower(aten.embedding_dense_backward.default)
+@lower(aten.embedding_dense_backward.default, pad=TAKE_BACKWARD)
 def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     """Row sums of the output gradient per index; the padding row gets none."""
     compute = compute_dtype(grad.dtype)
@@ -883,6 +886,20 @@ def scaled_dot_product_fused_attention(
     bias = None if attn_bias is None else tensor.read_in_program(attn_bias)
     shape = (*query.shape[:-1], value.shape[-1])
     strides, order = _matching_layout(tuple(query.shape), query.stride(), shape)
+    padded = _padded_attention(query, key, value, bias, seed, dropout_p, is_causal, scale)
+    if padded is not None:
+        out, logsumexp = padded
+        return (
+            tensor.wrap_padded(out, strides),
+            tensor.wrap(logsumexp),
+            None,
+            None,
+            query.shape[-2],
+            key.shape[-2],
+            tensor.wrap(seed),
+            tensor.wrap(_zero(index)),
+            None,
+        )
     out, logsumexp = apply(
         _attention_forward,
         tensor.read_in_program(query),
@@ -908,6 +925,17 @@ def scaled_dot_product_fused_attention(
     )
 
 
+def _padded_attention(query, key, value, bias, seed, dropout_p, is_causal, scale) -> tuple | None:
+    """(output, logsumexp) as padded values, where query, key or value is padded and the call is
+    one ``ops.padding.ATTENTION`` serves; else None."""
+    if not (padding_state.live and is_causal and bias is None and not dropout_p):
+        return None
+    operands = [tensor.read_keeping_padding(t) for t in (query, key, value)]
+    if not any(type(v) is Padded for v in operands):
+        return None
+    return attention(_attention_forward, [*operands, None, seed, dropout_p, is_causal, scale, None])
+
+
 @cached
 def _matching_layout(query_shape: tuple, query_strides: tuple, shape: tuple) -> tuple:
     """The strides PyTorch's fused attention gives its output of ``shape`` (its meta kernel's
@@ -925,7 +953,11 @@ def _matching_layout(query_shape: tuple, query_strides: tuple, shape: tuple) -> 
     return (None, None) if strides is None else (strides, tensor.memory_order(shape, strides))
 
 
-@lower(aten._scaled_dot_product_fused_attention_overrideable_backward.default, layout=Layout.META)
+@lower(
+    aten._scaled_dot_product_fused_attention_overrideable_backward.default,
+    layout=Layout.META,
+    pad=ATTENTION_BACKWARD,
+)
 def scaled_dot_product_fused_attention_backward(
     grad,
     query,

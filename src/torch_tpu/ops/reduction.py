@@ -18,6 +18,7 @@ from jax import lax
 from ..runtime.buffer import apply
 from ._helpers import accumulator, has_values, input_dtype, report_values, structured_out, type_name
 from ._nn_helpers import require
+from .padding import Reduce
 from .registry import OutDtype, Promote, lower, runtime
 
 aten = __import__("torch").ops.aten
@@ -107,27 +108,27 @@ def _accumulate(reduce, x, dim, keepdim, result):
     return reduce(wide, axis=_dims(x, dim), keepdims=keepdim).astype(result)
 
 
-@lower(aten.sum.dim_IntList)
+@lower(aten.sum.dim_IntList, pad=Reduce("sum"))
 def sum_dim(x, dim, keepdim=False, dtype=None):
     return _accumulate(jnp.sum, x, dim, keepdim, _sum_dtype(x.dtype, dtype))
 
 
-@lower(aten.sum.default)
+@lower(aten.sum.default, pad=Reduce("sum"))
 def sum_all(x, dtype=None):
     return sum_dim(x, None, False, dtype)
 
 
-@lower(aten.nansum.default)
+@lower(aten.nansum.default, pad=Reduce("sum"))
 def nansum(x, dim=None, keepdim=False, dtype=None):
     return _accumulate(jnp.nansum, x, dim, keepdim, _sum_dtype(x.dtype, dtype))
 
 
-@lower(aten.prod.dim_int)
+@lower(aten.prod.dim_int, pad=Reduce("prod"))
 def prod_dim(x, dim, keepdim=False, dtype=None):
     return _accumulate(jnp.prod, x, (dim,), keepdim, _sum_dtype(x.dtype, dtype))
 
 
-@lower(aten.prod.default)
+@lower(aten.prod.default, pad=Reduce("prod"))
 def prod_all(x, dtype=None):
     return _accumulate(jnp.prod, x, None, False, _sum_dtype(x.dtype, dtype))
 
@@ -253,10 +254,14 @@ def _arg_extreme(name, arg):
 
 for _name, _reduce, _arg in [("max", jnp.max, jnp.argmax), ("min", jnp.min, jnp.argmin)]:
     _packet = getattr(aten, _name)
-    lower(_packet.default)(_extreme(_name, _reduce))
-    lower(_packet.dim)(_extreme_dim(_name, _reduce, _arg))
-    lower(getattr(aten, "a" + _name).default, out_dtype=_SAME_AS_INPUT)(_extreme_dims("a" + _name, _reduce))
-    lower(getattr(aten, "arg" + _name).default)(_arg_extreme("arg" + _name, _arg))
+    lower(_packet.default, pad=Reduce(_name))(_extreme(_name, _reduce))
+    lower(_packet.dim, pad=Reduce(_name, indices=True))(_extreme_dim(_name, _reduce, _arg))
+    lower(getattr(aten, "a" + _name).default, out_dtype=_SAME_AS_INPUT, pad=Reduce(_name))(
+        _extreme_dims("a" + _name, _reduce)
+    )
+    lower(getattr(aten, "arg" + _name).default, pad=Reduce(_name, indices=True))(
+        _arg_extreme("arg" + _name, _arg)
+    )
 
 
 @lower(aten.aminmax.default, out_dtype=structured_out(input_dtype))
@@ -346,7 +351,7 @@ def foreach_norm(xs, ord=2, dtype=None):
     return [linalg_vector_norm(x, ord, None, False, dtype) for x in xs]
 
 
-@lower(aten.logsumexp.default, promote=Promote.INT_TO_FLOAT, promote_args=("self",))
+@lower(aten.logsumexp.default, promote=Promote.INT_TO_FLOAT, promote_args=("self",), pad=Reduce("max"))
 def logsumexp(x, dim, keepdim=False, *, types):
     x = x.astype(types.result)  # integers in the default float dtype
     dims = _dims(x, dim)

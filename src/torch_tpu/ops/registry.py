@@ -121,6 +121,10 @@ class Lowering:
     # The C++ runtime core registers its own kernel for this op (the views): ``fn`` serves only
     # where no such kernel is registered
     native: bool = False
+    # How the op runs on values padded to size buckets (``ops.padding``: a rule object with a
+    # ``plan(values, names)``); None: its padded inputs are read unpadded (a program per shape).
+    # The op's ``check``, if any, sees padded operands as their logical shapes and dtypes
+    pad: object = None
 
 
 LOWERINGS: dict[torch._ops.OpOverload, Lowering] = {}
@@ -166,6 +170,12 @@ def lower(*ops, **options) -> Callable:
             return jnp.sin(x.astype(types.compute)).astype(types.result)
     """
     options.setdefault("family", _registering_module())
+    if "pad" not in options and options.get("promote") is not None:
+        # TensorIterator's ops compute each element from the inputs' elements at its position
+        # (reductions and the ops that broadcast otherwise say so: pad=None or their own rule)
+        from .padding import POINTWISE
+
+        options["pad"] = POINTWISE
 
     def register(fn: Callable) -> Callable:
         for op in _overloads(ops):

@@ -25,6 +25,7 @@ from ..runtime.context import context
 from . import indexing
 from ._helpers import result_dtype
 from ._nn_helpers import wrap_dim
+from .padding import CAT
 from .registry import Layout, Runs, lower
 
 aten = torch.ops.aten
@@ -75,7 +76,7 @@ def _cat_as_append(tensors, dim=0) -> torch.Tensor | None:
     return tensor.append(head, list(tensors[1:]), shape)
 
 
-@lower(aten.cat.default, layout=Layout.META, shortcut=_cat_as_append)
+@lower(aten.cat.default, layout=Layout.META, shortcut=_cat_as_append, pad=CAT)
 def cat(tensors, dim=0):
     for position, x in enumerate(tensors):
         _require(x.ndim > 0, f"zero-dimensional tensor (at position {position}) cannot be concatenated")

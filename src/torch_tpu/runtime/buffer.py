@@ -170,7 +170,55 @@ for _name in (
     setattr(Deferred, _name, _delegate(_name))
 Deferred.__hash__ = object.__hash__
 
-Value = jax.Array | Uninitialized | Deferred
+
+class Padded:
+    """A storage value padded to a size bucket (``runtime.padding``): ``array`` holds the tensor's
+    elements at the positions ``layout`` (a ``padding.Layout``) marks, anything elsewhere. Only
+    padding-aware readers take it as it is; :func:`get` hands every other reader the unpadded
+    array (and the storage keeps that from then on)."""
+
+    __slots__ = ("array", "layout", "host", "_plain")
+
+    def __init__(self, array: jax.Array, layout, host: np.ndarray | None = None):
+        self.array, self.layout = array, layout
+        self.host = host  # (the logical elements on the host, for a value copied from there)
+        self._plain = None  # (its unpadded array, once a reader asked: values are immutable)
+
+    @property
+    def shape(self) -> tuple:
+        """The logical shape (what an op's output checks compare)."""
+        return self.layout.shape
+
+    @property
+    def dtype(self):
+        return self.array.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.layout.dims)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.layout.shape)
+
+    def unpadded(self) -> jax.Array:
+        if self._plain is None:
+            self._plain = _unpad(self)
+        return self._plain
+
+    def __repr__(self) -> str:
+        return f"Padded({self.layout.shape} in {self.array.shape}, {self.array.dtype})"
+
+
+_unpad: Callable = None  # (runtime.padding registers it)
+
+
+def register_unpad(fn: Callable) -> None:
+    global _unpad
+    _unpad = fn
+
+
+Value = jax.Array | Uninitialized | Deferred | Padded
 
 
 # ----------------------------------------------------------------------------- views into programs
@@ -237,7 +285,14 @@ def get(storage) -> Value:
     if type(value) is Deferred and value.value is not None:  # its graph has run
         value = value.value
         setattr(storage, _ATTR, value)
+    elif type(value) is Padded:  # a reader that does not know padding: the logical array
+        value = value.unpadded()  # (the storage stays padded for the ops that know padding)
     return value
+
+
+def peek(storage) -> Value:
+    """The storage's value as it is (a :class:`Padded` one kept padded)."""
+    return getattr(storage, _ATTR)
 
 
 def get_array(storage) -> jax.Array | Deferred:
@@ -400,6 +455,8 @@ def index_of(value: Value) -> int:
         return value.graph.index
     if kind is Uninitialized:
         return value.index
+    if kind is Padded:
+        return platform.index_of(value.array.sharding._device)
     return context.index  # a tracer: a compiled program's value, on the program's device
 
 

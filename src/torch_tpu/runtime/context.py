@@ -41,6 +41,9 @@ class ExecutionContext(threading.local):
         #: the tpu index that values made from no input array go to (a factory's device, a
         #: compiled program's; ``platform.placing``)
         self.index: int = 0
+        #: reads hand padded values as they are (``runtime.padding``): set by the dispatcher
+        #: while it converts the arguments of an op with a padding rule
+        self.padding_reads: bool = False
 
 
 context = ExecutionContext()

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import buffer, checks, memory, native, platform
-from .buffer import Deferred, apply, host_copy, keep_host_copy
+from . import buffer, checks, memory, native, padding, platform
+from .buffer import Deferred, Padded, apply, host_copy, keep_host_copy
 from .context import context
 from .dtypes import JAX_TO_TORCH, TORCH_TO_JAX, cast, to_jax, unsupported
 from .lru import cached
@@ -106,6 +106,8 @@ def over_storage(storage, shape, strides, offset: int, dtype: torch.dtype) -> to
 
 def wrap(value: jax.Array) -> torch.Tensor:
     """A new contiguous tpu tensor owning a fresh storage that holds ``value``."""
+    if type(value) is Padded:
+        return wrap_padded(value)
     if not platform.others_used:
         t = _wrap_value(value)
         if t is not None:
@@ -117,9 +119,50 @@ def wrap(value: jax.Array) -> torch.Tensor:
     return _new_tensor(value.shape, dtype, value)
 
 
+def wrap_padded(value: Padded, strides=None) -> torch.Tensor:
+    """A new tpu tensor of ``value``'s logical shape over a storage holding the padded value;
+    with ``strides`` (a permutation of a dense layout), the storage holds it in that memory
+    order, as :func:`wrap_strided` lays out an array."""
+    shape = value.layout.shape
+    try:
+        dtype = JAX_TO_TORCH[value.array.dtype]
+    except KeyError:
+        raise unsupported(value.array.dtype) from None
+    if strides is not None and tuple(strides) != row_major_strides(shape):
+        order = memory_order(shape, strides)
+        value = padding.permuted(value, order)
+    else:
+        strides = None
+    index = buffer.index_of(value) if platform.others_used else 0
+    t = _empty(shape, strides, dtype, math.prod(shape) * value.array.dtype.itemsize, index)
+    buffer.put(t.untyped_storage(), padding.made(value))
+    return t
+
+
+def read_keeping_padding(t: torch.Tensor) -> jax.Array | Padded:
+    """:func:`read_resolved`, or the padded value of a tensor whose storage holds one (a copy of
+    it keeps the padding)."""
+    value = buffer.peek(t.untyped_storage())
+    if type(value) is Padded and context.recorder is None and context.trace is None:
+        view = read_padded(t, value)
+        if view is not None:
+            return view
+    return read_resolved(t)
+
+
+def read_padded(t: torch.Tensor, value: Padded) -> Padded | None:
+    """Tensor ``t`` of a storage holding padded ``value``, as a padded value (its view read from
+    the padded array); None where it must be read unpadded (``padding.plan_view``)."""
+    if t.is_conj() or t.is_neg() or value.array.dtype != TORCH_TO_JAX.get(t.dtype):
+        return None
+    return padding.read_padded(value, tuple(t.shape), t.stride(), t.storage_offset())
+
+
 def wrap_strided(value: jax.Array, strides) -> torch.Tensor:
     """``wrap(value)`` as a tensor with these strides, a permutation of a dense row-major layout:
     the storage holds ``value`` in memory order (:func:`read` transposes it back)."""
+    if type(value) is Padded:
+        return wrap_padded(value, strides)
     order = memory_order(value.shape, strides)
     return wrap_stored(apply(_transpose, value, order), value.shape, strides)
 
@@ -466,6 +509,10 @@ def _view(t: torch.Tensor) -> tuple:
         return buf, None
     storage = t.untyped_storage()
     buf = getattr(storage, buffer.STORAGE_ATTR)
+    if type(buf) is Padded and context.padding_reads:  # (an op with a padding rule reading it)
+        view = read_padded(t, buf)
+        if view is not None:
+            return view, None
     # the common case first: an array of the tensor's dtype (``aval``: what its properties read)
     if type(buf) is not buffer.ARRAY_TYPE or buf.aval.dtype != TORCH_TO_JAX.get(t.dtype):
         buf = storage_array(storage, to_jax(t.dtype))
@@ -573,6 +620,8 @@ def read_on_host(t: torch.Tensor) -> np.ndarray | None:
         array([1, 2, 3])
     """
     storage = t.untyped_storage()
+    if type(buffer.peek(storage)) is Padded and not (t.is_conj() or t.is_neg()):
+        return _padded_on_host(t, buffer.peek(storage))
     if storage.nbytes() > WHOLE_HOST_READ_BYTES or t.is_conj() or t.is_neg():
         return None
     value, dtype = buffer.get_array(storage), TORCH_TO_JAX.get(t.dtype)
@@ -586,6 +635,19 @@ def read_on_host(t: torch.Tensor) -> np.ndarray | None:
             return None  # (the device read raises PyTorch's error)
         flat = flat.view(dtype)
     return _host_view(flat, t)
+
+
+def _padded_on_host(t: torch.Tensor, value: Padded) -> np.ndarray | None:
+    """The view ``t`` of a storage holding padded ``value``, read on the host: the padded array
+    copied over and cut there (no program for any size); None for a dtype tpu has no storage for
+    or a reinterpreting view (the device read raises or reinterprets)."""
+    dtype = TORCH_TO_JAX.get(t.dtype)
+    if dtype is None or dtype != value.array.dtype:
+        return None
+    array = checks.before_host_read(value.array)
+    host = host_copy(array)
+    logical = padding.unpad_host(np.asarray(array) if host is None else host, value.layout)
+    return _host_view(logical.reshape(-1), t)
 
 
 def _is_whole_reshape(t: torch.Tensor, storage) -> bool:
@@ -706,6 +768,22 @@ def fill(value: jax.Array, shape: tuple, dtype) -> jax.Array:
     return jnp.broadcast_to(cast(value, dtype), shape)
 
 
+def _writes_padded_whole(t: torch.Tensor, value: Padded) -> bool:
+    """Store padded ``value`` as ``t``'s storage value where ``t`` is that whole storage in order,
+    of the value's logical shape and dtype (an in-place op's result); False otherwise."""
+    storage = t.untyped_storage()
+    whole = (
+        t.storage_offset() == 0
+        and t.is_contiguous()
+        and tuple(t.shape) == value.layout.shape
+        and value.array.dtype == TORCH_TO_JAX.get(t.dtype)
+        and t.numel() * t.element_size() == storage.nbytes()
+    )
+    if whole:
+        buffer.put(storage, padding.made(value))
+    return whole
+
+
 def write_whole(t: torch.Tensor, value) -> bool:
     """Store ``value`` (an op's result) as the new value of ``t``'s storage if ``t`` is that whole
     storage, of the value's shape and dtype (in one C++ check: the common case of every in-place
@@ -723,6 +801,10 @@ def write(t: torch.Tensor, value) -> None:
     """``t[...] = value`` (broadcast and cast to ``t``'s dtype) as an update of its storage value."""
     if write_whole(t, value):
         return
+    if type(value) is Padded:
+        if _writes_padded_whole(t, value):
+            return
+        value = value.unpadded()
     storage = t.untyped_storage()
     dtype = to_jax(t.dtype)
     shape = tuple(t.shape)

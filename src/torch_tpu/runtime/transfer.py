@@ -149,14 +149,18 @@ def _host_array(host: torch.Tensor) -> np.ndarray:
     return array.copy() if platform.platform() == "cpu" else array
 
 
+def host_array(host: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's elements as a numpy array of its own (bfloat16 as numpy's bfloat16)."""
+    host = host.detach().resolve_conj().resolve_neg().contiguous()
+    if host.dtype == torch.bfloat16:  # (its bits as numpy's bfloat16: no program, so no compile)
+        return _host_array(host.view(torch.int16)).view(jnp.bfloat16)
+    return _host_array(host)
+
+
 def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
     """A copy of a CPU tensor on ``tpu:index`` (never aliasing it: torch may mutate the host
     tensor later). A small integer or boolean one keeps its host copy (``buffer.host_copy``)."""
-    host = host.detach().resolve_conj().resolve_neg().contiguous()
-    if host.dtype == torch.bfloat16:  # (its bits as numpy's bfloat16: no program, so no compile)
-        array = _host_array(host.view(torch.int16)).view(jnp.bfloat16)
-    else:
-        array = _host_array(host)
+    array = host_array(host)
     value = jax.device_put(array, platform.jax_device(index))
     keep_host_copy(value, array)
     return value

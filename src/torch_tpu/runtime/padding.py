@@ -1,0 +1,545 @@
+"""Bucketed values: a tensor whose sizes change from call to call, kept padded to a size bucket.
+
+XLA compiles one program per input shape, so a workload whose shapes vary (dynamic padding in a
+data collator, the last partial batch, growing sequences) compiles every op again at every new
+size. A storage may instead hold a :class:`~torch_tpu.runtime.buffer.Padded` value: an array
+padded to a bucket along its *dynamic* dimensions, and the :class:`Layout` saying which of its
+elements are the tensor's. Ops with a padding rule (``ops.padding``) run the program compiled
+for the bucket on padded inputs, with the logical sizes as runtime arguments; the tensor itself
+(sizes, strides, ``numel()``, ``.cpu()``) stays the logical one. Padding is never visible: a
+reader that does not know it gets the unpadded array (:func:`unpadded`, one program per shape,
+as before buckets).
+
+A layout describes each dimension as one or more *factors* (a dimension that merged others, the
+``B * T`` rows of ``x.view(-1, C)``, has one per merged dimension), each of logical ``size``
+and, for a dynamic factor, a ``bucket``: the padded array's row-major order over the factors'
+buckets holds the tensor's row-major order over their sizes, skipping positions past a size.
+
+Which dimensions are dynamic is learned as Dynamo learns it: a tensor made at one place in the
+user's code (a host copy, a factory) whose size along a dimension has changed once is dynamic
+along it from then on (:func:`learned_layout`).
+
+Example::
+
+    >>> layout = Layout.of((4, 37), dynamic=(1,))
+    >>> layout.padded_shape, layout.shape
+    ((4, 64), (4, 37))
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import config
+from . import platform
+from .buffer import Padded, host_copy, keep_host_copy, register_unpad
+from .context import context
+from .lru import LRU
+
+# ----------------------------------------------------------------------------- buckets
+#: The smallest bucket: sizes up to it share one program
+SMALLEST_BUCKET = 8
+
+
+def bucket(n: int) -> int:
+    """The padded size of a dynamic dimension of size ``n``: the next rung of the ladder
+    (``TORCH_TPU_BUCKETS``: powers of two by default, a growth factor such as ``1.25`` for a
+    finer ladder), at least :data:`SMALLEST_BUCKET`.
+
+    Example::
+
+        >>> [bucket(n) for n in (1, 8, 9, 33, 64, 65)]
+        [8, 8, 16, 64, 64, 128]
+    """
+    rung = SMALLEST_BUCKET
+    growth = config.bucket_growth
+    while rung < n:
+        rung = max(rung + 1, int(math.ceil(rung * growth)))
+    return rung
+
+
+# ----------------------------------------------------------------------------- layouts
+class Factor(NamedTuple):
+    """One factor of a dimension: ``size`` logical positions; a dynamic one is padded to ``bucket``
+    (None for a static factor, whose padded size is its size)."""
+
+    size: int
+    bucket: int | None = None
+
+    @property
+    def padded(self) -> int:
+        return self.size if self.bucket is None else self.bucket
+
+
+class Layout(NamedTuple):
+    """Which elements of a padded array are a tensor's: per dimension, its factors (outer first)."""
+
+    dims: tuple[tuple[Factor, ...], ...]
+
+    @classmethod
+    def of(cls, shape: Sequence[int], dynamic: Sequence[int] = ()) -> Layout:
+        """The layout of ``shape`` padded along the ``dynamic`` dims to their buckets."""
+        return cls(tuple((Factor(n, bucket(n) if d in dynamic else None),) for d, n in enumerate(shape)))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The tensor's (logical) shape."""
+        return tuple(math.prod(f.size for f in dim) for dim in self.dims)
+
+    @property
+    def padded_shape(self) -> tuple[int, ...]:
+        return tuple(math.prod(f.padded for f in dim) for dim in self.dims)
+
+    @property
+    def structure(self) -> tuple:
+        """What a program depends on: the padded sizes, and which factors are dynamic (their
+        sizes are the program's runtime arguments, :attr:`sizes`)."""
+        return tuple(tuple((f.padded, f.bucket is not None) for f in dim) for dim in self.dims)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The logical sizes of the dynamic factors, in order."""
+        return tuple(f.size for dim in self.dims for f in dim if f.bucket is not None)
+
+    @property
+    def factors(self) -> tuple[Factor, ...]:
+        return tuple(f for dim in self.dims for f in dim)
+
+    def is_dynamic(self, d: int) -> bool:
+        return any(f.bucket is not None for f in self.dims[d])
+
+    def permuted(self, order: Sequence[int]) -> Layout:
+        return Layout(tuple(self.dims[d] for d in order))
+
+
+def static_dim(n: int) -> tuple[Factor, ...]:
+    return (Factor(n),)
+
+
+def valid_masks(structure: tuple, sizes) -> list:
+    """Per dimension of a layout's ``structure`` (traced), None for one without dynamic factors,
+    else a boolean vector over its padded positions: True where the position is the tensor's.
+    ``sizes``: an iterator over the runtime sizes of the dynamic factors, consumed in order."""
+    masks = []
+    for dim in structure:
+        if not any(dynamic for _, dynamic in dim):
+            masks.append(None)
+            continue
+        total = math.prod(p for p, _ in dim)
+        position = lax.iota(jnp.int32, total)
+        valid = None
+        inner = total
+        for padded, dynamic in dim:
+            inner //= padded
+            if dynamic:
+                term = (position // inner) % padded < next(sizes)
+                valid = term if valid is None else valid & term
+        masks.append(valid)
+    return masks
+
+
+def mask_of(structure: tuple, sizes) -> jax.Array | None:
+    """The boolean mask (broadcastable to the padded shape) of a layout's positions that are the
+    tensor's; None where every position is (no dynamic factor)."""
+    ndim = len(structure)
+    mask = None
+    for d, valid in enumerate(valid_masks(structure, sizes)):
+        if valid is not None:
+            valid = valid.reshape([-1 if e == d else 1 for e in range(ndim)])
+            mask = valid if mask is None else mask & valid
+    return mask
+
+
+def filled(x: jax.Array, structure: tuple, sizes, fill) -> jax.Array:
+    """``x`` (padded as ``structure``) with every position that is not the tensor's set to ``fill``:
+    what makes a reduction or a contraction over a padded dimension exact."""
+    mask = mask_of(structure, sizes)
+    if mask is None:
+        return x
+    return jnp.where(mask, x, jnp.asarray(fill, x.dtype))
+
+
+# ----------------------------------------------------------------------------- pad and unpad
+def _factor_shapes(layout: Layout) -> tuple[tuple[int, ...], tuple[slice, ...]]:
+    factors = layout.factors
+    return tuple(f.padded for f in factors), tuple(slice(0, f.size) for f in factors)
+
+
+def unpad_host(array: np.ndarray, layout: Layout) -> np.ndarray:
+    """The tensor's elements (its logical shape) from ``array`` padded as ``layout`` (host)."""
+    shape, index = _factor_shapes(layout)
+    return np.ascontiguousarray(array.reshape(shape)[index]).reshape(layout.shape)
+
+
+def pad_host(array: np.ndarray, layout: Layout) -> np.ndarray:
+    """``array`` (the logical shape) padded as ``layout``, zeros in the padding (host)."""
+    shape, index = _factor_shapes(layout)
+    padded = np.zeros(shape, array.dtype)
+    padded[index] = array.reshape(tuple(f.size for f in layout.factors))
+    return padded.reshape(layout.padded_shape)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _unpad(array: jax.Array, layout: Layout) -> jax.Array:
+    shape, index = _factor_shapes(layout)
+    return array.reshape(shape)[index].reshape(layout.shape)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _pad(array: jax.Array, layout: Layout) -> jax.Array:
+    widths = [(0, f.padded - f.size) for f in layout.factors]
+    sized = array.reshape(tuple(f.size for f in layout.factors))
+    return jnp.pad(sized, widths).reshape(layout.padded_shape)
+
+
+def unpadded(value: Padded) -> jax.Array:
+    """The logical array of a padded value: cut on the host where it has a host copy (no
+    program), else by a program compiled per logical shape (what a reader that knows nothing
+    of padding costs, as every shape cost before buckets)."""
+    logical = value.host
+    if logical is None:
+        host = host_copy(value.array)
+        logical = None if host is None else unpad_host(host, value.layout)
+    if logical is not None:
+        array = jax.device_put(logical, value.array.sharding._device)
+        keep_host_copy(array, logical)
+        return array
+    return _unpad(value.array, value.layout)
+
+
+register_unpad(unpadded)
+
+
+def padded(array: jax.Array, layout: Layout) -> Padded:
+    """``array`` (logical shape) padded as ``layout``: on the host where it has a host copy,
+    else by a program compiled per shape (an operand that met padded ones the first time)."""
+    host = host_copy(array)
+    if host is not None:
+        return from_host(host, layout, array.sharding._device)
+    return Padded(_pad(array, layout), layout)
+
+
+def from_host(host: np.ndarray, layout: Layout, device) -> Padded:
+    """A host array (logical shape) padded on the host and put on ``device``: no program."""
+    padded_host = pad_host(host, layout)
+    array = jax.device_put(padded_host, device)
+    keep_host_copy(array, padded_host)
+    kept = np.array(host)  # (its own: the caller's array may be the user's tensor's memory)
+    kept.flags.writeable = False
+    return Padded(array, layout, kept)
+
+
+# ----------------------------------------------------------------------------- learning
+#: True once a padded value was made in this process: until then the dispatcher skips every
+#: padding test (one global read per op)
+live = False
+#: (call site, kind, dtype, rank) -> [first shape seen, dynamic dims]
+_sites = LRU()
+#: code object -> whether its frames are the library's (torch, torch_tpu, jax), not the user's
+_library_code: dict = {}
+_LIBRARY_ROOTS: tuple[str, ...] = ()
+#: torch's frames a call may come through and still be the user's: a module's forward and the
+#: functional API it calls (any other torch frame, a module's ``__init__``, ``Module.to``'s
+#: ``_apply``, the autograd engine, the optimizers, a test helper, makes many different tensors
+#: from one line of user code)
+_THROUGH = {
+    "nn/modules/module.py": ("_call_impl", "_wrapped_call_impl"),
+    "nn/functional.py": None,
+    "functional.py": None,
+    "_ops.py": None,
+    "_tensor.py": None,
+    "overrides.py": None,
+}
+
+
+def _library_roots() -> tuple[str, ...]:
+    global _LIBRARY_ROOTS
+    if not _LIBRARY_ROOTS:
+        import os
+
+        import torch
+
+        import torch_tpu
+
+        roots = (os.path.dirname(m.__file__) + os.sep for m in (torch, torch_tpu, jax))
+        _LIBRARY_ROOTS = tuple(roots)
+    return _LIBRARY_ROOTS
+
+
+def _frame_kind(code) -> str:
+    """``"user"``, ``"through"`` (a library frame a user's call may come through) or ``"stop"``."""
+    kind = _library_code.get(code)
+    if kind is None:
+        torch_root, tpu_root, jax_root = _library_roots()
+        name = code.co_filename
+        if name.startswith(tpu_root):
+            user = name.startswith((tpu_root + "demo", tpu_root + "testing"))
+            kind = "user" if user else "through"
+        elif name.startswith(torch_root):
+            relative = name[len(torch_root) :].replace("\\", "/")
+            allowed = _THROUGH.get(relative, ())
+            forward = relative.startswith("nn/modules/") and code.co_name == "forward"
+            kind = "through" if forward or allowed is None or code.co_name in allowed else "stop"
+        elif name.startswith(jax_root):
+            kind = "through"
+        else:
+            kind = "user"
+        _library_code[code] = kind
+    return kind
+
+
+def user_call_site() -> tuple | None:
+    """Where the user's code asked for the tensor being made: its frame's code and line, when the
+    call came from it through torch_tpu, C++ and a module's forward only; None when another
+    torch frame stands between (:data:`_THROUGH`)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        kind = _frame_kind(frame.f_code)
+        if kind == "user":
+            return frame.f_code, frame.f_lineno
+        if kind == "stop":
+            return None
+        frame = frame.f_back
+    return None
+
+
+def learned_layout(kind: str, shape: Sequence[int], dtype) -> Layout | None:
+    """The layout a tensor of ``shape`` made by ``kind`` (``"host"``, ``"full"``, ``"arange"``)
+    from the current user call site gets: padded along the dimensions whose size changed since
+    the first tensor made there (None while none has, or where padding is off or cannot apply:
+    fused and compiled execution, a call not made by user code)."""
+    if not config.buckets or context.recorder is not None or context.trace is not None or not shape:
+        return None
+    site = user_call_site()
+    if site is None:
+        return None
+    shape = tuple(shape)
+    key = (site, kind, dtype, len(shape))
+    seen = _sites.get(key)
+    if seen is None:
+        _sites[key] = [shape, frozenset()]
+        return None
+    first, dynamic = seen
+    changed = frozenset(d for d, (a, b) in enumerate(zip(first, shape)) if a != b)
+    if not changed <= dynamic:
+        dynamic = seen[1] = dynamic | changed
+    dynamic = [d for d in dynamic if shape[d] > 0]
+    if not dynamic:
+        return None
+    return Layout.of(shape, dynamic)
+
+
+def made(value: Padded) -> Padded:
+    """Note that a padded value exists (the dispatcher then looks for them)."""
+    global live
+    live = True
+    return value
+
+
+def forget_learned() -> None:
+    """Forget which dimensions were learned dynamic (tests start afresh)."""
+    _sites.clear()
+
+
+# ----------------------------------------------------------------------------- views
+class ViewPlan(NamedTuple):
+    """How a view of a padded storage is read from its padded array (static: one program per
+    plan, shared by every logical size in the bucket)."""
+
+    hull: tuple[int, ...]  # the padded array reshaped so each view dim is one axis (padded sizes)
+    slices: tuple[tuple[int, int], ...]  # per hull axis: (start, stop) in padded positions
+    kept: tuple[int, ...]  # the hull axes that are view dims (others are indexed at start)
+    order: tuple[int, ...]  # kept axes -> the view's non-broadcast dims in view order
+    shape: tuple[int, ...]  # the padded view's shape (broadcast dims included)
+    broadcast: tuple[int, ...]  # view dims of stride 0 (expanded), broadcast in
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def read_view(array: jax.Array, plan: ViewPlan) -> jax.Array:
+    """A view of a padded storage array, read as ``plan`` says."""
+    x = array.reshape(plan.hull)
+    x = x[tuple(slice(a, b) for a, b in plan.slices)]
+    dropped = tuple(a for a in range(len(plan.hull)) if a not in plan.kept)
+    x = x.reshape([n for a, n in enumerate(x.shape) if a not in dropped])
+    x = x.transpose(plan.order) if plan.order != tuple(range(len(plan.order))) else x
+    for d in plan.broadcast:
+        x = jnp.expand_dims(x, d)
+    return jnp.broadcast_to(x, plan.shape)
+
+
+def _regroup(factors: Sequence[Factor], sizes: Sequence[int]) -> list[list[Factor]] | None:
+    """The factors (outer first) regrouped into dimensions of logical ``sizes``, a reshape of
+    the whole that keeps their order: a static factor may split, a dynamic one falls whole into
+    one group (a dynamic factor of size 1 into any). None where that cannot be."""
+    queue, groups = list(factors), []
+    for target in sizes:
+        group, have = [], 1
+        while have < target:
+            if not queue:
+                return None
+            f = queue[0]
+            need = target // have
+            if f.size == 1:
+                queue.pop(0)
+                if f.bucket is not None:
+                    group.append(f)
+            elif need % f.size == 0:
+                group.append(queue.pop(0))
+                have *= f.size
+            elif f.bucket is None and f.size % need == 0:
+                group.append(Factor(need))
+                queue[0] = Factor(f.size // need)
+                have = target
+            else:
+                return None
+        while group and queue and queue[0].size == 1:  # (a dynamic dim of size 1 now: a row's)
+            f = queue.pop(0)
+            if f.bucket is not None:
+                group.append(f)
+        groups.append(group or [Factor(1)])
+    if not groups or any(f.size != 1 for f in queue):
+        return None
+    groups[-1] += [f for f in queue if f.bucket is not None]
+    return groups
+
+
+def _padded_position(group: Sequence[Factor], position: int) -> int:
+    """Where logical ``position`` along a dimension of factors ``group`` is in its padded axis."""
+    coords = []
+    for f in reversed(group):
+        coords.append(position % f.size)
+        position //= f.size
+    padded, step = 0, 1
+    for f, c in zip(reversed(group), coords):
+        padded += c * step
+        step *= f.padded
+    return padded
+
+
+def plan_view(layout: Layout, shape: Sequence[int], strides: Sequence[int], offset: int) -> tuple | None:
+    """(:class:`ViewPlan`, the view's :class:`Layout`) for the view (``shape``, ``strides``,
+    ``offset``, in elements of the logical storage ``layout`` describes), or None where the view
+    is not a block of a reshape of the storage that keeps each dynamic factor whole (a slice
+    along a dynamic dimension, overlapping elements): it is then read unpadded.
+
+    The storage is reshaped to a *hull* with one axis per view dim (the sizes between the view's
+    strides, largest first, and the innermost stride when above 1), each axis sliced to the
+    view's range, the innermost indexed at the offset, and the axes put in the view's order."""
+    shape, strides = tuple(shape), tuple(strides)
+    numel = math.prod(layout.shape)
+    if 0 in shape or numel == 0:
+        return None
+    real = [d for d, n in enumerate(shape) if n != 1 and strides[d] != 0]
+    by_stride = sorted(real, key=lambda d: -strides[d])
+    hull, steps, outer = [], [], numel
+    for d in by_stride:
+        s = strides[d]
+        if s <= 0 or outer % s or outer // s < shape[d]:
+            return None
+        hull.append(outer // s)
+        steps.append(d)
+        outer = s
+    if outer > 1 or not hull:
+        hull.append(outer)
+        steps.append(None)
+    groups = _regroup(layout.factors, hull)
+    if groups is None:
+        return None
+    coords, rest = [], offset
+    for n in reversed(hull):
+        coords.append(rest % n)
+        rest //= n
+    if rest:
+        return None
+    dims, slices, kept = {}, [], []
+    for axis, (group, d, start) in enumerate(zip(groups, steps, reversed(coords))):
+        length = 1 if d is None else shape[d]
+        if start + length > hull[axis]:
+            return None
+        whole = d is not None and start == 0 and length == hull[axis]
+        if not whole and any(f.bucket is not None and (d is not None or f.size > 1) for f in group):
+            return None  # (a cut of a dynamic factor; one of size 1 is indexed at 0 below)
+        if whole:
+            slices.append((0, math.prod(f.padded for f in group)))
+        else:
+            first = _padded_position(group, start)
+            slices.append((first, first + length))
+        if d is not None:
+            kept.append(axis)
+            dims[d] = tuple(group) if whole else static_dim(length)
+    view_layout = Layout(tuple(dims.get(d, static_dim(n)) for d, n in enumerate(shape)))
+    order = tuple(by_stride.index(d) for d in sorted(real))
+    inserted = tuple(d for d in range(len(shape)) if d not in dims)
+    plan = ViewPlan(
+        tuple(math.prod(f.padded for f in g) for g in groups),
+        tuple(slices),
+        tuple(kept),
+        order,
+        view_layout.padded_shape,
+        inserted,
+    )
+    return plan, view_layout
+
+
+def read_padded(value: Padded, shape, strides, offset: int) -> Padded | None:
+    """The view (``shape``, ``strides``, ``offset``) of a storage holding padded ``value``, as a
+    padded value (a program per view plan, none for the whole storage in order); None where
+    the view cannot be read padded (:func:`plan_view`)."""
+    layout = value.layout
+    if offset == 0 and tuple(shape) == layout.shape and tuple(strides) == _row_major(layout.shape):
+        return value
+    planned = _plans.get((layout, tuple(shape), tuple(strides), offset), _NO)
+    if planned is _NO:
+        planned = _plans[(layout, tuple(shape), tuple(strides), offset)] = plan_view(
+            layout, shape, strides, offset
+        )
+    if planned is None:
+        return None
+    plan, view_layout = planned
+    return Padded(read_view(value.array, plan), view_layout)
+
+
+_plans = LRU()
+_NO = object()
+
+
+def _row_major(shape) -> tuple:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _transpose(array: jax.Array, order: tuple) -> jax.Array:
+    return array.transpose(order)
+
+
+def permuted(value: Padded, order: Sequence[int]) -> Padded:
+    """``value`` with its axes in ``order`` (a tensor's memory order)."""
+    order = tuple(order)
+    if order == tuple(range(len(order))):
+        return value
+    return Padded(_transpose(value.array, order), value.layout.permuted(order))
+
+
+def sizes_array(sizes: tuple[int, ...], index: int = 0) -> jax.Array:
+    """The dynamic sizes of a padded call as the program's runtime argument (cached)."""
+    key = (sizes, index)
+    array = _sizes.get(key)
+    if array is None:
+        array = _sizes[key] = jax.device_put(np.asarray(sizes, np.int32), platform.jax_device(index))
+    return array
+
+
+_sizes = LRU()

@@ -459,3 +459,20 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(torch_tpu.frontends.compile)
     assert result.attempted >= 3 and result.failed == 0
+
+
+def test_the_default_backend_compiles_tpu_graphs_with_the_tpu_backend():
+    """``torch.compile(model)`` (Inductor, whose Pallas code generator for a "tpu" device fails
+    on the stand-in and turns JAX's 64-bit types off process-wide) on tpu inputs runs the "tpu"
+    backend: CPU's result, and int64 ops still work after it."""
+    import jax
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.GELU())
+    x = torch.randn(3, 8)
+    expected = model(x)
+    compiled = torch.compile(model.to("tpu"))
+    torch.testing.assert_close(compiled(x.to("tpu")).cpu(), expected, rtol=1e-5, atol=1e-5)
+    assert jax.config.jax_enable_x64
+    big = torch.tensor([2**40, 3], device="tpu")
+    assert (big * 2).tolist() == [2**41, 6]

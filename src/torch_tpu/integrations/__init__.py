@@ -3,13 +3,24 @@ them imports JAX): ``autocast`` (per-op casting on AutocastPrivateUse1), ``modul
 (``Module.to`` moves parameters in place, as for CUDA), ``serialization`` (save/load, deepcopy,
 safetensors), ``pin_memory`` (``DataLoader(pin_memory=True)``), ``accelerate`` (Accelerate's
 default device), ``generation`` (Hugging Face ``generate()`` with a static cache), ``dynamo``
-(Dynamo never traces the runtime), ``printing`` (a printed tensor is formatted on the host)."""
+(Dynamo never traces the runtime), ``printing`` (a printed tensor is formatted on the host),
+``inductor`` (``torch.compile``'s default backend compiles tpu graphs with the "tpu" backend)."""
 
 from __future__ import annotations
 
 
 def install() -> None:
-    from . import accelerate, autocast, dynamo, generation, modules, pin_memory, printing, serialization
+    from . import (
+        accelerate,
+        autocast,
+        dynamo,
+        generation,
+        inductor,
+        modules,
+        pin_memory,
+        printing,
+        serialization,
+    )
 
     for integration in (
         modules,
@@ -20,5 +31,6 @@ def install() -> None:
         autocast,
         dynamo,
         printing,
+        inductor,
     ):
         integration.install()

@@ -129,10 +129,11 @@ def test_parameters_are_never_padded():
     assert not any(is_padded(p) for p in model.parameters())
 
 
-def test_fused_eager_makes_no_padded_values():
+def test_fused_eager_pads_as_strict_eager_does():
     with torch_tpu.eager_mode("fused"):
-        made = _site([(3, 5), (3, 6), (3, 9)], lambda s: torch.ones(s).to("tpu"))
-        assert not any(is_padded(t) for t in made)
+        made = _site([(3, 5), (3, 6), (3, 9)], lambda s: torch.ones(s, device="tpu") * 2)
+        assert [is_padded(t) for t in made] == [False, True, True]
+        assert made[2].sum().item() == 54
 
 
 def test_buckets_off_pads_nothing(run_python):
@@ -418,7 +419,8 @@ def test_a_new_size_inside_a_compiled_bucket_compiles_nothing():
     assert compiles() - before <= 1  # (a fill made often enough runs as a program: once)
 
 
-def test_training_steps_at_new_lengths_in_a_bucket_compile_nothing():
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_training_steps_at_new_lengths_in_a_bucket_compile_nothing(mode):
     from torch_tpu.demo.model import GPT, GPTConfig
 
     torch.manual_seed(0)
@@ -441,7 +443,8 @@ def test_training_steps_at_new_lengths_in_a_bucket_compile_nothing():
     for n in (9, 10, 11, 13, 14):  # (one bucket: 16)
         x, y = torch.randint(0, 32, (2, n)), torch.randint(0, 32, (2, n))
         before = compiles()
-        loss = step(model, opt, "tpu", x, y)
+        with torch_tpu.eager_mode(mode):
+            loss = step(model, opt, "tpu", x, y)
         counts.append(compiles() - before)
         assert loss == pytest.approx(step(reference, ref_opt, "cpu", x, y), rel=1e-5, abs=1e-6)
     assert counts[3:] == [0, 0], counts
@@ -465,3 +468,15 @@ def test_the_execution_docs_example_runs():
     before = compiles()
     exec(compile(code, "docs/execution.md", "exec"), {})
     assert compiles() - before <= 5  # (the first two sizes' programs; none after)
+
+
+@pytest.mark.parametrize("n", [1, 9, 16])
+def test_the_rules_are_exact_in_fused_eager(n):
+    def block(x, w, b):
+        h = F.layer_norm(x, (6,)) @ w.t() + b
+        q = h.view(2, n, 2, 3).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, q, q, is_causal=True).transpose(1, 2).reshape(2, n, 6)
+        return F.log_softmax(F.gelu(a), -1) * x
+
+    with torch_tpu.eager_mode("fused"):
+        _assert_like_cpu(block, torch.randn(2, n, 6), torch.randn(6, 6), torch.randn(6), dims=[1])

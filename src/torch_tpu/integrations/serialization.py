@@ -96,7 +96,8 @@ def _copy_(self, source, non_blocking=None):
     if self.device == source.device:  # (``copy.deepcopy``'s clone: values are immutable, so the
         from ..runtime import buffer  # copy shares its source's, with no program per shape)
 
-        buffer.put(self, buffer.get_array(source))
+        value = buffer.peek(source)  # (a padded value stays padded)
+        buffer.put(self, value if type(value) is buffer.Padded else buffer.get_array(source))
         return self
     _as_bytes(self).copy_(_as_bytes(source), non_blocking=bool(non_blocking))
     return self

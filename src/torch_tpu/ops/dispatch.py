@@ -666,7 +666,8 @@ def _compute_fn(entry: Lowering) -> _Compute:
                 if plan is None or plan[2] is not torch.get_default_dtype():
                     plan, learn = None, None if plan is _NO_PLAN else operands[0]
         ctx = context
-        padded = pad_rule is not None and padding.live and ctx.recorder is None and ctx.trace is None
+        padded = pad_rule is not None and padding.live and ctx.trace is None
+        index = 0  # (the tpu an op runs on: the general path finds it where others were used)
         if plan is not None:
             if recorded_ops is not None:
                 recorded_ops.add(op)
@@ -729,15 +730,21 @@ def _compute_fn(entry: Lowering) -> _Compute:
         try:
             holds_padded = padded and _holds_padded(values)
             if check is not None:
-                check(*(padding_rules.for_check(pad_rule, values, binder.names) if holds_padded else values))
+                check(
+                    *(
+                        padding_rules.for_check(pad_rule, values, binder.names, index)
+                        if holds_padded
+                        else values
+                    )
+                )
             recorder = ctx.recorder
+            ran_padded = False
             if holds_padded:
-                result = _run_padded(pad_rule, lowered, values, extra, binder.names)
-                if result is None:  # (the rule does not serve this call: read unpadded)
+                result = _run_padded(pad_rule, lowered, values, extra, binder.names, index)
+                ran_padded = result is not None
+                if not ran_padded:  # (the rule does not serve this call: its operands read unpadded)
                     values = [_unpadded(v) for v in values]
-                else:
-                    padded = "ran"
-            if padded == "ran":
+            if ran_padded:
                 pass
             elif traced and recorder is not None:
                 result = recorder.record(program, values, extra, name)
@@ -770,7 +777,7 @@ def _compute_fn(entry: Lowering) -> _Compute:
         for number, dtype in fitted:
             if type(number) in _NUMBERS:
                 check_scalar(number, dtype, 2)
-        shadowed = host_rule is not None and padded != "ran" and _is_integral(result)
+        shadowed = host_rule is not None and not ran_padded and _is_integral(result)
         if shadowed and ctx.trace is None:
             _shadow(host_rule, args, result, kwargs)
         if learn is not None:
@@ -813,13 +820,13 @@ def _unpadded(value: Any) -> Any:
     return value
 
 
-def _run_padded(rule, lowered: Callable, values: list, extra: dict, names) -> Any:
-    """The op's padded outputs (``ops.padding.run``), under the matmul precision now; None where
-    the rule does not serve the call or its program fails (the unpadded path then runs, and
-    raises the op's own error if the call is wrong)."""
+def _run_padded(rule, lowered: Callable, values: list, extra: dict, names, index: int) -> Any:
+    """The op's padded outputs (``ops.padding.run``) on ``tpu:index``, under the matmul precision
+    now; None where the rule does not serve the call or its program fails (the unpadded path then
+    runs, and raises the op's own error if the call is wrong)."""
     try:
-        return precision.call(padding_rules.run, rule, lowered, values, extra, names)
-    except (TypeError, ValueError, AssertionError):
+        return precision.call(padding_rules.run, rule, lowered, values, extra, names, index)
+    except Exception:  # noqa: BLE001  (a wrong call's error names padded sizes: raised unpadded)
         return None
 
 

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from jax import lax
 
+from ..runtime import buffer, platform, tensor
 from ..runtime import padding as padding_state
-from ..runtime import platform, tensor
 from ..runtime.buffer import Padded, apply
 from ..runtime.lru import cached
 from ..runtime.precision import matmul_precision
@@ -929,6 +929,8 @@ def _padded_attention(query, key, value, bias, seed, dropout_p, is_causal, scale
     """(output, logsumexp) as padded values, where query, key or value is padded and the call is
     one ``ops.padding.ATTENTION`` serves; else None."""
     if not (padding_state.live and is_causal and bias is None and not dropout_p):
+        return None
+    if not any(type(buffer.peek(t.untyped_storage())) is Padded for t in (query, key, value)):
         return None
     operands = [tensor.read_keeping_padding(t) for t in (query, key, value)]
     if not any(type(v) is Padded for v in operands):

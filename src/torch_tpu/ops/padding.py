@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..runtime import padding
-from ..runtime.buffer import ARRAY_TYPE, Padded, StridedView, host_copy
+from ..runtime.buffer import ARRAY_TYPE, Deferred, Padded, StridedView, apply, host_copy
 from ..runtime.padding import Layout, static_dim
 
 __all__ = [
@@ -41,12 +41,14 @@ __all__ = [
 
 class Plan(NamedTuple):
     """How one call runs padded: operands to pad first (position -> layout), the fill of each
-    padded operand's padding (position -> value; absent: left as it is), and the layout of each
-    output (None: not padded)."""
+    padded operand's padding (position -> value; absent: left as it is), the layout of each
+    output (None: not padded), and arguments given the bucket's value instead of the call's
+    (position -> value: a logical length the lowering does not read would compile per size)."""
 
     pad: dict
     fills: dict
     outputs: tuple
+    bucketed: dict = {}
 
 
 def _layout(value) -> Layout | None:
@@ -54,7 +56,7 @@ def _layout(value) -> Layout | None:
     kind = type(value)
     if kind is Padded:
         return value.layout
-    if kind is ARRAY_TYPE or kind is StridedView:  # (a view its program reads: ``w.t()``)
+    if kind in (ARRAY_TYPE, StridedView, Deferred):  # (a view its program reads: ``w.t()``)
         return Layout(tuple(static_dim(n) for n in value.shape))
     return None
 
@@ -389,7 +391,8 @@ def _attention_backward_plan(values: list, names: Sequence[str]) -> Plan | None:
     if any(len(d) > 1 and _is_dynamic(d) for d in q.dims[-2:-1]) or _is_dynamic(q.dims[-1]):
         return None
     fills = {names.index(n): 0 for n in ("grad_out", "query", "key", "value")}
-    return Plan(pads, fills, (q, k, v, None))
+    lengths = {names.index(n): d.padded_shape[-2] for n, d in (("max_q", q), ("max_k", k)) if n in names}
+    return Plan(pads, fills, (q, k, v, None), lengths)
 
 
 ATTENTION_BACKWARD = Planned(_attention_backward_plan)
@@ -440,11 +443,11 @@ def _describe(value, leaves: list, sizes: list, fill=_NO_FILL):
         spec = ("padded", len(leaves) - 1, value.layout.structure, len(sizes), fill)
         sizes.extend(value.layout.sizes)
         return spec
-    if isinstance(value, jax.Array) or kind is StridedView:
+    if isinstance(value, jax.Array) or kind is StridedView or kind is Deferred:
         leaves.append(value)
         return ("leaf", len(leaves) - 1)
     if kind is list or kind is tuple:
-        if any(isinstance(v, (jax.Array, Padded)) for v in value):
+        if any(isinstance(v, (jax.Array, Padded, StridedView, Deferred)) for v in value):
             return ("list", kind is tuple, tuple(_describe(v, leaves, sizes) for v in value))
         return ("static", kind is tuple, tuple(value)) if kind is list else ("static", None, value)
     hash(value)  # (a TypeError: not a static the program can take)
@@ -468,10 +471,20 @@ def _rebuild(spec, leaves, sizes):
     return list(value) if as_tuple is False else value
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
-def _padded_program(spec: _Spec, leaves: list, sizes: jax.Array, extra: list):
+def _padded_program(spec: _Spec, sizes: jax.Array, *arrays):
+    """The op's program on its arrays (``arrays``: the call's, then its extra keywords'), each
+    padded operand's padding filled first as the spec says."""
+    count = len(arrays) - len(spec.extra)
+    leaves, extra = arrays[:count], arrays[count:]
     args = [_rebuild(s, leaves, list(sizes)) for s in spec.values]
     return spec.program(*args, **dict(zip(spec.extra, extra)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _program_of(spec: _Spec) -> Callable:
+    """The padded call's program, one object per spec (a fused graph's node names its program:
+    the same one for every call of the same spec)."""
+    return jax.jit(functools.partial(_padded_program, spec))
 
 
 def run(rule, program: Callable, values: list, extra: dict, names: Sequence[str], index: int = 0):
@@ -482,6 +495,8 @@ def run(rule, program: Callable, values: list, extra: dict, names: Sequence[str]
     if plan is None:
         return None
     values = list(values)
+    for position, value in plan.bucketed.items():
+        values[position] = value
     for position, layout in plan.pad.items():
         value = values[position]
         if type(value) is StridedView:
@@ -493,9 +508,8 @@ def run(rule, program: Callable, values: list, extra: dict, names: Sequence[str]
     except TypeError:
         return None
     spec = _Spec(program, specs, tuple(extra))
-    outs = _padded_program(
-        spec, leaves, padding.sizes_array(tuple(sizes) or (0,), index), list(extra.values())
-    )
+    sizes = padding.sizes_array(tuple(sizes) or (0,), index)
+    outs = apply(_program_of(spec), sizes, *leaves, *extra.values())
     if isinstance(outs, (list, tuple)):
         return type(outs)(_output(o, lay) for o, lay in zip(outs, plan.outputs))
     return _output(outs, plan.outputs[0])
@@ -506,7 +520,7 @@ def _filled_for_check(array: jax.Array, structure: tuple, sizes: jax.Array, fill
     return padding.filled(array, structure, iter(list(sizes)), fill)
 
 
-def for_check(rule, values: list, names: Sequence[str]) -> list:
+def for_check(rule, values: list, names: Sequence[str], index: int = 0) -> list:
     """The arguments the op's check sees: each padded operand as its padded array, its padding
     holding the value the rule says (``Planned.check_fills``), so a bounds check reads only
     values the op may be given."""
@@ -519,8 +533,8 @@ def for_check(rule, values: list, names: Sequence[str]) -> list:
             if not v.layout.sizes or host_copy(v.array) is not None:
                 checked[i] = v.array  # (copied from the host: its padding holds zeros)
                 continue
-            sizes = padding.sizes_array(v.layout.sizes, 0)
-            checked[i] = _filled_for_check(v.array, v.layout.structure, sizes, fill)
+            sizes = padding.sizes_array(v.layout.sizes, index)
+            checked[i] = apply(_filled_for_check, v.array, v.layout.structure, sizes, fill)
     return checked
 
 

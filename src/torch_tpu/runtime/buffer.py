@@ -456,7 +456,7 @@ def index_of(value: Value) -> int:
     if kind is Uninitialized:
         return value.index
     if kind is Padded:
-        return platform.index_of(value.array.sharding._device)
+        return index_of(value.array)
     return context.index  # a tracer: a compiled program's value, on the program's device
 
 

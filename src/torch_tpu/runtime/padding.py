@@ -41,7 +41,7 @@ from jax import lax
 
 from .. import config
 from . import platform
-from .buffer import Padded, host_copy, keep_host_copy, register_unpad
+from .buffer import Padded, apply, host_copy, keep_host_copy, register_unpad
 from .context import context
 from .lru import LRU
 
@@ -213,7 +213,7 @@ def unpadded(value: Padded) -> jax.Array:
         array = jax.device_put(logical, value.array.sharding._device)
         keep_host_copy(array, logical)
         return array
-    return _unpad(value.array, value.layout)
+    return apply(_unpad, value.array, value.layout)
 
 
 register_unpad(unpadded)
@@ -225,7 +225,7 @@ def padded(array: jax.Array, layout: Layout) -> Padded:
     host = host_copy(array)
     if host is not None:
         return from_host(host, layout, array.sharding._device)
-    return Padded(_pad(array, layout), layout)
+    return Padded(apply(_pad, array, layout), layout)
 
 
 def from_host(host: np.ndarray, layout: Layout, device) -> Padded:
@@ -298,14 +298,15 @@ def _frame_kind(code) -> str:
 
 
 def user_call_site() -> tuple | None:
-    """Where the user's code asked for the tensor being made: its frame's code and line, when the
-    call came from it through torch_tpu, C++ and a module's forward only; None when another
-    torch frame stands between (:data:`_THROUGH`)."""
+    """Where the user's code asked for the tensor being made: its frame's code and the call's
+    instruction (``w.to(d), x.to(d)`` on one line are two places), when the call came from it
+    through torch_tpu, C++ and a module's forward only; None when another torch frame stands
+    between (:data:`_THROUGH`)."""
     frame = sys._getframe(2)
     while frame is not None:
         kind = _frame_kind(frame.f_code)
         if kind == "user":
-            return frame.f_code, frame.f_lineno
+            return frame.f_code, frame.f_lasti  # (the call itself: one line may make several)
         if kind == "stop":
             return None
         frame = frame.f_back
@@ -317,7 +318,7 @@ def learned_layout(kind: str, shape: Sequence[int], dtype) -> Layout | None:
     from the current user call site gets: padded along the dimensions whose size changed since
     the first tensor made there (None while none has, or where padding is off or cannot apply:
     fused and compiled execution, a call not made by user code)."""
-    if not config.buckets or context.recorder is not None or context.trace is not None or not shape:
+    if not config.buckets or context.trace is not None or not shape:
         return None
     site = user_call_site()
     if site is None:
@@ -363,17 +364,19 @@ class ViewPlan(NamedTuple):
     broadcast: tuple[int, ...]  # view dims of stride 0 (expanded), broadcast in
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
-def read_view(array: jax.Array, plan: ViewPlan) -> jax.Array:
-    """A view of a padded storage array, read as ``plan`` says."""
+def _read_view_with(xp, array, plan: ViewPlan):
     x = array.reshape(plan.hull)
     x = x[tuple(slice(a, b) for a, b in plan.slices)]
     dropped = tuple(a for a in range(len(plan.hull)) if a not in plan.kept)
     x = x.reshape([n for a, n in enumerate(x.shape) if a not in dropped])
     x = x.transpose(plan.order) if plan.order != tuple(range(len(plan.order))) else x
     for d in plan.broadcast:
-        x = jnp.expand_dims(x, d)
-    return jnp.broadcast_to(x, plan.shape)
+        x = xp.expand_dims(x, d)
+    return xp.broadcast_to(x, plan.shape)
+
+
+#: A view of a padded storage array, read as a :class:`ViewPlan` says.
+read_view = jax.jit(functools.partial(_read_view_with, jnp), static_argnums=(1,))
 
 
 def _regroup(factors: Sequence[Factor], sizes: Sequence[int]) -> list[list[Factor]] | None:
@@ -505,7 +508,11 @@ def read_padded(value: Padded, shape, strides, offset: int) -> Padded | None:
     if planned is None:
         return None
     plan, view_layout = planned
-    return Padded(read_view(value.array, plan), view_layout)
+    array = apply(read_view, value.array, plan)
+    host = host_copy(value.array)
+    if host is not None:  # (index bounds over it are then checked on the host)
+        keep_host_copy(array, np.ascontiguousarray(_read_view_with(np, host, plan)))
+    return Padded(array, view_layout)
 
 
 _plans = LRU()
@@ -530,7 +537,7 @@ def permuted(value: Padded, order: Sequence[int]) -> Padded:
     order = tuple(order)
     if order == tuple(range(len(order))):
         return value
-    return Padded(_transpose(value.array, order), value.layout.permuted(order))
+    return Padded(apply(_transpose, value.array, order), value.layout.permuted(order))
 
 
 def sizes_array(sizes: tuple[int, ...], index: int = 0) -> jax.Array:

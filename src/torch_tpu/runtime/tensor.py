@@ -143,7 +143,7 @@ def read_keeping_padding(t: torch.Tensor) -> jax.Array | Padded:
     """:func:`read_resolved`, or the padded value of a tensor whose storage holds one (a copy of
     it keeps the padding)."""
     value = buffer.peek(t.untyped_storage())
-    if type(value) is Padded and context.recorder is None and context.trace is None:
+    if type(value) is Padded and context.trace is None:
         view = read_padded(t, value)
         if view is not None:
             return view
@@ -620,8 +620,9 @@ def read_on_host(t: torch.Tensor) -> np.ndarray | None:
         array([1, 2, 3])
     """
     storage = t.untyped_storage()
-    if type(buffer.peek(storage)) is Padded and not (t.is_conj() or t.is_neg()):
-        return _padded_on_host(t, buffer.peek(storage))
+    stored = buffer.peek(storage)
+    if type(stored) is Padded and not (t.is_conj() or t.is_neg()):
+        return _view_on_host(_padded_on_host(stored), t)  # (any size: cut on the host)
     if storage.nbytes() > WHOLE_HOST_READ_BYTES or t.is_conj() or t.is_neg():
         return None
     value, dtype = buffer.get_array(storage), TORCH_TO_JAX.get(t.dtype)
@@ -629,25 +630,30 @@ def read_on_host(t: torch.Tensor) -> np.ndarray | None:
         return None  # (a dtype tpu has no storage for: the device read raises PyTorch's error)
     array = checks.before_host_read(value)  # (runs a pending graph)
     host = host_copy(array)
-    flat = (np.asarray(array) if host is None else host).reshape(-1)
+    return _view_on_host((np.asarray(array) if host is None else host).reshape(-1), t)
+
+
+def _view_on_host(flat: np.ndarray, t: torch.Tensor) -> np.ndarray | None:
+    """View ``t`` of its storage's elements ``flat`` (host), reinterpreted where ``t`` has
+    another dtype; None where the device read must raise PyTorch's error instead."""
+    dtype = TORCH_TO_JAX.get(t.dtype)
+    if dtype is None:
+        return None  # (a dtype tpu has no storage for)
     if flat.dtype != dtype:  # (a view in another dtype than its storage's value)
         if flat.nbytes % dtype.itemsize:
-            return None  # (the device read raises PyTorch's error)
+            return None
         flat = flat.view(dtype)
     return _host_view(flat, t)
 
 
-def _padded_on_host(t: torch.Tensor, value: Padded) -> np.ndarray | None:
-    """The view ``t`` of a storage holding padded ``value``, read on the host: the padded array
-    copied over and cut there (no program for any size); None for a dtype tpu has no storage for
-    or a reinterpreting view (the device read raises or reinterprets)."""
-    dtype = TORCH_TO_JAX.get(t.dtype)
-    if dtype is None or dtype != value.array.dtype:
-        return None
+def _padded_on_host(value: Padded) -> np.ndarray:
+    """The logical elements of padded ``value``, flat, on the host: its host copy, or the padded
+    array copied over, cut there (no program for any size)."""
+    if value.host is not None:
+        return value.host.reshape(-1)
     array = checks.before_host_read(value.array)
     host = host_copy(array)
-    logical = padding.unpad_host(np.asarray(array) if host is None else host, value.layout)
-    return _host_view(logical.reshape(-1), t)
+    return padding.unpad_host(np.asarray(array) if host is None else host, value.layout).reshape(-1)
 
 
 def _is_whole_reshape(t: torch.Tensor, storage) -> bool:

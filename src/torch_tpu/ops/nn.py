@@ -889,31 +889,23 @@ def scaled_dot_product_fused_attention(
     padded = _padded_attention(query, key, value, bias, seed, dropout_p, is_causal, scale)
     if padded is not None:
         out, logsumexp = padded
-        return (
-            tensor.wrap_padded(out, strides),
-            tensor.wrap(logsumexp),
-            None,
-            None,
-            query.shape[-2],
-            key.shape[-2],
-            tensor.wrap(seed),
-            tensor.wrap(_zero(index)),
-            None,
+        out = tensor.wrap_padded(out, strides)
+    else:
+        out, logsumexp = apply(
+            _attention_forward,
+            tensor.read_in_program(query),
+            tensor.read_in_program(key),
+            tensor.read_in_program(value),
+            bias,
+            seed,
+            dropout_p,
+            is_causal,
+            scale,
+            order,
         )
-    out, logsumexp = apply(
-        _attention_forward,
-        tensor.read_in_program(query),
-        tensor.read_in_program(key),
-        tensor.read_in_program(value),
-        bias,
-        seed,
-        dropout_p,
-        is_causal,
-        scale,
-        order,
-    )
+        out = tensor.wrap(out) if strides is None else tensor.wrap_stored(out, shape, strides)
     return (
-        tensor.wrap(out) if strides is None else tensor.wrap_stored(out, shape, strides),
+        out,
         tensor.wrap(logsumexp),
         None,
         None,

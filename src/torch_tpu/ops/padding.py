@@ -42,8 +42,9 @@ __all__ = [
 class Plan(NamedTuple):
     """How one call runs padded: operands to pad first (position -> layout), the fill of each
     padded operand's padding (position -> value; absent: left as it is), the layout of each
-    output (None: not padded), and arguments given the bucket's value instead of the call's
-    (position -> value: a logical length the lowering does not read would compile per size)."""
+    output (None: not padded; a single layout: every output's), and arguments given the
+    bucket's value instead of the call's (position -> value: a logical length the lowering does
+    not read would compile per size)."""
 
     pad: dict
     fills: dict
@@ -130,7 +131,7 @@ class Pointwise:
         if broadcast is None:
             return None
         dims, pads = broadcast
-        return Plan(pads, {}, (Layout(dims),) * 8)
+        return Plan(pads, {}, (Layout(dims),))
 
 
 POINTWISE = Pointwise()
@@ -187,7 +188,7 @@ class Reduce:
         )
         out = Layout(tuple(d for d in dims if d is not None))
         fills = {0: _identity(self.kind, x.dtype)} if any(_is_dynamic(lay.dims[d]) for d in reduced) else {}
-        return Plan({}, fills, (out,) * 2)
+        return Plan({}, fills, (out,))
 
 
 class Along:
@@ -204,13 +205,11 @@ class Along:
         if broadcast is None:
             return None
         dims, pads = broadcast
-        first = layouts[min(layouts)]
         if any(len(lay.dims) != len(dims) for lay in layouts.values()):
             return None
         d = _wrap_dim(_named(values, names, self.dim, 0), len(dims))
         fills = {i: v for i, v in self.fills.items() if i in layouts} if _is_dynamic(dims[d]) else {}
-        del first
-        return Plan(pads, fills, (Layout(dims),) * 2)
+        return Plan(pads, fills, (Layout(dims),))
 
 
 class Rowwise:
@@ -510,9 +509,10 @@ def run(rule, program: Callable, values: list, extra: dict, names: Sequence[str]
     spec = _Spec(program, specs, tuple(extra))
     sizes = padding.sizes_array(tuple(sizes) or (0,), index)
     outs = apply(_program_of(spec), sizes, *leaves, *extra.values())
-    if isinstance(outs, (list, tuple)):
-        return type(outs)(_output(o, lay) for o, lay in zip(outs, plan.outputs))
-    return _output(outs, plan.outputs[0])
+    if not isinstance(outs, (list, tuple)):
+        return _output(outs, plan.outputs[0])
+    layouts = plan.outputs * len(outs) if len(plan.outputs) == 1 else plan.outputs
+    return type(outs)(_output(o, lay) for o, lay in zip(outs, layouts))
 
 
 @functools.partial(jax.jit, static_argnums=(1, 3))

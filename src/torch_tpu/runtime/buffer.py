@@ -175,7 +175,8 @@ class Padded:
     """A storage value padded to a size bucket (``runtime.padding``): ``array`` holds the tensor's
     elements at the positions ``layout`` (a ``padding.Layout``) marks, anything elsewhere. Only
     padding-aware readers take it as it is; :func:`get` hands every other reader the unpadded
-    array (and the storage keeps that from then on)."""
+    array, made once and kept with the value (the storage stays padded for the ops that know
+    padding)."""
 
     __slots__ = ("array", "layout", "host", "_plain")
 

@@ -244,7 +244,7 @@ def from_host(host: np.ndarray, layout: Layout, device) -> Padded:
 live = False
 #: (call site, kind, dtype, rank) -> [first shape seen, dynamic dims]
 _sites = LRU()
-#: code object -> whether its frames are the library's (torch, torch_tpu, jax), not the user's
+#: code object -> what its frames are to :func:`user_call_site` (:func:`_frame_kind`)
 _library_code: dict = {}
 _LIBRARY_ROOTS: tuple[str, ...] = ()
 #: torch's frames a call may come through and still be the user's: a module's forward and the
@@ -317,7 +317,7 @@ def learned_layout(kind: str, shape: Sequence[int], dtype) -> Layout | None:
     """The layout a tensor of ``shape`` made by ``kind`` (``"host"``, ``"full"``, ``"arange"``)
     from the current user call site gets: padded along the dimensions whose size changed since
     the first tensor made there (None while none has, or where padding is off or cannot apply:
-    fused and compiled execution, a call not made by user code)."""
+    a compiled program's trace, a call not made by user code)."""
     if not config.buckets or context.trace is not None or not shape:
         return None
     site = user_call_site()

@@ -5,8 +5,9 @@ is counted (``torch.tpu.compilation_cache_stats()["xla_compiles"]``); ``TORCH_TP
 gives the same run without size buckets, side by side:
 
 - **GPT training**: 40 AdamW steps of the demo GPT (2 layers, d=64, batch 8) with sequence
-  lengths drawn from 8..64, against the same steps at length 64, on PyTorch CPU, tpu strict and
-  tpu fused (the issue's target: the variable run within 4.5x the fixed run's time and compiles);
+  lengths drawn from 8..64, against the same steps at length 64, on PyTorch CPU, tpu strict,
+  tpu fused and ``torch.compile(model, backend="tpu", dynamic=None)`` (the issue's target: the
+  variable run within 4.5x the fixed run's time and compiles);
 - **new size in a bucket**: ``float((torch.ones(n, 7, device="tpu") * 2).sum())`` for 10 new
   sizes n in 33..60 after two warm-up sizes: compiles and time per size, against a repeated size;
 - **torch.compile(dynamic=None)**: 11 new lengths in 11..64 after a first call at 8.
@@ -44,12 +45,13 @@ def _gpt_case(device: str, mode: str, lengths: list[int]) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batches = [(torch.randint(0, 64, (8, n)), torch.randint(0, 64, (8, n))) for n in lengths]
     context = torch_tpu.eager_mode("fused") if mode == "fused" else _nothing()
+    step = torch.compile(model, backend="tpu", dynamic=None) if mode == "compile" else model
     compiles = _compiles() if device == "tpu" else 0
     started = time.perf_counter()
     losses = []
     with context:
         for x, y in batches:
-            _, loss = model(x.to(device), y.to(device))
+            _, loss = step(x.to(device), y.to(device))
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -143,6 +145,9 @@ def _run(case: str, *args: str, buckets: bool = True) -> dict:
     raise RuntimeError(f"{case} {args} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
 
 
+_MODE_NAMES = {"strict": "strict", "fused": "fused", "compile": "torch.compile(dynamic=None)"}
+
+
 def _lengths(steps: int) -> list[int]:
     import random
 
@@ -164,13 +169,13 @@ def main() -> None:
     cpu_var = _run("gpt", "cpu", "strict", json.dumps(variable))
     cpu_fixed = _run("gpt", "cpu", "strict", json.dumps(fixed))
     rows.append(("GPT, PyTorch CPU", f"{cpu_var['seconds']:.2f} s", f"{cpu_fixed['seconds']:.2f} s", "", ""))
-    for mode in ("strict", "fused"):
+    for mode in ("strict", "fused", "compile"):
         for buckets in (True, False):
             var = _run("gpt", "tpu", mode, json.dumps(variable), buckets=buckets)
             fix = _run("gpt", "tpu", mode, json.dumps(fixed), buckets=buckets)
             rows.append(
                 (
-                    f"GPT, tpu {mode}" + ("" if buckets else " (TORCH_TPU_BUCKETS=0)"),
+                    f"GPT, tpu {_MODE_NAMES[mode]}" + ("" if buckets else " (TORCH_TPU_BUCKETS=0)"),
                     f"{var['seconds']:.2f} s, {var['compiles']} compiles",
                     f"{fix['seconds']:.2f} s, {fix['compiles']} compiles",
                     f"{var['seconds'] / fix['seconds']:.1f}x time, "

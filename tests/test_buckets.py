@@ -294,6 +294,18 @@ def test_causal_attention_is_exact(n):
     _assert_like_cpu(attention, q, k, v, dims=[2])
 
 
+def masked_softmax(x):
+    """What AOTAutograd makes of a causal attention: a mask from ``ones``, ``tril``, ``where``."""
+    mask = torch.ones(x.shape[-2:], dtype=torch.bool, device=x.device).tril()
+    bias = torch.where(mask, 0.0, float("-inf"))
+    return torch.ops.aten._safe_softmax(x + bias, -1), x.triu(1) * 2
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_triangles_and_safe_softmax_are_exact(n):
+    _assert_like_cpu(masked_softmax, torch.randn(2, n, n), dims=[1, 2])
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_concatenation_is_exact(n):
     _assert_like_cpu(concatenated, torch.randn(2, n, 3), torch.randn(2, n, 4), dims=[1])
@@ -349,6 +361,8 @@ PADDED_OPINFOS = [
     "max.reduction_with_dim",
     "softmax",
     "log_softmax",
+    "tril",
+    "triu",
     "mm",
     "addmm",
     "bmm",
@@ -464,10 +478,13 @@ def test_the_execution_docs_example_runs():
 
     text = (pathlib.Path(__file__).parents[1] / "docs" / "execution.md").read_text()
     section = text.split("## Shapes that change")[1].split("\n## ")[0]
-    code = section.split("```python\n")[1].split("```")[0]
+    snippets = [part.split("```")[0] for part in section.split("```python\n")[1:]]
+    assert len(snippets) == 3  # (eager, torch.compile, warm-up)
     before = compiles()
-    exec(compile(code, "docs/execution.md", "exec"), {})
+    exec(compile(snippets[0], "docs/execution.md", "exec"), {})
     assert compiles() - before <= 5  # (the first two sizes' programs; none after)
+    for code in snippets[1:]:
+        exec(compile(code, "docs/execution.md", "exec"), {})
 
 
 @pytest.mark.parametrize("n", [1, 9, 16])
@@ -480,3 +497,158 @@ def test_the_rules_are_exact_in_fused_eager(n):
 
     with torch_tpu.eager_mode("fused"):
         _assert_like_cpu(block, torch.randn(2, n, 6), torch.randn(6, 6), torch.randn(6), dims=[1])
+
+
+# ----------------------------------------------------------------------------- torch.compile
+def test_compiled_graphs_with_symbolic_sizes_compile_once_per_bucket():
+    def f(x):
+        return (x * 2).softmax(-1).sum(0)
+
+    fn = torch.compile(f, backend="tpu", dynamic=None)
+    fn(torch.randn(8, 5, device="tpu"))
+    counts = []
+    for n in (11, 13, 16, 9, 12):  # (Dynamo makes the size symbolic at 11; all in bucket 16)
+        x = torch.randn(n, 5)
+        before = compiles()
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), f(x), rtol=1e-5, atol=1e-6)
+        counts.append(compiles() - before)
+    assert counts[1:] == [0, 0, 0, 0], counts
+
+
+def test_compiled_training_at_changing_lengths_matches_cpu():
+    from torch_tpu.demo.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=32, block_size=32, n_layer=1, n_head=2, n_embd=16)
+    model, reference = GPT(config), GPT(config)
+    reference.load_state_dict(model.state_dict())
+    model.to("tpu")
+    compiled = torch.compile(model, backend="tpu", dynamic=None)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    counts = []
+    for n in (5, 9, 10, 13, 12, 14):  # (symbolic from 9 on; one bucket: 16)
+        x, y = torch.randint(0, 32, (2, n)), torch.randint(0, 32, (2, n))
+        before = compiles()
+        _, loss = compiled(x.to("tpu"), y.to("tpu"))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        counts.append(compiles() - before)
+        _, expected = reference(x, y)
+        expected.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert loss.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
+    assert counts[3:] == [0, 0, 0], counts
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-4, atol=1e-5)
+
+
+def test_a_bucketed_graph_writes_its_inputs():
+    def f(x, total):
+        total.add_(x.sum(0))
+        return x.cumsum(0)  # (no padding rule: read unpadded)
+
+    fn = torch.compile(f, backend="tpu", dynamic=True)
+    total, expected = torch.zeros(3, device="tpu"), torch.zeros(3)
+    for n in (6, 7, 9):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(fn(x.to("tpu"), total).cpu(), f(x, expected), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(total.cpu(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_bounded_dynamism_off_compiles_per_size():
+    def f(x):
+        return x.exp().sum(0)
+
+    fn = torch.compile(f, backend="tpu", dynamic=True, options={"bounded_dynamism": False})
+    fn(torch.ones(9, 2, device="tpu"))
+    programs = torch.tpu.compilation_cache_stats()["compiled_graphs"]  # (built, or read from disk)
+    assert fn(torch.ones(10, 2, device="tpu")).cpu().tolist() == pytest.approx([10 * np.e] * 2)
+    assert torch.tpu.compilation_cache_stats()["compiled_graphs"] == programs + 1
+
+
+def test_compile_options_are_checked():
+    graph = torch.fx.symbolic_trace(lambda t: t + 1)
+    x = torch.ones(2, device="tpu")
+    with pytest.raises(RuntimeError, match=r"unknown options \['trace.enabled'\]"):
+        torch_tpu.frontends.compile.backend(graph, [x], options={"trace.enabled": True})
+    with pytest.raises(TypeError, match="bounded_dynamism"):
+        torch_tpu.frontends.compile.backend(graph, [x], options={"bounded_dynamism": "yes"})
+
+
+def test_a_pickled_program_keeps_its_symbolic_sizes():
+    import pickle
+
+    from torch_tpu.frontends.compile.program import Program
+
+    seen = []
+
+    def backend(graph_module, example_inputs):
+        seen.append(Program(graph_module))
+        return graph_module.forward
+
+    torch.compile(lambda x: x * 2, backend=backend, dynamic=True)(torch.ones(4, 3))
+    program = pickle.loads(pickle.dumps(seen[0]))
+    assert program.symbolic.dims == seen[0].symbolic.dims and program.bucketed
+    assert not program.symbolic.automatic  # (dynamic=True: dims pad once seen to change)
+
+
+def test_mark_dynamic_bounds_the_buckets():
+    fn = torch.compile(lambda x: x * 2, backend="tpu")
+    for n in (10, 33):
+        x = tensor.wrap(jax.numpy.ones((n, 3), np.float32))  # (made unpadded: the graph pads it)
+        torch._dynamo.mark_dynamic(x, 0, min=2, max=48)
+        y = fn(x)
+        assert buffer.peek(y.untyped_storage()).layout.padded_shape == ((16, 3) if n == 10 else (48, 3))
+        assert y.cpu().sum().item() == 6 * n
+
+
+# ----------------------------------------------------------------------------- warm-up
+def test_async_compile_warms_the_buckets_a_model_meets():
+    from torch_tpu.demo.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=32, block_size=64, n_layer=1, n_head=2, n_embd=16)).to("tpu")
+    compiled = torch.compile(model, backend="tpu", dynamic=True)
+
+    def step(x, y):
+        compiled(x, y)[1].backward()
+
+    inputs = [tuple(torch.randint(0, 32, (2, n), device="tpu") for _ in "xy") for n in (16, 32, 64)]
+    warm = torch_tpu.async_compile(step, inputs)
+    assert warm.wait(timeout=600).calls == 3 and warm.done()
+    model.zero_grad()
+    counts = []
+    for n in (11, 30, 50, 12, 31, 51):  # (in the warmed buckets 16, 32, 64)
+        x, y = torch.randint(0, 32, (2, n)), torch.randint(0, 32, (2, n))
+        before = compiles()
+        _, loss = compiled(x.to("tpu"), y.to("tpu"))
+        loss.backward()
+        counts.append(compiles() - before)
+        model.zero_grad()
+    # (unwarmed: a forward and a backward program per bucket; warmed, a one-off fill at most,
+    # once made often enough to run as a program instead of on the host)
+    assert sum(counts[:3]) <= 2 and counts[3:] == [0, 0, 0], counts
+
+
+def test_async_compile_raises_what_a_warm_up_call_raised():
+    def fn(x):
+        raise ValueError(f"bad input of {x.shape[0]}")
+
+    warm = torch_tpu.async_compile(fn, [torch.ones(3)])
+    with pytest.raises(ValueError, match="bad input of 3"):
+        warm.wait()
+    with pytest.raises(TypeError, match="needs a callable"):
+        torch_tpu.async_compile(None, [])
+    with pytest.raises(ValueError, match="workers"):
+        torch_tpu.async_compile(fn, [], workers=0)
+
+
+def test_the_warm_up_example_runs():
+    import doctest
+
+    from torch_tpu.execution import warmup
+
+    assert doctest.testmod(warmup).failed == 0

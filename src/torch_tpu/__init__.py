@@ -59,6 +59,7 @@ __all__ = [
     "to_stablehlo",
     "pad_to_bucket",
     "bucket_size",
+    "async_compile",
 ]
 
 _lock = threading.RLock()
@@ -209,8 +210,12 @@ def from_jax(array) -> torch.Tensor:
 
 
 def __getattr__(name: str) -> Any:
-    """The frontends' public functions, imported on first use (``torch_tpu.to_stablehlo``,
-    ``torch_tpu.pad_to_bucket``, ``torch_tpu.bucket_size``)."""
+    """The public functions of the layers above, imported on first use (``torch_tpu.to_stablehlo``,
+    ``torch_tpu.pad_to_bucket``, ``torch_tpu.bucket_size``, ``torch_tpu.async_compile``)."""
+    if name == "async_compile":
+        from .execution.warmup import async_compile
+
+        return async_compile
     if name == "to_stablehlo":
         from .frontends.export import to_stablehlo
 

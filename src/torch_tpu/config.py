@@ -11,6 +11,9 @@ def _flag(name: str) -> bool:
 
 #: ``TPU_LAUNCH_BLOCKING=1``: debug eager, block after every op so errors surface where they happen.
 launch_blocking: bool = _flag("TPU_LAUNCH_BLOCKING")
+#: ``TORCH_TPU_LOG_RECOMPILES=1``: say on stderr why each program compiles (always on the
+#: ``torch_tpu`` logger at INFO).
+log_recompiles: bool = _flag("TORCH_TPU_LOG_RECOMPILES")
 #: ``TORCH_TPU_DEFER_AND_FUSE=1``: start in fused eager (ops recorded, compiled and run as graphs).
 defer_and_fuse: bool = _flag("TORCH_TPU_DEFER_AND_FUSE")
 #: ``TORCH_TPU_CACHE_DIR``: where compiled XLA executables persist across processes (default

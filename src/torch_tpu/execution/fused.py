@@ -30,7 +30,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import os
 import signal
 import sys
 import threading
@@ -41,9 +40,10 @@ from typing import Any
 
 import jax
 
-from ..runtime import buffer, checks, memory, native, platform, precision
+from .. import config
+from ..runtime import buffer, checks, memory, native, padding, platform, precision
 from ..runtime.buffer import Deferred
-from ..runtime.context import context
+from ..runtime.context import compiling, context
 from ..runtime.lru import LRU
 
 #: Graphs are cut at this many recorded ops even without a sync point, so a loop with no host
@@ -104,7 +104,7 @@ def forget_executables() -> None:
     _executables.clear()
 
 
-log_recompiles = os.environ.get("TORCH_TPU_LOG_RECOMPILES", "0").lower() in ("1", "true", "on")
+log_recompiles = config.log_recompiles
 _log = logging.getLogger("torch_tpu")
 
 
@@ -437,6 +437,8 @@ def _learn_churn(graph: Graph) -> None:
     # met there at a position it shares with them says nothing about its shapes
     diverged = False
     for position, signature in zip(graph.positions, graph.signatures):
+        if signature[0] in padding.BUCKETED_PROGRAMS:
+            continue
         seen, novel = history.get(position, (frozenset(), 0))
         if signature in seen:
             history[position] = (seen, 0)
@@ -814,11 +816,11 @@ class Graph:
             started = time.perf_counter()
             try:  # (an interrupt here leaves the graph pending: it runs at the next sync)
                 with jax.default_device(platform.jax_device(self.index)):  # (no input may say)
-                    executable = (
-                        jax.jit(_program(self.nodes, outputs), donate_argnums=donated)
-                        .lower(*self.leaves)
-                        .compile()
+                    lowered = jax.jit(_program(self.nodes, outputs), donate_argnums=donated).lower(
+                        *self.leaves
                     )
+                    with compiling():
+                        executable = lowered.compile()
             except Exception as error:
                 raise self._failed(error) from error
             stats.compile_seconds += time.perf_counter() - started

@@ -668,6 +668,7 @@ def _compute_fn(entry: Lowering) -> _Compute:
         ctx = context
         padded = pad_rule is not None and padding.live and ctx.trace is None
         index = 0  # (the tpu an op runs on: the general path finds it where others were used)
+        ctx.op = name  # (named by a padded value its conversions read unpadded, too)
         if plan is not None:
             if recorded_ops is not None:
                 recorded_ops.add(op)

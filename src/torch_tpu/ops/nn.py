@@ -500,7 +500,7 @@ _softmax_entry(aten._softmax.default, lambda x, axis: jax.nn.softmax(x, axis=axi
 _softmax_entry(aten._log_softmax.default, lambda x, axis: jax.nn.log_softmax(x, axis=axis))
 
 
-@lower(aten._safe_softmax.default)
+@lower(aten._safe_softmax.default, pad=Along("dim", {0: -np.inf}))
 def safe_softmax(x, dim, dtype=None):
     """softmax whose fully masked rows (all -inf) are zeros instead of NaN."""
     x = x.astype(dtype or x.dtype)

@@ -32,9 +32,11 @@ __all__ = [
     "Along",
     "Einsum",
     "Pointwise",
+    "Positional",
     "Reduce",
     "Rowwise",
     "POINTWISE",
+    "TRIANGLE",
     "run",
 ]
 
@@ -210,6 +212,27 @@ class Along:
         d = _wrap_dim(_named(values, names, self.dim, 0), len(dims))
         fills = {i: v for i, v in self.fills.items() if i in layouts} if _is_dynamic(dims[d]) else {}
         return Plan(pads, fills, (Layout(dims),))
+
+
+class Positional:
+    """Each output element depends on the input element at its position and on the position's
+    index along ``dims`` (``tril``, ``triu``): exact where those dims are single factors, whose
+    padding comes after every logical index. The output is laid out as the input."""
+
+    def __init__(self, dims: Sequence[int]):
+        self.dims = tuple(dims)
+
+    def plan(self, values: list, names: Sequence[str]) -> Plan | None:
+        x = values[0]
+        if type(x) is not Padded or len(x.layout.dims) < len(self.dims):
+            return None
+        if any(len(x.layout.dims[d]) > 1 and _is_dynamic(x.layout.dims[d]) for d in self.dims):
+            return None
+        return Plan({}, {}, (x.layout,))
+
+
+#: ``tril`` and ``triu``: positions in the last two dims
+TRIANGLE = Positional((-2, -1))
 
 
 class Rowwise:

@@ -25,7 +25,7 @@ from ..runtime.context import context
 from . import indexing
 from ._helpers import result_dtype
 from ._nn_helpers import wrap_dim
-from .padding import CAT
+from .padding import CAT, TRIANGLE
 from .registry import Layout, Runs, lower
 
 aten = torch.ops.aten
@@ -135,12 +135,12 @@ def narrow_copy(x, dim, start, length):
     return lax.slice_in_dim(x, start, start + length, axis=dim)
 
 
-@lower(aten.tril.default)
+@lower(aten.tril.default, pad=TRIANGLE)
 def tril(x, diagonal=0):
     return jnp.tril(x, diagonal)
 
 
-@lower(aten.triu.default)
+@lower(aten.triu.default, pad=TRIANGLE)
 def triu(x, diagonal=0):
     return jnp.triu(x, diagonal)
 

@@ -12,8 +12,9 @@ shared like PyTorch's), compiled executables and the persistent cache.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import config
@@ -44,6 +45,28 @@ class ExecutionContext(threading.local):
         #: reads hand padded values as they are (``runtime.padding``): set by the dispatcher
         #: while it converts the arguments of an op with a padding rule
         self.padding_reads: bool = False
+        #: the dimensions Dynamo made symbolic in the value a bucketed compiled graph computes
+        #: now, (dim, largest size or None) each (``frontends.compile.program``): a tensor made
+        #: there is padded along them
+        self.symbolic_dims: tuple[tuple[int, int | None], ...] | None = None
+        #: the lock a warm-up worker holds while it traces (``execution.warmup``), let go
+        #: while XLA compiles (:func:`compiling`) so that another worker traces meanwhile
+        self.tracing_lock: Any = None
 
 
 context = ExecutionContext()
+
+
+@contextlib.contextmanager
+def compiling() -> Iterator[None]:
+    """Around an XLA compile (which needs no Python): a warm-up worker lets go of its tracing
+    lock, so that one input's compile overlaps the next one's trace."""
+    lock = context.tracing_lock
+    if lock is None:
+        yield
+        return
+    lock.release()
+    try:
+        yield
+    finally:
+        lock.acquire()

@@ -29,9 +29,10 @@ Example::
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import jax
@@ -45,26 +46,29 @@ from .buffer import Padded, apply, host_copy, keep_host_copy, register_unpad
 from .context import context
 from .lru import LRU
 
+_log = logging.getLogger("torch_tpu")
+
 # ----------------------------------------------------------------------------- buckets
 #: The smallest bucket: sizes up to it share one program
 SMALLEST_BUCKET = 8
 
 
-def bucket(n: int) -> int:
+def bucket(n: int, bound: int | None = None) -> int:
     """The padded size of a dynamic dimension of size ``n``: the next rung of the ladder
     (``TORCH_TPU_BUCKETS``: powers of two by default, a growth factor such as ``1.25`` for a
-    finer ladder), at least :data:`SMALLEST_BUCKET`.
+    finer ladder), at least :data:`SMALLEST_BUCKET`, at most ``bound`` (the largest size the
+    dimension can take: ``torch._dynamo.mark_dynamic(x, d, max=...)``).
 
     Example::
 
-        >>> [bucket(n) for n in (1, 8, 9, 33, 64, 65)]
-        [8, 8, 16, 64, 64, 128]
+        >>> [bucket(n) for n in (1, 8, 9, 33, 64, 65)], bucket(33, bound=48)
+        ([8, 8, 16, 64, 64, 128], 48)
     """
     rung = SMALLEST_BUCKET
     growth = config.bucket_growth
     while rung < n:
         rung = max(rung + 1, int(math.ceil(rung * growth)))
-    return rung
+    return rung if bound is None or bound < n else min(rung, bound)
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -86,9 +90,14 @@ class Layout(NamedTuple):
     dims: tuple[tuple[Factor, ...], ...]
 
     @classmethod
-    def of(cls, shape: Sequence[int], dynamic: Sequence[int] = ()) -> Layout:
-        """The layout of ``shape`` padded along the ``dynamic`` dims to their buckets."""
-        return cls(tuple((Factor(n, bucket(n) if d in dynamic else None),) for d, n in enumerate(shape)))
+    def of(cls, shape: Sequence[int], dynamic: Sequence[int] = (), bounds: Mapping[int, int] = {}) -> Layout:  # noqa: B006
+        """The layout of ``shape`` padded along the ``dynamic`` dims to their buckets (those in
+        ``bounds`` at most to their bound)."""
+        return cls(
+            tuple(
+                (Factor(n, bucket(n, bounds.get(d)) if d in dynamic else None),) for d, n in enumerate(shape)
+            )
+        )
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -205,6 +214,7 @@ def unpadded(value: Padded) -> jax.Array:
     """The logical array of a padded value: cut on the host where it has a host copy (no
     program), else by a program compiled per logical shape (what a reader that knows nothing
     of padding costs, as every shape cost before buckets)."""
+    _note_unpadded_read(context.op)
     logical = value.host
     if logical is None:
         host = host_copy(value.array)
@@ -218,6 +228,21 @@ def unpadded(value: Padded) -> jax.Array:
 
 register_unpad(unpadded)
 
+#: the ops said to read padded values unpadded (:func:`_note_unpadded_read`)
+_unpadded_readers: set[str] = set()
+
+
+def _note_unpadded_read(op: str) -> None:
+    """Say, once per op, that it read a padded value unpadded (it has no padding rule, or its
+    rule did not serve the call): it compiles per size, and a fused graph holding it too."""
+    if op in _unpadded_readers:
+        return
+    _unpadded_readers.add(op)
+    message = f"{op or 'a reader'} reads size-bucketed values unpadded: it compiles per size"
+    _log.info(message)
+    if config.log_recompiles:
+        print(f"[torch_tpu] {message}", file=sys.stderr)
+
 
 def padded(array: jax.Array, layout: Layout) -> Padded:
     """``array`` (logical shape) padded as ``layout``: on the host where it has a host copy,
@@ -226,6 +251,20 @@ def padded(array: jax.Array, layout: Layout) -> Padded:
     if host is not None:
         return from_host(host, layout, array.sharding._device)
     return Padded(apply(_pad, array, layout), layout)
+
+
+#: Arrays up to this many bytes are padded through the host (a transfer each way) where a
+#: program would otherwise be compiled for their shape (:func:`padded_through_host`)
+HOST_PADDING_BYTES = 4 << 20
+
+
+def padded_through_host(array: jax.Array, layout: Layout) -> Padded:
+    """``array`` padded as ``layout``, through the host when it is small: a round trip costs
+    far less than compiling a pad program for a shape that may never come back (a compiled
+    graph's input, :mod:`torch_tpu.frontends.compile.program`). Waits for ``array``."""
+    if array.nbytes > HOST_PADDING_BYTES:
+        return padded(array, layout)
+    return from_host(np.asarray(array), layout, array.sharding._device)
 
 
 def from_host(host: np.ndarray, layout: Layout, device) -> Padded:
@@ -317,9 +356,12 @@ def learned_layout(kind: str, shape: Sequence[int], dtype) -> Layout | None:
     """The layout a tensor of ``shape`` made by ``kind`` (``"host"``, ``"full"``, ``"arange"``)
     from the current user call site gets: padded along the dimensions whose size changed since
     the first tensor made there (None while none has, or where padding is off or cannot apply:
-    a compiled program's trace, a call not made by user code)."""
+    a compiled program's trace, a call not made by user code). Inside a bucketed compiled graph
+    the dimensions are those Dynamo made symbolic (``context.symbolic_dims``)."""
     if not config.buckets or context.trace is not None or not shape:
         return None
+    if context.symbolic_dims is not None:  # made inside a bucketed compiled graph: Dynamo knows
+        return symbolic_layout(shape, context.symbolic_dims)
     site = user_call_site()
     if site is None:
         return None
@@ -337,6 +379,14 @@ def learned_layout(kind: str, shape: Sequence[int], dtype) -> Layout | None:
     if not dynamic:
         return None
     return Layout.of(shape, dynamic)
+
+
+def symbolic_layout(shape: Sequence[int], symbolic: Sequence[tuple[int, int | None]]) -> Layout | None:
+    """The layout of a tensor of ``shape`` whose dims ``symbolic`` ((dim, largest size or
+    None) each, as Dynamo knows them) are dynamic; None if no such dim has a size."""
+    dynamic = [d for d, _ in symbolic if d < len(shape) and shape[d] > 0]
+    bounds = {d: bound for d, bound in symbolic if bound is not None}
+    return Layout.of(shape, dynamic, bounds) if dynamic else None
 
 
 def made(value: Padded) -> Padded:
@@ -377,6 +427,10 @@ def _read_view_with(xp, array, plan: ViewPlan):
 
 #: A view of a padded storage array, read as a :class:`ViewPlan` says.
 read_view = jax.jit(functools.partial(_read_view_with, jnp), static_argnums=(1,))
+
+#: Programs whose static arguments are bucket sizes, not a call's sizes: a fused graph meets one
+#: shape of them per bucket, a few recurring shapes, never shapes that churn (``fused``)
+BUCKETED_PROGRAMS = frozenset({read_view})
 
 
 def _regroup(factors: Sequence[Factor], sizes: Sequence[int]) -> list[list[Factor]] | None:

@@ -95,9 +95,11 @@ def _compiling(name: str) -> Iterator[None]:
         _naming.name = previous
 
 
-def _compiler(name: str, kind: str) -> Callable:
+def _compiler(name: str, kind: str, bounded: bool) -> Callable:
     def compile_graph(graph_module: torch.fx.GraphModule, example_inputs) -> CompiledGraph:
-        return CompiledGraph(Program(graph_module, f"{name} ({kind})"), kind)
+        program = Program(graph_module, f"{name} ({kind})")
+        program.bounded_dynamism = bounded
+        return CompiledGraph(program, kind)
 
     if not config.cache_dir:  # no persistent cache: AOTAutograd's is not asked either
         return compile_graph
@@ -184,24 +186,42 @@ def backend(
 ) -> Callable:
     """The Dynamo backend registered as ``"tpu"`` (``torch.compile(model, backend="tpu")``).
 
-    ``mode`` is any of :data:`MODES` (all compile the same way); there are no ``options``.
+    ``mode`` is any of :data:`MODES` (all compile the same way). ``options`` takes
+    ``{"bounded_dynamism": bool}`` (upstream TorchTPU's name; on by default where size buckets
+    are, ``TORCH_TPU_BUCKETS``): a graph whose sizes Dynamo made symbolic runs through size
+    buckets, one XLA program per bucket; off, it compiles per concrete size.
     """
     from torch._dynamo.backends.common import aot_autograd
 
     if mode is not None and mode not in MODES:
         raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(MODES)}")
-    if options:
-        raise RuntimeError(f"torch.compile(backend='tpu') takes no options; got {sorted(options)}")
+    bounded = _bounded_dynamism(options or {})
     dynamo.refresh()  # (this module and the program's loaded after the device started)
     name = _graph_name(graph_module)
     compile_graphs = aot_autograd(
-        fw_compiler=_compiler(name, "forward"),
-        bw_compiler=_compiler(name, "backward"),
-        inference_compiler=_compiler(name, "inference"),
+        fw_compiler=_compiler(name, "forward", bounded),
+        bw_compiler=_compiler(name, "backward", bounded),
+        inference_compiler=_compiler(name, "inference", bounded),
         keep_inference_input_mutations=True,
     )
     with _compiling(name), _aot_cache() if config.cache_dir else contextlib.nullcontext():
         return compile_graphs(graph_module, example_inputs)
+
+
+#: ``torch.compile(backend="tpu", options=...)`` keys, with their defaults
+OPTIONS = {"bounded_dynamism": True}
+
+
+def _bounded_dynamism(options: dict) -> bool:
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise RuntimeError(
+            f"torch.compile(backend='tpu') got unknown options {unknown}; it takes {sorted(OPTIONS)}"
+        )
+    bounded = options.get("bounded_dynamism", OPTIONS["bounded_dynamism"])
+    if not isinstance(bounded, bool):
+        raise TypeError(f"options['bounded_dynamism'] must be a bool, got {type(bounded).__name__}")
+    return bounded
 
 
 # ----------------------------------------------------------------------------- static shapes

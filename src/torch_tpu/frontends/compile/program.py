@@ -29,12 +29,14 @@ import numpy as np
 import torch
 from jax.extend.core import jaxpr_as_fun
 
+from ... import config
 from ...distributed import traced as collectives
-from ...execution import fused, tracing
+from ...execution import fused, modes, tracing
 from ...runtime import buffer, checks, memory, platform, precision, random, tensor, transfer
-from ...runtime.context import context
+from ...runtime.context import compiling, context
 from ...runtime.lru import LRU
 from . import stored
+from .symbolic import Symbolic
 
 _TPU, _HOST, _CONST = range(3)
 _FRESH, _INPUT = range(2)
@@ -126,15 +128,25 @@ def traced_ops(key: jax.Array) -> Iterator[tracing.Trace]:
 
 
 class Interpreter(torch.fx.Interpreter):
-    """Runs each node through the eager kernels and names the node in any error."""
+    """Runs each node through the eager kernels and names the node in any error: on traced
+    values into one program (``trace``), or on real tensors through fused eager's bucketed
+    programs (``padded``: per node, the dims of its value to pad, with their bounds)."""
 
-    def __init__(self, graph_module: torch.fx.GraphModule, trace: tracing.Trace):
+    def __init__(
+        self,
+        graph_module: torch.fx.GraphModule,
+        trace: tracing.Trace | None,
+        padded: dict[str, tuple] | None = None,
+    ):
         super().__init__(graph_module, garbage_collect_values=True)
         self.trace = trace
+        self.padded = padded or {}
 
     def call_function(self, target, args, kwargs):
-        args, kwargs = torch.utils._pytree.tree_map(_host_device, (args, kwargs))
         target = _VALUE_SEMANTICS.get(target, target)
+        if self.trace is None:  # (real tensors: CPU ones stay where the graph computed them)
+            return target(*args, **kwargs)
+        args, kwargs = torch.utils._pytree.tree_map(_host_device, (args, kwargs))
         if collectives.is_collective(target):
             target = collectives.lowering(target)
         try:
@@ -147,17 +159,21 @@ class Interpreter(torch.fx.Interpreter):
             ) from error
 
     def run_node(self, node: torch.fx.Node) -> Any:
-        self.trace.origin = f"{node.target} ({_source_line(node)})"
+        if self.trace is not None:
+            self.trace.origin = f"{node.target} ({_source_line(node)})"
+        context.symbolic_dims = self.padded.get(node.name, ())
         try:
             return super().run_node(node)
         except Exception as error:  # noqa: BLE001  (same error, with the node that raised it)
             if not getattr(error, "_tpu_node_noted", False):
                 error.add_note(
-                    f"[torch_tpu] while tracing {node.format_node()} for a compiled "
-                    f"tpu graph ({_source_line(node)})"
+                    f"[torch_tpu] while {'tracing' if self.trace else 'running'} "
+                    f"{node.format_node()} for a compiled tpu graph ({_source_line(node)})"
                 )
                 error._tpu_node_noted = True
             raise
+        finally:
+            context.symbolic_dims = None
 
 
 def _source_line(node: torch.fx.Node) -> str:
@@ -185,10 +201,16 @@ class Program:
     """
 
     def __init__(
-        self, graph_module: torch.fx.GraphModule, name: str = "graph", host_outputs: list | None = None
+        self,
+        graph_module: torch.fx.GraphModule,
+        name: str = "graph",
+        host_outputs: list | None = None,
+        symbolic: Symbolic | None = None,
     ):
         self.graph_module = graph_module
         self.name = name
+        #: run symbolic sizes through size buckets (``options={"bounded_dynamism": False}``: not)
+        self.bounded_dynamism = True
         self._traces = LRU()  # (layout, matmul precision) -> _Trace
         self._executables = LRU()  # (layout, matmul precision), donated inputs -> _Executable
         self._last_layout: tuple | None = None
@@ -201,11 +223,25 @@ class Program:
         self._host_outputs = host_outputs
         self._out_tree = torch.utils._pytree.tree_structure(outputs)
         self._collectives = any(collectives.is_collective(n.target) for n in graph_module.graph.nodes)
+        self.symbolic = Symbolic.of(graph_module) if symbolic is None else symbolic
+        written = {n.args[0] for n in graph_module.graph.nodes if n.target is torch.ops.aten.copy_.default}
+        placeholders = graph_module.graph.find_nodes(op="placeholder")
+        self._inputs = [n.name for n in placeholders]
+        #: the same, None for those the graph writes (their tensors stay the caller's)
+        self._paddable = [None if n in written else n.name for n in placeholders]
 
     def __reduce__(self) -> tuple:
         """Pickled as its graph (PyTorch's AOTAutograd cache stores it), node for node: the
         executables are not, a process finds them in :mod:`.stored` under the graph's code."""
-        return _unpickle, (*_graph_state(self.graph_module), self.name, self._host_outputs)
+        state = (self.name, self._host_outputs, self.symbolic, self.bounded_dynamism)
+        return _unpickle, (*_graph_state(self.graph_module), *state)
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether calls run through size buckets (:meth:`_run_bucketed`): Dynamo made some of
+        the graph's sizes symbolic (``dynamic=None`` after a size changed, ``dynamic=True``,
+        ``mark_dynamic``), buckets are on, and the graph has no collectives."""
+        return bool(self.symbolic) and self.bounded_dynamism and config.buckets and not self._collectives
 
     # ------------------------------------------------------------------ inputs
     def _gather(self, args) -> tuple[tuple, list, list]:
@@ -324,7 +360,9 @@ class Program:
             with precision.current_scope(), stored.compiling(trace.stored) as compiled:
                 args = [_unused_key(), *values]
                 args = trace.traced.spmd.arguments(args) if trace.traced.spmd else args
-                run = _lower(trace.staged, args, donated).compile()
+                lowered = _lower(trace.staged, args, donated)
+                with compiling():
+                    run = lowered.compile()
             fused.stats.compile_seconds += time.perf_counter() - started
             if compiled():
                 stored.save_executable(trace.stored, donated, run)
@@ -333,6 +371,8 @@ class Program:
 
     # ------------------------------------------------------------------ calls
     def __call__(self, *args: Any) -> Any:
+        if self.bucketed:
+            return self._run_bucketed(args)
         key, values, sources = self._gather(args)
         traced_key = (key, precision.current())  # a program is built for one matmul setting
         trace = self._traces.get(traced_key)
@@ -381,6 +421,20 @@ class Program:
         return torch.utils._pytree.tree_unflatten(
             [_output(o, fresh, sources) for o in traced.outputs], self._out_tree
         )
+
+    def _run_bucketed(self, args: tuple) -> Any:
+        """The graph run node by node on the real tensors in fused eager, padded to size
+        buckets along its symbolic dimensions: one XLA program per bucket serves every size in
+        it, at the cost of recording the graph's ops on each call (fused eager's host cost)."""
+        if self._last_layout is None:
+            self._last_layout = ()
+            fused.explain(f"compiled graph {self.name} has symbolic sizes: it runs through size buckets")
+        fused.stats.compiled_runs += 1
+        self.symbolic.learn(self._inputs, args)
+        args = self.symbolic.padded_inputs(self._paddable, args)
+        recording = contextlib.nullcontext() if fused.active() else modes.eager_mode("fused")
+        with recording, torch.no_grad(), torch.autocast("tpu", enabled=False):
+            return Interpreter(self.graph_module, None, self.symbolic.padded_dims()).run(*args)
 
     def stablehlo(self, *args: Any) -> str:
         """StableHLO text of this graph for these arguments (traced, not run)."""
@@ -435,7 +489,14 @@ def _operator(op: _Op) -> Callable:
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
 
 
-def _unpickle(nodes: list, attributes: dict, name: str, host_outputs: list) -> Program:
+def _unpickle(
+    nodes: list,
+    attributes: dict,
+    name: str,
+    host_outputs: list,
+    symbolic: Symbolic | None = None,
+    bounded_dynamism: bool = True,
+) -> Program:
     graph = torch.fx.Graph()
     made: list[torch.fx.Node] = []
     for op, node_name, target, arguments, stack_trace in nodes:
@@ -447,7 +508,11 @@ def _unpickle(nodes: list, attributes: dict, name: str, host_outputs: list) -> P
         if stack_trace:
             node.meta["stack_trace"] = stack_trace
         made.append(node)
-    return Program(torch.fx.GraphModule(attributes, graph), name, host_outputs)
+    program = Program(
+        torch.fx.GraphModule(attributes, graph), name, host_outputs, symbolic or Symbolic({}, {}, True)
+    )
+    program.bounded_dynamism = bounded_dynamism
+    return program
 
 
 def _lower(staged: jax.stages.Traced, args: list, donated: tuple[int, ...]) -> jax.stages.Lowered:

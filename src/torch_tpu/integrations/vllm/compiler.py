@@ -40,7 +40,10 @@ class TpuCompiler(CompilerInterface):
     ) -> tuple[Callable, None]:
         from torch_tpu.frontends.compile import backend
 
-        compiled = backend(graph, example_inputs)
+        # Static programs per token count, as before size buckets: vLLM's graphs are symbolic
+        # in the number of tokens, and a bucketed graph records its ops on every call (fused
+        # eager's host cost), which a serving step cannot afford.
+        compiled = backend(graph, example_inputs, options={"bounded_dynamism": False})
         # (serializable when vLLM saves the model: it compiles under AOTAutograd's bundled cache)
         if hasattr(compiled, "serialize"):
             compiled = AOTCompiledArtifact(compiled)

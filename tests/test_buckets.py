@@ -306,6 +306,27 @@ def test_triangles_and_safe_softmax_are_exact(n):
     _assert_like_cpu(masked_softmax, torch.randn(2, n, n), dims=[1, 2])
 
 
+def rms_and_masks(x, m):
+    """An RMS norm (a mean over the static hidden dim), a mask filled in, factories like it."""
+    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return rms, x.masked_fill(m, -1.0), torch.zeros_like(x) + x, torch.ones_like(x) * x
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_static_means_masked_fills_and_like_factories_are_exact(n):
+    _assert_like_cpu(rms_and_masks, torch.randn(2, n, 6), torch.randn(2, n, 6) > 0, dims=[1])
+
+
+def cache_grown_from_nothing(k):
+    empty = torch.zeros(2, 3, 0, 4, device=k.device)  # (a DynamicCache's first update)
+    return torch.cat([empty, k], dim=-2) * 2
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_concatenation_onto_empty_is_exact(n):
+    _assert_like_cpu(cache_grown_from_nothing, torch.randn(2, 3, n, 4), dims=[2])
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_concatenation_is_exact(n):
     _assert_like_cpu(concatenated, torch.randn(2, n, 3), torch.randn(2, n, 4), dims=[1])
@@ -348,6 +369,7 @@ PADDED_OPINFOS = [
     "sigmoid",
     "clamp",
     "where",
+    "masked_fill",
     "maximum",
     "pow",
     "nn.functional.gelu",
@@ -357,6 +379,7 @@ PADDED_OPINFOS = [
     "amin",
     "prod",
     "logsumexp",
+    "mean",
     "argmax",
     "max.reduction_with_dim",
     "softmax",

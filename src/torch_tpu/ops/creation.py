@@ -26,6 +26,7 @@ from ..runtime.lru import LRU, cached
 from ..runtime.tensor import fill
 from ..runtime.transfer import INT64_RANGE, device_scalar, first_fill_on_host
 from ._helpers import accumulator, check_number_fits
+from .padding import UNREAD
 from .registry import Layout, Runs, lower, runtime
 
 aten = torch.ops.aten
@@ -285,13 +286,16 @@ def full_like(x, fill_value, dtype=None, layout=None, device=None, pin_memory=No
 
 def _constant_like(value):
     def like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-        return _full(x.shape, value, x.dtype if dtype is None else dtype)
+        dtype = x.dtype if dtype is None else dtype
+        if type(x) is Padded:  # (laid out as its operand: the two meet without padding again)
+            return padding.made(Padded(_filled(x.layout.padded_shape, value, np.dtype(dtype)), x.layout))
+        return _full(x.shape, value, dtype)
 
     return like
 
 
-lower(aten.zeros_like.default, layout=Layout.LIKE, runs=Runs.EAGER)(_constant_like(0))
-lower(aten.ones_like.default, layout=Layout.LIKE, runs=Runs.EAGER)(_constant_like(1))
+lower(aten.zeros_like.default, layout=Layout.LIKE, runs=Runs.EAGER, pad=UNREAD)(_constant_like(0))
+lower(aten.ones_like.default, layout=Layout.LIKE, runs=Runs.EAGER, pad=UNREAD)(_constant_like(1))
 
 
 def _check_new_full(x, size, fill_value, dtype=None, *_):
@@ -310,8 +314,8 @@ def _constant_new(value):
     return new
 
 
-lower(aten.new_zeros.default, runs=Runs.EAGER)(_constant_new(0))
-lower(aten.new_ones.default, runs=Runs.EAGER)(_constant_new(1))
+lower(aten.new_zeros.default, runs=Runs.EAGER, pad=UNREAD)(_constant_new(0))
+lower(aten.new_ones.default, runs=Runs.EAGER, pad=UNREAD)(_constant_new(1))
 
 
 _INT64 = np.dtype(jnp.int64)

@@ -558,7 +558,9 @@ def _compute_fn(entry: Lowering) -> _Compute:
     traced, on_host = runs is Runs.TRACED, runs is Runs.HOST
     # (a check sees the op's arrays: an op with one reads its inputs unpadded)
     checks_padded = getattr(entry.pad, "check_fills", None) is not None
-    pad_rule = entry.pad if traced and (entry.check is None or checks_padded) else None
+    # (an eager lowering only where it reads no padded element: traced, a rule's program runs it)
+    servable = traced or entry.pad is padding_rules.UNREAD
+    pad_rule = entry.pad if servable and (entry.check is None or checks_padded) else None
     name = str(op)
     convert_by_kind = {  # (each takes the value and the tpu index of the op)
         _TENSOR: _to_jax_arg,

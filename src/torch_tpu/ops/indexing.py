@@ -39,6 +39,7 @@ from ._helpers import (
     warn,
 )
 from .creation import linear_steps
+from .padding import POINTWISE_CHECKED
 from .registry import Promote, Runs, lower
 
 aten = torch.ops.aten
@@ -449,7 +450,7 @@ def _check_fill_value(x, mask, value):
     _check_value_fits(value, x.dtype, x.size)
 
 
-@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor, check=_check_fill_value)
+@lower(aten.masked_fill.Scalar, aten.masked_fill.Tensor, check=_check_fill_value, pad=POINTWISE_CHECKED)
 def masked_fill(x, mask, value):
     _require_bool_mask(mask, "masked_fill")
     if jnp.ndim(value):

@@ -36,6 +36,8 @@ __all__ = [
     "Reduce",
     "Rowwise",
     "POINTWISE",
+    "POINTWISE_CHECKED",
+    "UNREAD",
     "TRIANGLE",
     "run",
 ]
@@ -122,7 +124,12 @@ def _broadcast_dims(layouts: dict) -> tuple | None:
 
 class Pointwise:
     """Each output element depends on the inputs' elements at its position (broadcast): padding
-    is computed along and never read. Every output is laid out as the broadcast inputs."""
+    is computed along and never read. Every output is laid out as the broadcast inputs.
+    ``check_fills``: as :class:`Planned`'s, for an op whose check reads no padded element (a
+    fill value's range: ``masked_fill``)."""
+
+    def __init__(self, check_fills: dict | None = None):
+        self.check_fills = check_fills
 
     def plan(self, values: list, names: Sequence[str]) -> Plan | None:
         layouts = {i: lay for i, v in enumerate(values) if (lay := _layout(v)) is not None}
@@ -137,6 +144,19 @@ class Pointwise:
 
 
 POINTWISE = Pointwise()
+#: pointwise, with a check that reads no element of the padded operands
+POINTWISE_CHECKED = Pointwise(check_fills={})
+
+
+class Unread:
+    """The lowering reads only its padded operands' shapes and dtypes, never their elements
+    (``new_ones``, ``zeros_like``): it is called with them as they are (a factory ``*_like``
+    makes its result padded as its operand, :mod:`.creation`)."""
+
+    plan = None
+
+
+UNREAD = Unread()
 
 
 def _identity(kind: str, dtype) -> Any:
@@ -164,7 +184,9 @@ class Reduce:
     """A reduction of ``self`` over ``dim`` (all dims for None or an empty list): the padding of
     the reduced dims holds the reduction's identity (``kind``: sum, prod, max, min, any, all).
     ``indices``: the op also returns positions along the reduced dim, exact only where that dim
-    is a single factor (padding then follows the tensor's positions)."""
+    is a single factor (padding then follows the tensor's positions). ``kind`` "static": a
+    reduction that needs the reduced dims' logical extent (``mean``, ``var``, ``std``), planned
+    only where they are static (an RMS norm's hidden dim of padded tokens)."""
 
     def __init__(self, kind: str, dim: str = "dim", keepdim: str = "keepdim", indices: bool = False):
         self.kind, self.dim, self.keepdim, self.indices = kind, dim, keepdim, indices
@@ -183,6 +205,8 @@ class Reduce:
         else:
             reduced = {_wrap_dim(d, ndim) for d in (dim if isinstance(dim, (list, tuple)) else (dim,))}
         if self.indices and any(len(lay.dims[d]) > 1 and _is_dynamic(lay.dims[d]) for d in reduced):
+            return None
+        if self.kind == "static" and any(_is_dynamic(lay.dims[d]) for d in reduced):
             return None
         keepdim = bool(_named(values, names, self.keepdim, False))
         dims = tuple(
@@ -375,7 +399,8 @@ NLL_LOSS_BACKWARD = Planned(functools.partial(_nll_plan, backward=True))
 
 
 def _cat_plan(values: list, names: Sequence[str]) -> Plan | None:
-    """``cat(tensors, dim)``: operands laid out alike but along ``dim``, which none pads."""
+    """``cat(tensors, dim)``: operands laid out alike but along ``dim``, which none pads; or one
+    operand and empty ones (a cache grown from nothing), laid out as that one."""
     tensors = values[0]
     if type(tensors) is not list:
         return None
@@ -383,12 +408,25 @@ def _cat_plan(values: list, names: Sequence[str]) -> Plan | None:
     if any(lay is None for lay in layouts) or len({len(lay.dims) for lay in layouts}) != 1:
         return None
     d = _wrap_dim(_named(values, names, "dim", 0), len(layouts[0].dims))
+    filled = [i for i, lay in enumerate(layouts) if lay.shape[d]]
+    if len(filled) == 1 and len(layouts) > 1:
+        return _cat_onto_empty(layouts, filled[0], d)
     rest = {lay.dims[:d] + lay.dims[d + 1 :] for lay in layouts}
     if len(rest) != 1 or any(_is_dynamic(lay.dims[d]) for lay in layouts):
         return None
     dims = list(layouts[0].dims)
     dims[d] = static_dim(sum(lay.shape[d] for lay in layouts))
     return Plan({}, {}, (Layout(tuple(dims)),))
+
+
+def _cat_onto_empty(layouts: list, kept: int, d: int) -> Plan | None:
+    """``cat`` of one operand (``kept``) with empty ones along ``d``, each laid out as it is but
+    for its 0 along ``d`` (static elsewhere: an empty cache): the result is laid out as it."""
+    out = layouts[kept]
+    empty = out.dims[:d] + (static_dim(0),) + out.dims[d + 1 :]
+    if any(lay.dims != empty for i, lay in enumerate(layouts) if i != kept):
+        return None
+    return Plan({}, {}, (out,))
 
 
 CAT = Planned(_cat_plan)
@@ -513,6 +551,8 @@ def run(rule, program: Callable, values: list, extra: dict, names: Sequence[str]
     """The op's outputs for arguments ``values`` (some :class:`Padded`) run padded as ``rule``
     plans it (padded outputs where their layout has a dynamic factor), or None where the rule
     does not serve this call."""
+    if rule is UNREAD:
+        return program(*values, **extra)
     plan = rule.plan(values, names)
     if plan is None:
         return None

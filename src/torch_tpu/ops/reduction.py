@@ -133,12 +133,12 @@ def prod_all(x, dtype=None):
     return _accumulate(jnp.prod, x, None, False, _sum_dtype(x.dtype, dtype))
 
 
-@lower(aten.mean.dim)
+@lower(aten.mean.dim, pad=Reduce("static"))
 def mean_dim(x, dim, keepdim=False, dtype=None):
     return _accumulate(jnp.mean, x, dim, keepdim, _float_dtype("mean", x.dtype, dtype))
 
 
-@lower(aten.mean.default)
+@lower(aten.mean.default, pad=Reduce("static"))
 def mean_all(x, dtype=None):
     return mean_dim(x, None, False, dtype)
 

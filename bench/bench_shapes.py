@@ -8,11 +8,14 @@ gives the same run without size buckets, side by side:
   lengths drawn from 8..64, against the same steps at length 64, on PyTorch CPU, tpu strict,
   tpu fused and ``torch.compile(model, backend="tpu", dynamic=None)`` (the issue's target: the
   variable run within 4.5x the fixed run's time and compiles);
+- **Hugging Face Llama fine-tuning**: a tiny ``LlamaForCausalLM`` (2 layers, d=64) with AdamW on
+  batches of 4 sequences of 8..64 tokens from ``DataCollatorWithPadding``, each batch padded to
+  its longest against all padded to 64, strict and fused;
 - **new size in a bucket**: ``float((torch.ones(n, 7, device="tpu") * 2).sum())`` for 10 new
   sizes n in 33..60 after two warm-up sizes: compiles and time per size, against a repeated size;
 - **torch.compile(dynamic=None)**: 11 new lengths in 11..64 after a first call at 8.
 
-Usage: ``python bench/bench_shapes.py [--markdown] [--steps N]``.
+Usage: ``python bench/bench_shapes.py [--markdown] [--steps N] [--hf-steps N]``.
 """
 
 from __future__ import annotations
@@ -59,6 +62,70 @@ def _gpt_case(device: str, mode: str, lengths: list[int]) -> dict:
     seconds = time.perf_counter() - started
     return {
         "seconds": seconds,
+        "compiles": _compiles() - compiles if device == "tpu" else 0,
+        "last_loss": losses[-1],
+    }
+
+
+def _hf_batches(kind: str, steps: int) -> list:
+    """Batches of 4 random token sequences of 8..64 tokens, as ``DataCollatorWithPadding``
+    makes them: padded to the batch's longest ("variable") or all to 64 ("fixed"); a word-level
+    tokenizer built in memory (nothing downloads)."""
+    import random
+
+    from tokenizers import Tokenizer, models
+    from transformers import DataCollatorWithPadding, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<unk>": 1, **{f"t{i}": i + 2 for i in range(126)}}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
+        pad_token="<pad>",
+        unk_token="<unk>",
+    )
+    rng = random.Random(0)
+    examples = [
+        {"input_ids": [rng.randrange(2, 128) for _ in range(rng.randint(8, 64))]} for _ in range(4 * steps)
+    ]
+    collate = DataCollatorWithPadding(
+        tokenizer, padding="max_length" if kind == "fixed" else "longest", max_length=64
+    )
+    return [collate(examples[i : i + 4]) for i in range(0, len(examples), 4)]
+
+
+def _hf_case(device: str, mode: str, kind: str, steps: int) -> dict:
+    """A tiny Hugging Face Llama fine-tuned with AdamW on :func:`_hf_batches`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import torch_tpu
+
+    batches = _hf_batches(kind, steps)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+    )
+    model = LlamaForCausalLM(config).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    context = torch_tpu.eager_mode("fused") if mode == "fused" else _nothing()
+    compiles = _compiles() if device == "tpu" else 0
+    started, losses = time.perf_counter(), []
+    with context:
+        for batch in batches:
+            ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+            loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+    return {
+        "seconds": time.perf_counter() - started,
         "compiles": _compiles() - compiles if device == "tpu" else 0,
         "last_loss": losses[-1],
     }
@@ -122,6 +189,8 @@ def _child(case: str, args: list[str]) -> None:
     if case == "gpt":
         device, mode, lengths = args[0], args[1], json.loads(args[2])
         result = _gpt_case(device, mode, lengths)
+    elif case == "hf":
+        result = _hf_case(args[0], args[1], args[2], int(args[3]))
     elif case == "bucket":
         result = _bucket_case()
     else:
@@ -155,10 +224,37 @@ def _lengths(steps: int) -> list[int]:
     return [rng.randint(8, 64) for _ in range(steps)]
 
 
+def _hf_rows(steps: int) -> list[tuple]:
+    cpu = {kind: _run("hf", "cpu", "strict", kind, str(steps)) for kind in ("variable", "fixed")}
+    rows = [
+        (
+            "HF Llama + DataCollatorWithPadding, PyTorch CPU",
+            f"{cpu['variable']['seconds']:.2f} s",
+            f"{cpu['fixed']['seconds']:.2f} s",
+            "",
+            "",
+        )
+    ]
+    for mode in ("strict", "fused"):
+        var, fix = (_run("hf", "tpu", mode, kind, str(steps)) for kind in ("variable", "fixed"))
+        rows.append(
+            (
+                f"HF Llama + DataCollatorWithPadding, tpu {mode}",
+                f"{var['seconds']:.2f} s, {var['compiles']} compiles",
+                f"{fix['seconds']:.2f} s, {fix['compiles']} compiles",
+                f"{var['seconds'] / fix['seconds']:.1f}x time, "
+                f"{var['compiles'] / max(fix['compiles'], 1):.1f}x compiles",
+                f"loss {var['last_loss']:.4f} (CPU {cpu['variable']['last_loss']:.4f})",
+            )
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--hf-steps", type=int, default=20)
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.child:
@@ -183,6 +279,7 @@ def main() -> None:
                     f"loss {var['last_loss']:.4f} (CPU {cpu_var['last_loss']:.4f})",
                 )
             )
+    rows.extend(_hf_rows(options.hf_steps))
     for buckets in (True, False):
         b = _run("bucket", buckets=buckets)
         rows.append(

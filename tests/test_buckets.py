@@ -318,8 +318,9 @@ def test_static_means_masked_fills_and_like_factories_are_exact(n):
 
 
 def cache_grown_from_nothing(k):
-    empty = torch.zeros(2, 3, 0, 4, device=k.device)  # (a DynamicCache's first update)
-    return torch.cat([empty, k], dim=-2) * 2
+    empty = torch.zeros(2, 3, 0, 4, device=k.device)
+    legacy = torch.tensor([], device=k.device)  # (a DynamicCache's first update: cat skips it)
+    return torch.cat([empty, k], dim=-2) * 2, torch.cat([legacy, k], dim=-2)
 
 
 @pytest.mark.parametrize("n", SIZES)

@@ -405,12 +405,17 @@ def _cat_plan(values: list, names: Sequence[str]) -> Plan | None:
     if type(tensors) is not list:
         return None
     layouts = [_layout(t) for t in tensors]
-    if any(lay is None for lay in layouts) or len({len(lay.dims) for lay in layouts}) != 1:
+    if any(lay is None for lay in layouts):
+        return None
+    layouts = [lay for lay in layouts if lay.shape != (0,)] or layouts  # (cat skips these: legacy)
+    if len({len(lay.dims) for lay in layouts}) != 1:
         return None
     d = _wrap_dim(_named(values, names, "dim", 0), len(layouts[0].dims))
     filled = [i for i, lay in enumerate(layouts) if lay.shape[d]]
     if len(filled) == 1 and len(layouts) > 1:
         return _cat_onto_empty(layouts, filled[0], d)
+    if len(layouts) == 1:  # (with skipped ones only)
+        return Plan({}, {}, (layouts[0],))
     rest = {lay.dims[:d] + lay.dims[d + 1 :] for lay in layouts}
     if len(rest) != 1 or any(_is_dynamic(lay.dims[d]) for lay in layouts):
         return None

@@ -8,7 +8,7 @@ gives the same run without size buckets, side by side:
   lengths drawn from 8..64, against the same steps at length 64, on PyTorch CPU, tpu strict,
   tpu fused and ``torch.compile(model, backend="tpu", dynamic=None)`` (the issue's target: the
   variable run within 4.5x the fixed run's time and compiles);
-- **Hugging Face Llama fine-tuning**: a tiny ``LlamaForCausalLM`` (2 layers, d=64) with AdamW on
+- **Hugging Face Llama fine-tuning**: the test zoo's tiny ``LlamaForCausalLM`` (2 layers, d=32) with AdamW on
   batches of 4 sequences of 8..64 tokens from ``DataCollatorWithPadding``, each batch padded to
   its longest against all padded to 64, strict and fused;
 - **new size in a bucket**: ``float((torch.ones(n, 7, device="tpu") * 2).sum())`` for 10 new
@@ -93,25 +93,15 @@ def _hf_batches(kind: str, steps: int) -> list:
 
 
 def _hf_case(device: str, mode: str, kind: str, steps: int) -> dict:
-    """A tiny Hugging Face Llama fine-tuned with AdamW on :func:`_hf_batches`."""
+    """The test zoo's tiny Hugging Face Llama (2 layers, d=32) fine-tuned with AdamW on
+    :func:`_hf_batches`."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     import torch_tpu
+    from torch_tpu.testing import hf_zoo
 
     batches = _hf_batches(kind, steps)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        pad_token_id=0,
-    )
-    model = LlamaForCausalLM(config).to(device)
+    model = hf_zoo.build("llama").train().to(device)  # (the test zoo's tiny Llama, no dropout)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     context = torch_tpu.eager_mode("fused") if mode == "fused" else _nothing()
     compiles = _compiles() if device == "tpu" else 0

@@ -328,6 +328,25 @@ def test_concatenation_onto_empty_is_exact(n):
     _assert_like_cpu(cache_grown_from_nothing, torch.randn(2, 3, n, 4), dims=[2])
 
 
+def shifted(x):
+    """A language model's shifted logits and labels: slices of a dynamic dim from a fixed start."""
+    return x[:, 1:] * 2, x[:, :-1] + 1, x[:, 1:] - x[:, :-1], x[:, 2:-1].exp()
+
+
+@pytest.mark.parametrize("n", [7, 8, 9, 16])
+def test_slices_from_a_fixed_start_are_exact(n):
+    _assert_like_cpu(shifted, torch.randn(2, n, 5), dims=[1])
+
+
+def padded_ends(x, labels):
+    return F.pad(x, (1, 2, 0, 3), value=0.5), F.pad(labels, (0, 1), value=-100)[..., 1:]
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_constant_padding_at_the_end_is_exact(n):
+    _assert_like_cpu(padded_ends, torch.randn(2, n, 3), torch.randint(0, 5, (2, n)), dims=[1])
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_concatenation_is_exact(n):
     _assert_like_cpu(concatenated, torch.randn(2, n, 3), torch.randn(2, n, 4), dims=[1])
@@ -396,6 +415,7 @@ PADDED_OPINFOS = [
     "nn.functional.embedding",
     "nn.functional.cross_entropy",
     "cat",
+    "nn.functional.pad.constant",
 ]
 _BY_NAME = {(f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name): op for op in op_db}
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..runtime import padding
 from ..runtime.buffer import ARRAY_TYPE, Deferred, Padded, StridedView, apply, host_copy
-from ..runtime.padding import Layout, static_dim
+from ..runtime.padding import Factor, Layout, static_dim
 
 __all__ = [
     "Along",
@@ -435,6 +435,36 @@ def _cat_onto_empty(layouts: list, kept: int, d: int) -> Plan | None:
 
 
 CAT = Planned(_cat_plan)
+
+
+def _constant_pad_plan(values: list, names: Sequence[str]) -> Plan | None:
+    """``constant_pad_nd(x, pad, value)``: what it adds after the end of a dynamic dim (one
+    factor) lands on ``x``'s padding, which holds ``value``: the dim keeps its padding, longer by
+    as much. Static dims are padded (or cropped) as the lowering pads them."""
+    x = values[0]
+    if type(x) is not Padded:
+        return None
+    pad, lay = list(values[1]), x.layout
+    dims = list(lay.dims)
+    for k in range(len(pad) // 2):
+        d = len(dims) - 1 - k
+        before, after = pad[2 * k], pad[2 * k + 1]
+        if not _is_dynamic(dims[d]):
+            dims[d] = static_dim(lay.shape[d] + before + after)
+        elif before or after < 0 or len(dims[d]) != 1:
+            return None
+        else:
+            f = dims[d][0]
+            dims[d] = (Factor(f.size + after, f.padded + after),)
+    value = _named(values, names, "value", 0)
+    if not isinstance(value, (bool, int, float)):  # (the number, made a device scalar: read back)
+        if type(value) is not ARRAY_TYPE or value.ndim:
+            return None
+        value = np.asarray(value).item()
+    return Plan({}, {0: value}, (Layout(tuple(dims)),))
+
+
+CONSTANT_PAD = Planned(_constant_pad_plan)
 
 
 def _attention_backward_plan(values: list, names: Sequence[str]) -> Plan | None:

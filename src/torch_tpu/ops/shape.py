@@ -25,7 +25,7 @@ from ..runtime.context import context
 from . import indexing
 from ._helpers import result_dtype
 from ._nn_helpers import wrap_dim
-from .padding import CAT, TRIANGLE
+from .padding import CAT, CONSTANT_PAD, TRIANGLE
 from .registry import Layout, Runs, lower
 
 aten = torch.ops.aten
@@ -162,7 +162,7 @@ def _pad_widths(ndim: int, padding) -> list[tuple[int, int]]:
     return [(0, 0)] * (ndim - len(pairs)) + pairs[::-1]
 
 
-@lower(aten.constant_pad_nd.default, layout=Layout.META)
+@lower(aten.constant_pad_nd.default, layout=Layout.META, pad=CONSTANT_PAD)
 def constant_pad_nd(x, pad, value=0):
     config = [(lo, hi, 0) for lo, hi in _pad_widths(x.ndim, pad)]  # negative widths crop
     return lax.pad(x, jnp.asarray(value, x.dtype), config)

@@ -412,11 +412,14 @@ class ViewPlan(NamedTuple):
     order: tuple[int, ...]  # kept axes -> the view's non-broadcast dims in view order
     shape: tuple[int, ...]  # the padded view's shape (broadcast dims included)
     broadcast: tuple[int, ...]  # view dims of stride 0 (expanded), broadcast in
+    tails: tuple[int, ...] = ()  # per hull axis: padding appended after the slice (a cut's start)
 
 
 def _read_view_with(xp, array, plan: ViewPlan):
     x = array.reshape(plan.hull)
     x = x[tuple(slice(a, b) for a, b in plan.slices)]
+    if any(plan.tails):
+        x = xp.pad(x, [(0, t) for t in plan.tails])
     dropped = tuple(a for a in range(len(plan.hull)) if a not in plan.kept)
     x = x.reshape([n for a, n in enumerate(x.shape) if a not in dropped])
     x = x.transpose(plan.order) if plan.order != tuple(range(len(plan.order))) else x
@@ -482,11 +485,23 @@ def _padded_position(group: Sequence[Factor], position: int) -> int:
     return padded
 
 
+def _cut(group: Sequence[Factor], start: int, length: int) -> tuple[Factor] | None:
+    """The dim of a slice ``start:start + length`` of a dimension that is one dynamic factor
+    (``x[:, 1:]``, ``x[:, :-1]``: a language model's shifted logits and labels): the padded axis
+    from ``start`` on, padded again to the bucket (so ``x[:, 1:]`` and ``x[:, :-1]`` are laid
+    out alike), its first ``length`` positions the slice's: the read depends on ``start`` and
+    the bucket only. None for any other dimension."""
+    if len(group) != 1 or group[0].bucket is None:
+        return None
+    return (Factor(length, group[0].padded),)
+
+
 def plan_view(layout: Layout, shape: Sequence[int], strides: Sequence[int], offset: int) -> tuple | None:
     """(:class:`ViewPlan`, the view's :class:`Layout`) for the view (``shape``, ``strides``,
     ``offset``, in elements of the logical storage ``layout`` describes), or None where the view
-    is not a block of a reshape of the storage that keeps each dynamic factor whole (a slice
-    along a dynamic dimension, overlapping elements): it is then read unpadded.
+    is not a block of a reshape of the storage that keeps each dynamic factor whole or slices a
+    dimension of one dynamic factor from a fixed start (an index into a dynamic dimension,
+    ``x[:, -1]``; overlapping elements): it is then read unpadded.
 
     The storage is reshaped to a *hull* with one axis per view dim (the sizes between the view's
     strides, largest first, and the innermost stride when above 1), each axis sliced to the
@@ -517,22 +532,30 @@ def plan_view(layout: Layout, shape: Sequence[int], strides: Sequence[int], offs
         rest //= n
     if rest:
         return None
-    dims, slices, kept = {}, [], []
+    dims, slices, kept, tails = {}, [], [], []
     for axis, (group, d, start) in enumerate(zip(groups, steps, reversed(coords))):
         length = 1 if d is None else shape[d]
         if start + length > hull[axis]:
             return None
         whole = d is not None and start == 0 and length == hull[axis]
-        if not whole and any(f.bucket is not None and (d is not None or f.size > 1) for f in group):
-            return None  # (a cut of a dynamic factor; one of size 1 is indexed at 0 below)
+        cut = _cut(group, start, length) if d is not None and not whole else None
+        if (
+            not whole
+            and cut is None
+            and any(f.bucket is not None and (d is not None or f.size > 1) for f in group)
+        ):
+            return None  # (a cut into a merged dynamic dim; a factor of size 1 is indexed at 0 below)
         if whole:
             slices.append((0, math.prod(f.padded for f in group)))
+        elif cut is not None:
+            slices.append((start, group[0].padded))
         else:
             first = _padded_position(group, start)
             slices.append((first, first + length))
+        tails.append(start if cut is not None else 0)
         if d is not None:
             kept.append(axis)
-            dims[d] = tuple(group) if whole else static_dim(length)
+            dims[d] = tuple(group) if whole else cut or static_dim(length)
     view_layout = Layout(tuple(dims.get(d, static_dim(n)) for d, n in enumerate(shape)))
     order = tuple(by_stride.index(d) for d in sorted(real))
     inserted = tuple(d for d in range(len(shape)) if d not in dims)
@@ -543,6 +566,7 @@ def plan_view(layout: Layout, shape: Sequence[int], strides: Sequence[int], offs
         order,
         view_layout.padded_shape,
         inserted,
+        tuple(tails) if any(tails) else (),
     )
     return plan, view_layout
 

@@ -81,6 +81,9 @@ _GEOMETRIES = [
     ((74, 1, 12), (12, 12, 1), 0),  # unsqueezed
     ((74, 3, 12), (12, 0, 1), 0),  # expanded
     ((74, 6), (12, 2), 0),  # every other channel
+    ((2, 36, 12), (444, 12, 1), 12),  # [:, 1:] (shifted labels)
+    ((2, 36, 12), (444, 12, 1), 0),  # [:, :-1] (shifted logits)
+    ((2, 30, 12), (444, 12, 1), 24),  # [:, 2:32]
 ]
 
 
@@ -96,8 +99,8 @@ def test_a_view_of_a_padded_storage_reads_the_logical_elements(shape, strides, o
 
 @pytest.mark.parametrize(
     "shape, strides, offset",
-    [((37, 12), (12, 1), 444), ((2, 12), (444, 1), 432), ((2, 30, 12), (444, 12, 1), 0)],
-    ids=["a batch row", "the last position", "a slice of the length"],
+    [((37, 12), (12, 1), 444), ((2, 12), (444, 1), 432), ((60, 12), (12, 1), 0)],
+    ids=["a batch row", "the last position", "a slice of the merged length"],
 )
 def test_views_that_cut_a_padded_dimension_are_read_unpadded(shape, strides, offset):
     assert padding.plan_view(_MERGED, shape, strides, offset) is None

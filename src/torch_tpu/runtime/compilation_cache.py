@@ -17,6 +17,17 @@ renamed over the entry, so a reader in another process never sees half an entry.
 Nothing in a key depends on where the directory is: JAX would hash the path of its XLA GPU
 autotuning cache (a folder inside the cache directory) into every key, so those extra XLA caches
 are turned off and a copied or moved directory still hits.
+
+Loading entries never takes the process past the kernel's limit on memory mappings
+(``vm.max_map_count``), where XLA:CPU segfaults inside ``deserialize_executable``. XLA:CPU maps
+about three regions per object file (one per kernel) of an executable it loads: a fused graph of
+fifty kernels takes ~150, where :mod:`.executable_budget`, which reads the mapping count once
+every 256 executables, expects ~3. On a warm cache a process loads such graphs back to back and
+could overrun the limit between two of its readings. So each executable read from the cache (or
+written after a compile, and each compiled graph :mod:`torch_tpu.frontends.compile.stored`
+loads) counts its object files' mappings (:class:`MappingWatch`), the mapping count is read again
+after every so many of those, and past the budget the in-memory caches are trimmed before the
+next op, as :mod:`.executable_budget` does.
 """
 
 from __future__ import annotations
@@ -32,6 +43,8 @@ import threading
 import jax
 from jax._src import compilation_cache as jax_compilation_cache
 from jax._src.compilation_cache_interface import CacheInterface
+
+from . import executable_budget, platform
 
 _log = logging.getLogger("torch_tpu")
 
@@ -96,6 +109,66 @@ def unpack(key: str, entry: bytes) -> bytes:
     return payload
 
 
+#: Memory mappings XLA:CPU makes for each object file of an executable it loads or compiles (its
+#: code, read-only data and data), measured on XLA:CPU (jaxlib 0.10).
+MAPPINGS_PER_OBJECT = 3
+_OBJECT_FILE_MAGIC = b"\x7fELF"
+
+
+def mappings_to_load(executable: bytes) -> int:
+    """The memory mappings that loading ``executable`` (a serialized XLA:CPU executable, or bytes
+    holding one) takes: XLA:CPU links each of its object files into memory on its own. 0 where
+    the format holds no ELF object files; only :mod:`.executable_budget`'s own counts apply then."""
+    return MAPPINGS_PER_OBJECT * executable.count(_OBJECT_FILE_MAGIC)
+
+
+class MappingWatch:
+    """Reads this process's memory-mapping count (``/proc/self/maps``: milliseconds, more the
+    more mappings there are) after every so many mappings the executables loaded take, instead
+    of after every so many executables: after a sixteenth of the limit (4,096 of 65,530), fewer
+    the closer the count is to the limit. What the executables map between two readings is
+    then never more than that, however many kernels each has."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since_reading = 0  # mappings the executables loaded since the last reading take
+        self._allowance = 0  # read the count again once they reach this (0: at the first load)
+
+    def loading(self, mappings: int) -> None:
+        """Count ``mappings`` about to be mapped (or just mapped); past the budget, ask for a trim
+        of the in-memory caches before the next op (:func:`.executable_budget.trim`)."""
+        limit = executable_budget.limit
+        if limit is None or mappings == 0:
+            return
+        with self._lock:
+            self._since_reading += mappings
+            if self._since_reading < self._allowance:
+                return
+            count = executable_budget.mapping_count() + mappings
+            self._since_reading = 0
+            self._allowance = min(limit // 16, (limit - count) // 8)
+        if count > executable_budget.BUDGET * limit:
+            platform.request_attention(executable_budget.trim)
+        if count >= limit:  # (too late to trim: XLA is about to fail to map the code and crash)
+            _log.error(
+                "this process is about to exceed the kernel's limit of %d memory mappings "
+                "(vm.max_map_count) loading an executable (%d mappings after it): XLA cannot map "
+                "its code and may crash; raise vm.max_map_count or run fewer programs per process",
+                limit,
+                count,
+            )
+
+
+#: The watch over every executable this process loads from a cache or compiles.
+mapping_watch = MappingWatch()
+
+
+def note_executable(executable: bytes) -> None:
+    """Count the mappings of ``executable`` (serialized), which this process is about to load (or
+    has just compiled), toward the next reading of the mapping count (:class:`MappingWatch`)."""
+    mapping_watch.loading(mappings_to_load(executable))
+
+
 class VerifiedFileCache(CacheInterface):
     """One file per key in a directory; see the module docstring for the format and checks."""
 
@@ -135,10 +208,26 @@ class VerifiedFileCache(CacheInterface):
             raise
 
 
+class ExecutableCache(VerifiedFileCache):
+    """JAX's persistent cache: a :class:`VerifiedFileCache` of JAX's payloads (an executable,
+    compressed, and its compile time). JAX loads each entry read right after, and writes each one
+    right after compiling it: the mappings of both count (:func:`note_executable`)."""
+
+    def get(self, key: str) -> bytes | None:
+        payload = super().get(key)
+        if payload is not None:
+            note_executable(jax_compilation_cache.decompress_executable(payload))
+        return payload
+
+    def put(self, key: str, value: bytes) -> None:
+        note_executable(jax_compilation_cache.decompress_executable(value))
+        super().put(key, value)
+
+
 def enable(directory: str, min_compile_seconds: float) -> None:
-    """Persist compiled executables in ``directory`` through :class:`VerifiedFileCache`."""
+    """Persist compiled executables in ``directory`` through :class:`ExecutableCache`."""
     # JAX builds its cache backend in get_file_cache, lazily on the first compilation
-    jax_compilation_cache.get_file_cache = lambda path: (VerifiedFileCache(path), path)
+    jax_compilation_cache.get_file_cache = lambda path: (ExecutableCache(path), path)
     if jax_compilation_cache._cache is not None:  # JAX compiled before torch_tpu was imported
         jax_compilation_cache.reset_cache()
     # the extra XLA caches put their absolute path (inside ``directory``) into every key

@@ -166,11 +166,17 @@ def load_executable(graph: str | None, donated: tuple[int, ...], index: int) -> 
         return None
     from jax.experimental.serialize_executable import deserialize_and_load
 
+    from ...runtime import compilation_cache, executable_budget
+
     try:
+        # (JAX's compile event, by which the process's memory mappings stay under the kernel's
+        # limit, does not fire for this load: it is counted here)
+        compilation_cache.note_executable(stored[0])
         run = deserialize_and_load(*stored, execution_devices=[platform.jax_device(index)])
     except Exception as error:  # noqa: BLE001  (e.g. another XLA build's executable)
         _log.warning("stored executable of compiled graph %s is unusable (%s): compiled again", graph, error)
         return None
+    executable_budget.executable_loaded()
     platform.compile_events["executables_built"] += 1  # built from the cache, not by XLA
     platform.compile_events["disk_hits"] += 1
     return run

@@ -7,9 +7,11 @@ eager into one ``jax.jit`` and calls the XLA executable from then on. Graph brea
 piece is its own graph), and compiled graphs land in the same persistent cache as fused eager.
 
 Shapes are static, as XLA's are: a new input shape compiles a new executable, logged with the
-reason on the ``torch_tpu`` logger (and on stderr under ``TORCH_TPU_LOG_RECOMPILES=1``).
-``dynamic=True`` works the same way: Dynamo traces once, XLA compiles once per concrete shape.
-To bound the number of shapes, pad inputs to a few sizes with :func:`pad_to_bucket`.
+reason on the ``torch_tpu`` logger (and on stderr under ``TORCH_TPU_LOG_RECOMPILES=1``). A graph
+Dynamo traced with symbolic sizes (``dynamic=None`` once a size changed, ``dynamic=True``) runs
+through size buckets instead, one program per bucket (:meth:`Program._run_bucketed`;
+``options={"bounded_dynamism": False}`` turns that off). :func:`pad_to_bucket` pads inputs to a
+few sizes by hand.
 
 PyTorch finds the backend through the ``torch_dynamo_backends`` entry point, so importing
 torch_tpu does not import Dynamo.

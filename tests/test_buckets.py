@@ -201,7 +201,11 @@ def _assert_like_cpu(fn, *inputs, grad=True, dims=None, stays_padded=True):
     not the unpadded reading every op falls back to)."""
     cpu = [x.clone().requires_grad_(grad and x.is_floating_point()) for x in inputs]
     wide = [widened(x.detach()).requires_grad_(grad and x.is_floating_point()) for x in inputs]
-    tpu = [padded(x.detach(), dims).requires_grad_(grad and x.is_floating_point()) for x in inputs]
+    per_input = dims if dims and isinstance(dims[0], list) else [dims] * len(inputs)
+    tpu = [
+        padded(x.detach(), d).requires_grad_(grad and x.is_floating_point())
+        for x, d in zip(inputs, per_input)
+    ]
     outs = [fn(*args) for args in (tpu, cpu, wide)]
     leaves = [[o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)] for out in outs]
     assert not stays_padded or is_padded(leaves[0][0]), f"{fn.__name__} ran unpadded"
@@ -297,6 +301,31 @@ def test_causal_attention_is_exact(n):
     _assert_like_cpu(attention, q, k, v, dims=[2])
 
 
+def masked_attention(q, k, v, keep, bias):
+    """Attention as Hugging Face masks it: a boolean causal mask and a padding mask, broadcast
+    over the heads; and an additive mask."""
+    n = q.shape[-2]
+    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    mask = causal[None, None] & keep[:, None, None, :]
+    return (
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+    )
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_masked_attention_is_exact(n):
+    q, k, v = (torch.randn(2, 3, n, 4) for _ in range(3))
+    keep = torch.ones(2, n, dtype=torch.bool)
+    keep[1, n // 2 + 1 :] = False  # (right padding)
+    keep[0, : n // 3] = False  # (left padding: rows with every key masked)
+    bias = torch.randn(2, 1, n, n).masked_fill(torch.rand(2, 1, n, n) > 0.7, float("-inf"))
+    bias[..., 0] = 0.0
+    dims = [[2], [2], [2], [1], [2, 3]]
+    # (at 1, the mask's view is all unit dims: which holds the padded one is ambiguous, it reads unpadded)
+    _assert_like_cpu(masked_attention, q, k, v, keep, bias, dims=dims, stays_padded=n > 1)
+
+
 def masked_softmax(x):
     """What AOTAutograd makes of a causal attention: a mask from ``ones``, ``tril``, ``where``."""
     mask = torch.ones(x.shape[-2:], dtype=torch.bool, device=x.device).tril()
@@ -341,6 +370,32 @@ def test_slices_from_a_fixed_start_are_exact(n):
     _assert_like_cpu(shifted, torch.randn(2, n, 5), dims=[1])
 
 
+def rotated_halves(x):
+    """Rotary embeddings' ``rotate_half``: slices and a select of the static last dim, whose
+    gradients (``slice_backward``, ``select_backward``) keep the padded one."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), -1) * 2 + x.select(-1, 1)[..., None]
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_slices_of_a_static_dim_and_their_gradients_are_exact(n):
+    _assert_like_cpu(rotated_halves, torch.randn(2, n, 4), dims=[1])
+
+
+def causal_lm_loss(logits, labels):
+    """Hugging Face's ``ForCausalLMLoss``: labels padded by one and shifted (their bucket grows
+    by one), token losses over the flattened logits."""
+    shifted = F.pad(labels, (0, 1), value=-100)[..., 1:]
+    flat = logits.view(-1, logits.shape[-1])
+    targets = shifted.reshape(-1)
+    return F.cross_entropy(flat, targets, reduction="none"), F.cross_entropy(flat, targets)
+
+
+@pytest.mark.parametrize("n", [7, 8, 9, 16])  # (at 1 every label is ignored: the mean is nan)
+def test_shifted_labels_meet_their_logits(n):
+    _assert_like_cpu(causal_lm_loss, torch.randn(2, n, 5), torch.randint(0, 5, (2, n)), dims=[1])
+
+
 def padded_ends(x, labels):
     return F.pad(x, (1, 2, 0, 3), value=0.5), F.pad(labels, (0, 1), value=-100)[..., 1:]
 
@@ -369,6 +424,36 @@ def test_embedding_and_cross_entropy_are_exact(n):
         )
 
     _assert_like_cpu(model, table, ids, targets, dims=[1], stays_padded=False)  # (a mean)
+
+
+def advanced_indexing(x, positions):
+    """Advanced indexing by integer tensors: Hugging Face's ``padding_mask[batch_idx, kv_idx]``
+    (broadcast aranges), negative and repeated positions, indices apart."""
+    batch = torch.arange(x.shape[0], device=x.device)
+    return (
+        x[batch[:, None, None], positions[None, None, :]] * 2,
+        x[:, positions.flip(0) - x.shape[1]],
+        x[batch[0], :, positions[0:1] * 0] + 1,
+        x[[[1], [0]], positions],
+    )
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_advanced_indexing_is_exact(n):
+    x, positions = torch.randn(2, n, 3), torch.arange(n)
+    _assert_like_cpu(advanced_indexing, x, positions, dims=[[1], [0]], stays_padded=n > 1)
+
+
+def test_advanced_indices_out_of_bounds_raise_as_on_cpu():
+    x, positions = padded(torch.randn(2, 9, 3), [1]), padded(torch.arange(9), [0])
+    assert is_padded(x[:, positions])
+    for bad in (positions + 1, -positions - 2, positions - 10):
+        with pytest.raises(IndexError) as cpu:
+            x.cpu()[:, bad.cpu()]
+        with pytest.raises(IndexError, match="out of bounds for dimension 0 with size 9") as tpu:
+            x[:, bad].cpu()
+        assert str(tpu.value) == str(cpu.value)
+    assert float(x.sum()) == pytest.approx(float(x.cpu().sum()))  # (still usable)
 
 
 def test_padded_indices_out_of_bounds_raise_as_on_cpu():
@@ -419,6 +504,8 @@ PADDED_OPINFOS = [
     "nn.functional.cross_entropy",
     "cat",
     "nn.functional.pad.constant",
+    "nn.functional.nll_loss",
+    "__getitem__",
 ]
 _BY_NAME = {(f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name): op for op in op_db}
 
@@ -544,6 +631,19 @@ def test_the_rules_are_exact_in_fused_eager(n):
 
     with torch_tpu.eager_mode("fused"):
         _assert_like_cpu(block, torch.randn(2, n, 6), torch.randn(6, 6), torch.randn(6), dims=[1])
+
+
+def test_masks_and_indices_are_exact_in_fused_eager():
+    q, k, v = (torch.randn(2, 3, 9, 4) for _ in range(3))
+    keep = torch.ones(2, 9, dtype=torch.bool)
+    keep[1, 5:] = False
+    bias = torch.randn(2, 1, 9, 9)
+    with torch_tpu.eager_mode("fused"):
+        _assert_like_cpu(masked_attention, q, k, v, keep, bias, dims=[[2], [2], [2], [1], [2, 3]])
+        _assert_like_cpu(advanced_indexing, torch.randn(2, 9, 3), torch.arange(9), dims=[[1], [0]])
+        x = padded(torch.randn(2, 9, 3), [1])
+        with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 9"):
+            x[:, padded(torch.arange(9), [0]) + 1].cpu()
 
 
 # ----------------------------------------------------------------------------- torch.compile

@@ -559,7 +559,7 @@ def _compute_fn(entry: Lowering) -> _Compute:
     # (a check sees the op's arrays: an op with one reads its inputs unpadded)
     checks_padded = getattr(entry.pad, "check_fills", None) is not None
     # (an eager lowering only where it reads no padded element: traced, a rule's program runs it)
-    servable = traced or entry.pad is padding_rules.UNREAD
+    servable = traced or entry.pad in (padding_rules.UNREAD, padding_rules.BY_LOWERING)
     pad_rule = entry.pad if servable and (entry.check is None or checks_padded) else None
     name = str(op)
     convert_by_kind = {  # (each takes the value and the tpu index of the op)

@@ -23,9 +23,11 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..runtime import checks
-from ..runtime.buffer import apply
+from ..runtime import buffer, checks
+from ..runtime import padding as padding_state
+from ..runtime.buffer import Padded, apply, host_range
 from ..runtime.dtypes import overflow_error
+from . import padding as padding_rules
 from ._helpers import (
     check_bounds,
     check_number_fits,
@@ -39,7 +41,7 @@ from ._helpers import (
     warn,
 )
 from .creation import linear_steps
-from .padding import POINTWISE_CHECKED
+from .padding import BY_LOWERING, POINTWISE_CHECKED
 from .registry import Promote, Runs, lower
 
 aten = torch.ops.aten
@@ -163,9 +165,73 @@ def _put_advanced(x, indices, values, accumulate):
 
 # Runs.EAGER: a boolean mask index is read on the host (its nonzero coordinates set the output's
 # shape); with integer indices the jitted pieces record into fused eager's graph like any op.
-@lower(aten.index.Tensor, runs=Runs.EAGER)
+@lower(aten.index.Tensor, runs=Runs.EAGER, pad=BY_LOWERING)
 def index(x, indices):
+    if type(x) is Padded or any(type(i) is Padded for i in indices):
+        return _padded_index(x, indices)
     return apply(_take_advanced, x, tuple(_advanced_indices(x, indices)))
+
+
+def _logical_shape(value) -> tuple:
+    return value.layout.shape if type(value) is Padded else tuple(value.shape)
+
+
+def _padded_index(x, indices) -> Padded | None:
+    """``x[indices]`` where ``x`` or an integer index is padded (``ops.padding.INDEX``): the
+    indices checked against the logical sizes, as :func:`_advanced_indices` checks them; None
+    for a call it does not serve (a mask index, an empty one), read unpadded."""
+    if len(indices) > len(_logical_shape(x)):
+        return None
+    if any(i is not None and i.dtype not in _INDEX_DTYPES for i in indices):
+        return None
+    dims = tuple(d for d, i in enumerate(indices) if i is not None)
+    given = [indices[d] for d in dims]
+    lengths = tuple(_logical_shape(x)[d] for d in dims)
+    if not dims or 0 in lengths or any(0 in _logical_shape(i) for i in given):
+        return None
+    first_padded = next(v for v in (x, *given) if type(v) is Padded)
+    sizes = padding_state.sizes_array(lengths, buffer.index_of(first_padded.array))
+    if not all(_within(i, n) for i, n in zip(given, lengths)):  # (checked first: it taints the take)
+        outside = padding_rules.indexed(_indices_outside, x, dims, given, sizes, checking=True)
+        if outside is None:
+            return None
+        report_values(outside, functools.partial(_report_out_of_bounds, lengths))
+    return padding_rules.indexed(_take_within, x, dims, given, sizes)
+
+
+def _within(index, length: int) -> bool:
+    """Whether ``index``'s host copy shows every entry inside [-length, length) (a padded one's
+    padding holds 0)."""
+    known = host_range(index.array if type(index) is Padded else index)
+    return known is not None and -length <= known[0] and known[1] < length
+
+
+def _take_within(x, dims: tuple, *given, lengths):
+    """``x`` indexed by ``given`` along ``dims`` (their padding filled with 0), negative indices
+    wrapped by the logical ``lengths``, not the padded ones."""
+    key = [slice(None)] * x.ndim
+    for k, (d, index) in enumerate(zip(dims, given)):
+        n = lengths[k].astype(index.dtype)
+        key[d] = jnp.where(index < 0, index + n, index)
+    return x[tuple(key)]
+
+
+def _indices_outside(x, dims: tuple, *given, lengths):
+    """Per index of ``given``: whether an entry lies outside [-length, length), the first such."""
+    bad, first = [], []
+    for k, index in enumerate(given):
+        n = lengths[k].astype(index.dtype)
+        outside = ((index < -n) | (index >= n)).reshape(-1)
+        bad.append(outside.any())
+        first.append(index.reshape(-1)[jnp.argmax(outside)].astype(jnp.int64))
+    return jnp.stack(bad), jnp.stack(first)
+
+
+def _report_out_of_bounds(lengths: tuple, results) -> None:
+    bad, first = results
+    for k, length in enumerate(lengths):
+        if bad[k]:
+            raise _out_of_bounds(k, int(first[k]), length)
 
 
 @lower(aten.index_put.default, runs=Runs.EAGER)

@@ -883,14 +883,14 @@ def scaled_dot_product_fused_attention(
     """A runtime entry only because the schema also returns ints (max_q, max_k)."""
     index = tensor.device_index(query)
     seed = apply(_pack_key, next_key(None, index)) if dropout_p > 0 else _zero(index)
-    bias = None if attn_bias is None else tensor.read_in_program(attn_bias)
     shape = (*query.shape[:-1], value.shape[-1])
     strides, order = _matching_layout(tuple(query.shape), query.stride(), shape)
-    padded = _padded_attention(query, key, value, bias, seed, dropout_p, is_causal, scale)
+    padded = _padded_attention(query, key, value, attn_bias, seed, dropout_p, is_causal, scale)
     if padded is not None:
         out, logsumexp = padded
         out = tensor.wrap_padded(out, strides)
     else:
+        bias = None if attn_bias is None else tensor.read_in_program(attn_bias)
         out, logsumexp = apply(
             _attention_forward,
             tensor.read_in_program(query),
@@ -920,14 +920,15 @@ def scaled_dot_product_fused_attention(
 def _padded_attention(query, key, value, bias, seed, dropout_p, is_causal, scale) -> tuple | None:
     """(output, logsumexp) as padded values, where query, key or value is padded and the call is
     one ``ops.padding.ATTENTION`` serves; else None."""
-    if not (padding_state.live and is_causal and bias is None and not dropout_p):
+    if not (padding_state.live and (is_causal or bias is not None) and not dropout_p):
         return None
     if not any(type(buffer.peek(t.untyped_storage())) is Padded for t in (query, key, value)):
         return None
     operands = [tensor.read_keeping_padding(t) for t in (query, key, value)]
     if not any(type(v) is Padded for v in operands):
         return None
-    return attention(_attention_forward, [*operands, None, seed, dropout_p, is_causal, scale, None])
+    mask = None if bias is None else tensor.read_keeping_padding(bias)
+    return attention(_attention_forward, [*operands, mask, seed, dropout_p, is_causal, scale, None])
 
 
 @cached

@@ -38,6 +38,7 @@ __all__ = [
     "POINTWISE",
     "POINTWISE_CHECKED",
     "UNREAD",
+    "BY_LOWERING",
     "TRIANGLE",
     "run",
 ]
@@ -84,6 +85,14 @@ def _same_extent(a: tuple, b: tuple) -> bool:
 
 def _is_dynamic(dim: tuple) -> bool:
     return any(f.bucket is not None for f in dim)
+
+
+def _alike(a: tuple, b: tuple) -> bool:
+    """Whether two layouts' dims (tuples of dims) are padded alike: equal, or static and of one
+    size however their factors split it (``repeat_kv``'s merged heads)."""
+    return len(a) == len(b) and all(
+        x == y or not (_is_dynamic(x) or _is_dynamic(y)) and _same_extent(x, y) for x, y in zip(a, b)
+    )
 
 
 def _broadcast_dims(layouts: dict) -> tuple | None:
@@ -157,6 +166,17 @@ class Unread:
 
 
 UNREAD = Unread()
+
+
+class ByLowering:
+    """The lowering serves padded operands itself (an eager lowering that checks index values
+    against logical sizes: advanced indexing, :func:`indexed`), returning None where it cannot:
+    it is called with them as they are."""
+
+    plan = None
+
+
+BY_LOWERING = ByLowering()
 
 
 def _identity(kind: str, dtype) -> Any:
@@ -381,17 +401,21 @@ def _nll_plan(values: list, names: Sequence[str], backward: bool = False) -> Pla
     ``self`` hold 0."""
     first = 1 if backward else 0
     x, target = _layout(values[first]), _layout(values[first + 1])
-    if x is None or target is None or x.dims[: len(target.dims)] != target.dims[: len(x.dims)]:
-        return None
-    if len(x.dims) > 1 and any(_is_dynamic(d) for d in x.dims[1:2]):
+    if x is None or target is None or len(x.dims) > 1 and any(_is_dynamic(d) for d in x.dims[1:2]):
         return None  # (classes padded)
+    pads = {}
+    rows = Layout(x.dims[: len(target.dims)])
+    if target.dims[: len(x.dims)] != rows.dims:
+        if not padding.rebucketable(target, rows):  # (a label shifted by a slice: bucket + 1)
+            return None
+        pads[first + 1], target = rows, rows
     fills = {first: 0, first + 1: _ignored(values, names)}
     if backward:
         if type(values[0]) is Padded:
             fills[0] = 0
-        return Plan({}, fills, (x,))
+        return Plan(pads, fills, (x,))
     reduction = _named(values, names, "reduction", 1)
-    return Plan({}, fills, (target if reduction == 0 else None, None))
+    return Plan(pads, fills, (target if reduction == 0 else None, None))
 
 
 NLL_LOSS = Planned(_nll_plan, check_fills={1: _ignored})
@@ -467,16 +491,92 @@ def _constant_pad_plan(values: list, names: Sequence[str]) -> Plan | None:
 CONSTANT_PAD = Planned(_constant_pad_plan)
 
 
-def _attention_backward_plan(values: list, names: Sequence[str]) -> Plan | None:
-    """Causal attention's backward, without a bias or dropout: query, key and value padded alike
-    along their length (one factor: positions are the tensor's), their padding and the gradient's
-    0, so padded keys get no weight from real queries and padded queries pass back nothing."""
-    if not _named(values, names, "is_causal", False) or _named(values, names, "attn_bias") is not None:
+def _slice_backward_plan(values: list, names: Sequence[str]) -> Plan | None:
+    """``slice_backward(grad, input_sizes, dim, start, end, step)``: the gradient written into
+    zeros of the input's shape. Along a static dim, the other dims laid out as the gradient's;
+    along a dim of one dynamic factor (``x[:, 1:]``'s, read as ``padding.plan_view`` cuts it),
+    from the slice's start to the end of the gradient's bucket, its padding 0."""
+    grad, sizes, dim = _layout(values[0]), values[1], values[2]
+    if grad is None or type(sizes) not in (list, tuple) or len(sizes) != len(grad.dims):
         return None
+    d = _wrap_dim(dim, len(sizes))
+    dims = list(grad.dims)
+    if not _is_dynamic(grad.dims[d]):
+        dims[d] = static_dim(sizes[d])
+        out = Layout(tuple(dims))
+        return Plan({}, {}, (out,), {1: tuple(out.padded_shape)})
+    factor = grad.dims[d][0]
+    if len(grad.dims[d]) != 1 or values[5] != 1 or sizes[d] > factor.padded:
+        return None
+    start = slice(values[3], values[4]).indices(sizes[d])[0]
+    dims[d] = (Factor(sizes[d], factor.padded),)
+    out = Layout(tuple(dims))
+    return Plan({}, {0: 0}, (out,), {1: tuple(out.padded_shape), 3: start, 4: None})
+
+
+SLICE_BACKWARD = Planned(_slice_backward_plan)
+
+
+def _select_backward_plan(values: list, names: Sequence[str]) -> Plan | None:
+    """``select_backward(grad, input_sizes, dim, index)``: the gradient written into zeros of the
+    input's shape, the selected dim static, the others laid out as the gradient's."""
+    grad, sizes, dim = _layout(values[0]), values[1], values[2]
+    if grad is None or type(sizes) not in (list, tuple) or len(sizes) != len(grad.dims) + 1:
+        return None
+    d = _wrap_dim(dim, len(sizes))
+    out = Layout((*grad.dims[:d], static_dim(sizes[d]), *grad.dims[d:]))
+    return Plan({}, {}, (out,), {1: tuple(out.padded_shape)})
+
+
+SELECT_BACKWARD = Planned(_select_backward_plan)
+
+
+def _index_plan(values: list, names: Sequence[str], checking: bool = False) -> Plan | None:
+    """``x[indices]`` with integer indices (:func:`indexed`: the values are ``x``, the dims
+    indexed, then their indices): each indexed dim of ``x`` one factor, so that a logical
+    position is its padded one; the indices broadcast together, their padding 0 (a position
+    every dim has); the result laid out as NumPy places advanced indices (``checking``: the
+    bounds check's outputs, not padded)."""
+    x, dims, given = _layout(values[0]), values[1], values[2:]
+    if x is None or any(len(x.dims[d]) != 1 for d in dims):
+        return None
+    broadcast = _broadcast_dims({2 + k: _layout(i) for k, i in enumerate(given)})
+    if broadcast is None:
+        return None
+    index_dims, pads = broadcast
+    rest = [x.dims[d] for d in range(len(x.dims)) if d not in dims]
+    first = dims[0]
+    if dims == tuple(range(first, first + len(dims))):  # (adjacent: in place of the indexed)
+        out = (*rest[:first], *index_dims, *rest[first:])
+    else:
+        out = (*index_dims, *rest)
+    fills = {2 + k: 0 for k, i in enumerate(given) if type(i) is Padded or 2 + k in pads}
+    return Plan(pads, fills, (None, None) if checking else (Layout(tuple(out)),))
+
+
+INDEX = Planned(_index_plan)
+INDEX_CHECK = Planned(functools.partial(_index_plan, checking=True))
+
+
+def indexed(program: Callable, x, dims: tuple, given: list, lengths: jax.Array, checking: bool = False):
+    """``program(x, dims, *given, lengths=)`` run as :data:`INDEX` plans it (the padded result;
+    ``checking``: as :data:`INDEX_CHECK`, its bounds check), or None where it does not serve
+    the call."""
+    return run(INDEX_CHECK if checking else INDEX, program, [x, dims, *given], {"lengths": lengths}, ())
+
+
+def _attention_backward_plan(values: list, names: Sequence[str]) -> Plan | None:
+    """Attention's backward, causal or with a mask (``attn_bias``), without dropout: query, key
+    and value padded alike along their length (one factor: positions are the tensor's), their
+    padding and the gradient's 0, the mask's False or -inf, so padded keys get no weight from
+    real queries and padded queries pass back nothing."""
+    bias = _named(values, names, "attn_bias")
+    if not (_named(values, names, "is_causal", False) or bias is not None):
+        return None  # (padded keys would get weight)
     if _named(values, names, "dropout_p", 0.0):
         return None
     q, k, v, g = (_layout(values[names.index(n)]) for n in ("query", "key", "value", "grad_out"))
-    if None in (q, k, v, g) or not q.dims[:-1] == k.dims[:-1] == v.dims[:-1]:
+    if None in (q, k, v, g) or not _alike(q.dims[:-1], k.dims[:-1]) or not _alike(k.dims[:-1], v.dims[:-1]):
         return None
     pads = {}
     if g.dims != q.dims:  # (a gradient not padded yet: an expanded one, from a sum)
@@ -486,15 +586,40 @@ def _attention_backward_plan(values: list, names: Sequence[str]) -> Plan | None:
     if any(len(d) > 1 and _is_dynamic(d) for d in q.dims[-2:-1]) or _is_dynamic(q.dims[-1]):
         return None
     fills = {names.index(n): 0 for n in ("grad_out", "query", "key", "value")}
+    if bias is not None and not _mask_plan(bias, q, k, names.index("attn_bias"), pads, fills):
+        return None
     lengths = {names.index(n): d.padded_shape[-2] for n, d in (("max_q", q), ("max_k", k)) if n in names}
-    return Plan(pads, fills, (q, k, v, None), lengths)
+    outputs = (q, k, v, None if bias is None else _layout(bias))
+    return Plan(pads, fills, outputs, lengths)
+
+
+def _mask_plan(bias, q: Layout, k: Layout, position: int, pads: dict, fills: dict) -> bool:
+    """Attention's mask on padded queries and keys: laid out along their lengths in its last two
+    dims (broadcast in the others, or along the queries), padded so where it is not yet, its
+    padding masking (False, or -inf for an additive mask); False where it cannot be."""
+    layout = _layout(bias)
+    if layout is None or len(layout.dims) < 2:
+        return False
+    *lead, rows, columns = layout.dims
+    if any(_is_dynamic(d) for d in lead) or not _same_extent(columns, k.dims[-2]):
+        return False
+    if not (_same_extent(rows, q.dims[-2]) or layout.shape[-2] == 1 and not _is_dynamic(rows)):
+        return False
+    wanted = Layout((*lead, rows if layout.shape[-2] == 1 else q.dims[-2], k.dims[-2]))
+    if wanted != layout:
+        if any(_is_dynamic(a) and a != b for a, b in zip(layout.dims, wanted.dims)):
+            return False  # (padded otherwise: read unpadded)
+        pads[position] = wanted
+    dtype = bias.array.dtype if type(bias) is Padded else bias.dtype
+    fills[position] = False if dtype == np.bool_ else -math.inf
+    return True
 
 
 ATTENTION_BACKWARD = Planned(_attention_backward_plan)
 
 
 def _attention_plan(values: list, names: Sequence[str]) -> Plan | None:
-    """Causal attention's forward (``nn._attention``'s arguments), on the backward's terms."""
+    """Attention's forward (``nn._attention``'s arguments), on the backward's terms."""
     renamed = dict(zip(names, values))
     renamed["grad_out"] = renamed["query"]
     order = list(renamed)
@@ -503,7 +628,11 @@ def _attention_plan(values: list, names: Sequence[str]) -> Plan | None:
         return None
     q, v = plan.outputs[0], plan.outputs[2]
     fills = {names.index(n): 0 for n in ("query", "key", "value")}
-    return Plan({}, fills, (Layout(q.dims[:-1] + v.dims[-1:]), Layout(q.dims[:-1])))
+    bias = names.index("attn_bias")
+    if bias in plan.fills:
+        fills[bias] = plan.fills[bias]
+    pads = {p: lay for p, lay in plan.pad.items() if p == bias}
+    return Plan(pads, fills, (Layout(q.dims[:-1] + v.dims[-1:]), Layout(q.dims[:-1])))
 
 
 ATTENTION = Planned(_attention_plan)
@@ -586,7 +715,7 @@ def run(rule, program: Callable, values: list, extra: dict, names: Sequence[str]
     """The op's outputs for arguments ``values`` (some :class:`Padded`) run padded as ``rule``
     plans it (padded outputs where their layout has a dynamic factor), or None where the rule
     does not serve this call."""
-    if rule is UNREAD:
+    if rule is UNREAD or rule is BY_LOWERING:
         return program(*values, **extra)
     plan = rule.plan(values, names)
     if plan is None:
@@ -598,7 +727,10 @@ def run(rule, program: Callable, values: list, extra: dict, names: Sequence[str]
         value = values[position]
         if type(value) is StridedView:
             return None  # (a view its program would read: read unpadded instead)
-        values[position] = padding.padded(value.unpadded() if type(value) is Padded else value, layout)
+        if type(value) is Padded and padding.rebucketable(value.layout, layout):
+            values[position] = padding.rebucketed(value, layout)
+        else:
+            values[position] = padding.padded(value.unpadded() if type(value) is Padded else value, layout)
     leaves, sizes = [], []
     try:
         specs = tuple(_describe(v, leaves, sizes, plan.fills.get(i, _NO_FILL)) for i, v in enumerate(values))

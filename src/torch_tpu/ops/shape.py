@@ -25,7 +25,7 @@ from ..runtime.context import context
 from . import indexing
 from ._helpers import result_dtype
 from ._nn_helpers import wrap_dim
-from .padding import CAT, CONSTANT_PAD, TRIANGLE
+from .padding import CAT, CONSTANT_PAD, SELECT_BACKWARD, SLICE_BACKWARD, TRIANGLE
 from .registry import Layout, Runs, lower
 
 aten = torch.ops.aten
@@ -215,12 +215,16 @@ def _zeros_scattered(scatter: Callable, grad_output, input_sizes, *where) -> jax
     return scatter(jnp.zeros(input_sizes, grad_output.dtype), grad_output, *where)
 
 
-@lower(aten.slice_backward.default)
+@lower(aten.slice_backward.default, pad=SLICE_BACKWARD)
 def slice_backward(grad_output, input_sizes, dim, start, end, step):
-    return _zeros_scattered(slice_scatter, grad_output, input_sizes, dim, start, end, step)
+    d = dim % len(input_sizes)
+    # (the slice's extent: the gradient's own, or its padded one cut to what the slice holds)
+    extent = len(range(*slice(start, end, step).indices(input_sizes[d])))
+    grad = lax.slice_in_dim(grad_output, 0, extent, axis=d)
+    return _zeros_scattered(slice_scatter, grad, input_sizes, dim, start, end, step)
 
 
-@lower(aten.select_backward.default)
+@lower(aten.select_backward.default, pad=SELECT_BACKWARD)
 def select_backward(grad_output, input_sizes, dim, index):
     return _zeros_scattered(select_scatter, grad_output, input_sizes, dim, index)
 

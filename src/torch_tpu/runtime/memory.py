@@ -16,6 +16,7 @@ import re
 
 import torch
 
+from .._internal.utils import hardware
 from . import platform
 
 _REQUESTED = re.compile(r"allocat\w* (?:of )?(\d[\d,]*) ?bytes", re.IGNORECASE)
@@ -98,6 +99,31 @@ def total_memory() -> int:
     if not total:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return int(total)
+
+
+#: HBM per chip, by generation (``_internal.utils.hardware``'s names)
+_HBM_BYTES = {
+    "TPU v4": 32 << 30,
+    "TPU v5p": 95 << 30,
+    "TPU v5e": 16 << 30,
+    "TPU v6e": 32 << 30,
+    "TPU v7": 192 << 30,
+}
+
+
+def known_total_memory() -> int | None:
+    """:func:`total_memory` where it is known without starting the device (a process about to
+    fork workers must not start XLA's runtime, as vLLM's front end asks CUDA's NVML, not CUDA):
+    the started device's; a TPU chip's on the PCI bus (its generation's HBM); the host's RAM
+    where the stand-in is XLA:CPU. None where only a started runtime can say (a GPU)."""
+    if platform.is_initialized():
+        return total_memory()
+    chips = hardware.tpu_chips()
+    if chips:
+        return _HBM_BYTES.get(chips[0])
+    if platform.stand_in_is_cpu():
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
 
 
 def _size(nbytes: int) -> str:

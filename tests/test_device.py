@@ -156,3 +156,20 @@ def test_debug_eager_mode_runs_ops():
         TPU_LAUNCH_BLOCKING="1",
     )
     assert out == "True 12.0"
+
+
+def test_per_op_programs_compile_quickly_on_the_cpu_stand_in(run_python):
+    code = """
+        import os, torch, torch_tpu
+        from torch_tpu.runtime import platform
+        assert float(torch.ones(3, device="tpu").sum()) == 3
+        print(platform.platform(), platform.quick_compiles, platform.optimized(), os.environ.get("XLA_FLAGS"))
+    """
+    kind, quick, *_ = run_python(code).split(" ", 2)
+    if kind != "cpu":
+        pytest.skip("the XLA:CPU stand-in only")
+    assert quick == "True"
+    out = run_python(code, TORCH_TPU_QUICK_COMPILE="0")
+    assert out.split(" ", 3)[1:3] == ["False", "None"]
+    out = run_python(code, XLA_FLAGS="--xla_backend_optimization_level=1")
+    assert out.split(" ", 2)[1] == "False"  # (the user's own level stands)

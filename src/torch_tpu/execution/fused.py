@@ -820,7 +820,7 @@ class Graph:
                         *self.leaves
                     )
                     with compiling():
-                        executable = lowered.compile()
+                        executable = lowered.compile(platform.optimized())
             except Exception as error:
                 raise self._failed(error) from error
             stats.compile_seconds += time.perf_counter() - started

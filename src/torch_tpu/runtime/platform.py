@@ -131,13 +131,51 @@ def initialize() -> None:
         from . import native
 
         # several devices need the C++ core (a tensor's device index is set there)
-        devices = jax.local_devices() if native.available() else jax.local_devices()[:1]
+        with _quick_compiles():  # (JAX's backend starts here)
+            devices = jax.local_devices() if native.available() else jax.local_devices()[:1]
         _indices.update({d: i for i, d in enumerate(devices)})
         _devices[:] = devices
         if native.available():
             native._C.set_device_count(len(devices))
         _device = devices[0]
     os.register_at_fork(after_in_child=_mark_forked_child)
+
+
+#: XLA:CPU's flags for programs compiled quickly: LLVM without its optimization passes
+_QUICK_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+#: what a program that must run fast asks for where compiles are quick (:func:`optimized`)
+_OPTIMIZED = {"xla_backend_optimization_level": 2, "xla_llvm_disable_expensive_passes": False}
+#: whether this process compiles quickly by default (set as the device starts)
+quick_compiles = False
+
+
+@contextlib.contextmanager
+def _quick_compiles():
+    """On the XLA:CPU stand-in, per-op programs compile without LLVM's optimization
+    (``config.quick_compile``): strict eager's programs are many and small, and a compile is most
+    of a new shape's cost (half the time); fused graphs and compiled models ask for full
+    optimization (:func:`optimized`). Set through ``XLA_FLAGS`` while JAX's backend starts in
+    this block (not left for child processes, which decide for themselves)."""
+    global quick_compiles
+    flags = os.environ.get("XLA_FLAGS")
+    if not config.quick_compile or "xla_backend_optimization_level" in (flags or "") or not stand_in_is_cpu():
+        yield  # (off, or the user's own level)
+        return
+    os.environ["XLA_FLAGS"] = " ".join(filter(None, (flags, *_QUICK_FLAGS)))
+    try:
+        yield
+        quick_compiles = True
+    finally:
+        if flags is None:
+            del os.environ["XLA_FLAGS"]
+        else:
+            os.environ["XLA_FLAGS"] = flags
+
+
+def optimized() -> dict | None:
+    """The compile options of a program that runs many times (a fused graph, a compiled model):
+    full optimization where per-op programs compile quickly (:func:`_quicken_compiles`)."""
+    return _OPTIMIZED if quick_compiles else None
 
 
 def _count_disk_hit(event: str, **_: object) -> None:

@@ -362,7 +362,7 @@ class Program:
                 args = trace.traced.spmd.arguments(args) if trace.traced.spmd else args
                 lowered = _lower(trace.staged, args, donated)
                 with compiling():
-                    run = lowered.compile()
+                    run = lowered.compile(platform.optimized())
             fused.stats.compile_seconds += time.perf_counter() - started
             if compiled():
                 stored.save_executable(trace.stored, donated, run)

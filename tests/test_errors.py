@@ -520,3 +520,19 @@ def test_a_uint8_mask_index_warns_at_the_users_line_as_on_cpu():
         assert picked.tolist() == [0.0, 2.0] and x.tolist() == [5.0, 1.0, 6.0]
         assert [(w.category, w.filename) for w in caught] == [(UserWarning, __file__)] * 2, device
         assert "indexing with dtype torch.uint8 is now deprecated" in str(caught[0].message)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32])
+def test_index_fill_refuses_a_complex_value_for_a_real_tensor_like_cpu(dtype):
+    x = torch.tensor([0, 1, 2]).to(dtype)
+    for fill in (
+        lambda t: t.index_fill(0, torch.tensor([1], device=t.device), 1 + 1j),
+        lambda t: t.clone().index_fill_(0, torch.tensor([1], device=t.device), 2j),
+    ):
+        assert_like_cpu(fill, x)
+
+
+def test_nonzero_refuses_an_out_of_another_dtype_like_cpu():
+    x = torch.tensor([[0, 1], [2, 0]])
+    assert_like_cpu(lambda t: torch.nonzero(t, out=torch.empty([0], dtype=torch.float, device=t.device)), x)
+    assert_like_cpu(lambda t: torch.nonzero(t, out=torch.empty([0], dtype=torch.long, device=t.device)), x)

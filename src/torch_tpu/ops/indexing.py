@@ -42,7 +42,7 @@ from ._helpers import (
 )
 from .creation import linear_steps
 from .padding import BY_LOWERING, POINTWISE_CHECKED
-from .registry import Promote, Runs, lower
+from .registry import OutDtype, Promote, Runs, lower
 
 aten = torch.ops.aten
 # (numpy dtypes: an array's dtype compares with them in C, with JAX's scalar types in Python)
@@ -380,6 +380,8 @@ def _index_dim_check(
             _require_same_dtype(x, source, op)
         if scalar_value and jnp.ndim(source):
             _reject(f"{op}: value must be 0-dim")
+        if scalar_value and jnp.iscomplexobj(source) and not jnp.iscomplexobj(x):
+            raise RuntimeError(f"{op}_(): Converting complex Scalar to non-complex type is not supported")
         if scalar_value:  # (converted by the kernel before it reads an index)
             _check_value_fits(source, x.dtype, 2)
         _require_index_dtype(index, op)
@@ -545,7 +547,16 @@ def masked_select(x, mask):
     return jnp.broadcast_to(x, shape)[jnp.broadcast_to(mask, shape)]
 
 
-@lower(aten.nonzero.default, runs=Runs.HOST)
+@lower(
+    aten.nonzero.default,
+    runs=Runs.HOST,
+    out_dtype=OutDtype(
+        lambda *_: torch.int64,
+        lambda want, got: (
+            f"nonzero: Expected out tensor to have scalar type Long but got scalar type{type_name(got)}"
+        ),
+    ),
+)
 def nonzero(x):
     coordinates = jnp.nonzero(_as_1d(x))
     if x.ndim == 0:

@@ -95,10 +95,11 @@ def device_stats(index: int = 0) -> dict[str, int]:
 def total_memory() -> int:
     """Bytes the device can hold: its memory limit, or the host's RAM on the CPU stand-in."""
     platform.initialize()  # the limit is the device's
-    total = device_stats().get("bytes_limit", 0)
-    if not total:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(total)
+    return int(device_stats().get("bytes_limit", 0) or _host_ram())
+
+
+def _host_ram() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 #: HBM per chip, by generation (``_internal.utils.hardware``'s names)
@@ -121,9 +122,7 @@ def known_total_memory() -> int | None:
     chips = hardware.tpu_chips()
     if chips:
         return _HBM_BYTES.get(chips[0])
-    if platform.stand_in_is_cpu():
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return None
+    return _host_ram() if platform.stand_in_is_cpu() else None
 
 
 def _size(nbytes: int) -> str:

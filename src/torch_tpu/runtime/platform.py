@@ -174,7 +174,7 @@ def _quick_compiles():
 
 def optimized() -> dict | None:
     """The compile options of a program that runs many times (a fused graph, a compiled model):
-    full optimization where per-op programs compile quickly (:func:`_quicken_compiles`)."""
+    full optimization where per-op programs compile quickly (:func:`_quick_compiles`)."""
     return _OPTIMIZED if quick_compiles else None
 
 

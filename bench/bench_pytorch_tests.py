@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def pytest_runtest_logstart(nodeid, location):
             "message": "",
             "where": "",
             "compiles": _compiles(),
+            "cpu": time.process_time(),
         }
 
 
@@ -131,6 +133,7 @@ def pytest_runtest_logfinish(nodeid, location):
                 "test": nodeid,
                 "outcome": record["outcome"],
                 "seconds": record["seconds"],
+                "cpu_seconds": time.process_time() - record["cpu"],
                 "compiles": None if compiles is None else compiles - record["compiles"],
                 "message": record["message"] if record["outcome"] == "failed" else "",
                 "where": record["where"] if record["outcome"] == "failed" else "",
@@ -173,7 +176,7 @@ def _run(tests_dir: str, name: str, device: str, options) -> None:
     keyword += [] if options.include_large else [f"not {t}" for t in LARGE]
     if keyword:
         command += ["-k", " and ".join(keyword)]
-    started = time.perf_counter()
+    started, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(stem + ".log", "w") as log:
         try:
             code = subprocess.run(
@@ -187,8 +190,10 @@ def _run(tests_dir: str, name: str, device: str, options) -> None:
             status = f"exit {code}"
         except subprocess.TimeoutExpired:
             status = f"killed after {options.file_timeout:.0f} s (--file-timeout)"
+    wall, now = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
     with open(stem + ".json", "w") as out:
-        json.dump({"wall": time.perf_counter() - started, "status": status}, out)
+        json.dump({"wall": wall, "cpu": cpu, "status": status}, out)
 
 
 def _load(results: str, name: str, device: str) -> dict | None:
@@ -254,16 +259,19 @@ def _report(results: str, files: list[str], device: str, slowest: int, markdown:
             notes.append(f"{name}: {'no CPU run' if cpu is None else f'no {device} run'} in {results}")
             continue
         c, d = _counts(cpu), _counts(dev)
-        cpu_tests = sum(r["seconds"] for r in cpu["tests"].values())
-        dev_tests = sum(r["seconds"] for r in dev["tests"].values())
-        ratio = f"{dev['wall'] / cpu['wall']:.1f}x" if cpu["wall"] and dev["wall"] else ""
+        wall = f"{dev['wall'] / cpu['wall']:.1f}x" if cpu["wall"] and dev["wall"] else ""
+        used = (
+            f"{dev['cpu'] / cpu['cpu']:.1f}x ({cpu['cpu']:.0f} s, {dev['cpu']:.0f} s)"
+            if cpu.get("cpu")
+            else ""
+        )
         rows.append(
             (
                 name,
                 f"{cpu['wall']:.1f}" if cpu["wall"] else cpu["status"],
                 f"{dev['wall']:.1f}" if dev["wall"] else dev["status"],
-                ratio,
-                f"{dev_tests / max(cpu_tests, 1e-9):.1f}x ({cpu_tests:.1f} s, {dev_tests:.1f} s)",
+                wall,
+                used if dev.get("cpu") else "",
                 dev["session"].get("compiles", sum(r["compiles"] or 0 for r in dev["tests"].values())),
                 "/".join(str(c.get(k, 0)) for k in ("passed", "failed", "skipped")),
                 "/".join(str(d.get(k, 0)) for k in ("passed", "failed", "skipped")),
@@ -277,16 +285,21 @@ def _report(results: str, files: list[str], device: str, slowest: int, markdown:
             slow.append((record["seconds"], test, record, twin))
             if record["outcome"] == "failed":
                 failures.setdefault(_cause(record["message"]), []).append((test, record))
-    header = ("file", "CPU s", f"{device} s", "ratio", f"tests-only ratio (CPU s, {device} s)")
+    header = ("file", "CPU s", f"{device} s", "ratio", f"CPU-time ratio (CPU, {device})")
     header += (f"{device} XLA compiles", "CPU pass/fail/skip", f"{device} pass/fail/skip")
     lines = _table(header, rows, markdown)
     lines += ["", f"Slowest {slowest} {device} tests:", ""]
     slow_rows = [
-        (test, f"{record['seconds']:.2f}", f"{twin['seconds']:.3f}" if twin else "", record["compiles"])
-        + (record["outcome"],)
+        (
+            test.split("::", 1)[-1],
+            f"{record['seconds']:.2f}",
+            f"{record['cpu_seconds']:.2f}" if "cpu_seconds" in record else "",
+        )
+        + (f"{twin['seconds']:.3f}" if twin else "", record["compiles"], record["outcome"])
         for _, test, record, twin in sorted(slow, key=lambda s: -s[0])[:slowest]
     ]
-    lines += _table(("test", f"{device} s", "CPU s", "compiles", "outcome"), slow_rows, markdown)
+    header = ("test", f"{device} s", f"{device} CPU time s", "CPU s", f"{device} compiles", "outcome")
+    lines += _table(header, slow_rows, markdown)
     lines += ["", f"{device} failures by cause ({sum(len(g) for g in failures.values())} tests):", ""]
     group_rows = [
         (

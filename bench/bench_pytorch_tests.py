@@ -251,57 +251,41 @@ def _table(header: tuple, rows: list[tuple], markdown: bool) -> list[str]:
     return [" | ".join(header)] + [" | ".join(str(c) for c in row) for row in rows]
 
 
-def _report(results: str, files: list[str], device: str, slowest: int, markdown: bool) -> str:
-    rows, slow, failures, notes = [], [], {}, []
-    for name in files:
-        cpu, dev = _load(results, name, "cpu"), _load(results, name, device)
-        if cpu is None or dev is None:
-            notes.append(f"{name}: {'no CPU run' if cpu is None else f'no {device} run'} in {results}")
-            continue
-        c, d = _counts(cpu), _counts(dev)
-        wall = f"{dev['wall'] / cpu['wall']:.1f}x" if cpu["wall"] and dev["wall"] else ""
-        used = (
-            f"{dev['cpu'] / cpu['cpu']:.1f}x ({cpu['cpu']:.0f} s, {dev['cpu']:.0f} s)"
-            if cpu.get("cpu")
-            else ""
-        )
-        rows.append(
-            (
-                name,
-                f"{cpu['wall']:.1f}" if cpu["wall"] else cpu["status"],
-                f"{dev['wall']:.1f}" if dev["wall"] else dev["status"],
-                wall,
-                used if dev.get("cpu") else "",
-                dev["session"].get("compiles", sum(r["compiles"] or 0 for r in dev["tests"].values())),
-                "/".join(str(c.get(k, 0)) for k in ("passed", "failed", "skipped")),
-                "/".join(str(d.get(k, 0)) for k in ("passed", "failed", "skipped")),
-            )
-        )
-        for run, where in ((cpu, "CPU"), (dev, device)):
-            if run["crashed"] or run["status"] not in ("exit 0", "exit 1"):
-                notes.append(f"{name} on {where}: {run['status']}; last test started: {run['crashed']}")
-        for test, record in dev["tests"].items():
-            twin = cpu["tests"].get(_cpu_id(test, device), {})
-            slow.append((record["seconds"], test, record, twin))
-            if record["outcome"] == "failed":
-                failures.setdefault(_cause(record["message"]), []).append((test, record))
-    header = ("file", "CPU s", f"{device} s", "ratio", f"CPU-time ratio (CPU, {device})")
-    header += (f"{device} XLA compiles", "CPU pass/fail/skip", f"{device} pass/fail/skip")
-    lines = _table(header, rows, markdown)
-    lines += ["", f"Slowest {slowest} {device} tests:", ""]
-    slow_rows = [
+def _summary_row(name: str, cpu: dict, dev: dict) -> tuple:
+    c, d = _counts(cpu), _counts(dev)
+    wall = f"{dev['wall'] / cpu['wall']:.1f}x" if cpu["wall"] and dev["wall"] else ""
+    used = ""
+    if cpu.get("cpu") and dev.get("cpu"):
+        used = f"{dev['cpu'] / cpu['cpu']:.1f}x ({cpu['cpu']:.0f} s, {dev['cpu']:.0f} s)"
+    compiles = dev["session"].get("compiles", sum(r["compiles"] or 0 for r in dev["tests"].values()))
+    return (
+        name,
+        f"{cpu['wall']:.1f}" if cpu["wall"] else cpu["status"],
+        f"{dev['wall']:.1f}" if dev["wall"] else dev["status"],
+        wall,
+        used,
+        compiles,
+        "/".join(str(c.get(k, 0)) for k in ("passed", "failed", "skipped")),
+        "/".join(str(d.get(k, 0)) for k in ("passed", "failed", "skipped")),
+    )
+
+
+def _slowest_rows(slow: list[tuple], count: int) -> list[tuple]:
+    return [
         (
             test.split("::", 1)[-1],
             f"{record['seconds']:.2f}",
             f"{record['cpu_seconds']:.2f}" if "cpu_seconds" in record else "",
+            f"{twin['seconds']:.3f}" if twin else "",
+            record["compiles"],
+            record["outcome"],
         )
-        + (f"{twin['seconds']:.3f}" if twin else "", record["compiles"], record["outcome"])
-        for _, test, record, twin in sorted(slow, key=lambda s: -s[0])[:slowest]
+        for _, test, record, twin in sorted(slow, key=lambda s: -s[0])[:count]
     ]
-    header = ("test", f"{device} s", f"{device} CPU time s", "CPU s", f"{device} compiles", "outcome")
-    lines += _table(header, slow_rows, markdown)
-    lines += ["", f"{device} failures by cause ({sum(len(g) for g in failures.values())} tests):", ""]
-    group_rows = [
+
+
+def _failure_rows(failures: dict[str, list]) -> list[tuple]:
+    return [
         (
             len(tests),
             cause.replace("|", "\\|"),
@@ -310,11 +294,53 @@ def _report(results: str, files: list[str], device: str, slowest: int, markdown:
         )
         for cause, tests in sorted(failures.items(), key=lambda g: -len(g[1]))
     ]
-    lines += _table(("tests", "cause", "for example", "where"), group_rows, markdown)
+
+
+def report(options) -> str:
+    """The tables of the runs kept in ``options.results``: per file, the slowest tests, and the
+    tpu failures grouped by cause; notes for runs that crashed or were killed."""
+    device, rows, slow, failures, notes = options.device, [], [], {}, []
+    for name in options.files:
+        cpu, dev = _load(options.results, name, "cpu"), _load(options.results, name, device)
+        if cpu is None or dev is None:
+            missing = "no CPU run" if cpu is None else f"no {device} run"
+            notes.append(f"{name}: {missing} in {options.results}")
+            continue
+        rows.append(_summary_row(name, cpu, dev))
+        for run, where in ((cpu, "CPU"), (dev, device)):
+            if run["crashed"] or run["status"] not in ("exit 0", "exit 1"):
+                notes.append(f"{name} on {where}: {run['status']}; last test started: {run['crashed']}")
+        for test, record in dev["tests"].items():
+            slow.append((record["seconds"], test, record, cpu["tests"].get(_cpu_id(test, device), {})))
+            if record["outcome"] == "failed":
+                failures.setdefault(_cause(record["message"]), []).append((test, record))
+    header = ("file", "CPU s", f"{device} s", "ratio", f"CPU-time ratio (CPU, {device})")
+    header += (f"{device} XLA compiles", "CPU pass/fail/skip", f"{device} pass/fail/skip")
+    lines = _table(header, rows, options.markdown)
+    lines += ["", f"Slowest {options.slowest} {device} tests:", ""]
+    header = ("test", f"{device} s", f"{device} CPU time s", "CPU s", f"{device} compiles", "outcome")
+    lines += _table(header, _slowest_rows(slow, options.slowest), options.markdown)
+    lines += ["", f"{device} failures by cause ({sum(len(g) for g in failures.values())} tests):", ""]
+    lines += _table(("tests", "cause", "for example", "where"), _failure_rows(failures), options.markdown)
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
-def main() -> None:
+def run_all(options) -> None:
+    """Each file once on CPU and once on ``options.device``, each a fresh pytest process whose raw
+    results land in ``options.results`` (a new temporary folder unless given)."""
+    tests_dir = os.path.abspath(options.tests_dir)
+    missing = [f for f in options.files if not os.path.isfile(os.path.join(tests_dir, f))]
+    if missing:
+        sys.exit(f"{', '.join(missing)} not in {tests_dir}: pass PyTorch's test/ folder with --tests-dir")
+    options.results = options.results or tempfile.mkdtemp(prefix="bench_pytorch_tests_")
+    os.makedirs(options.results, exist_ok=True)
+    print(f"raw results: {options.results}", file=sys.stderr, flush=True)
+    for name in options.files:
+        _run(tests_dir, name, "cpu", options)
+        _run(tests_dir, name, options.device, options)
+
+
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="*", default=list(FILES), help="test files in --tests-dir")
     parser.add_argument(
@@ -331,20 +357,16 @@ def main() -> None:
     parser.add_argument("--results", help="folder for each run's raw results (default: a new temporary one)")
     parser.add_argument("--report", action="store_true", help="only print the tables of --results")
     options = parser.parse_args()
-    if options.report:
-        print(_report(options.results, options.files, options.device, options.slowest, options.markdown))
-        return
-    tests_dir = os.path.abspath(options.tests_dir)
-    missing = [f for f in options.files if not os.path.isfile(os.path.join(tests_dir, f))]
-    if missing:
-        sys.exit(f"{', '.join(missing)} not in {tests_dir}: pass PyTorch's test/ folder with --tests-dir")
-    options.results = options.results or tempfile.mkdtemp(prefix="bench_pytorch_tests_")
-    os.makedirs(options.results, exist_ok=True)
-    print(f"raw results: {options.results}", file=sys.stderr, flush=True)
-    for name in options.files:
-        _run(tests_dir, name, "cpu", options)
-        _run(tests_dir, name, options.device, options)
-    print(_report(options.results, options.files, options.device, options.slowest, options.markdown))
+    if options.report and not options.results:
+        parser.error("--report needs --results")
+    return options
+
+
+def main() -> None:
+    options = _arguments()
+    if not options.report:
+        run_all(options)
+    print(report(options))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from jax import lax
 
 from .. import config
 from . import platform
-from .buffer import Padded, apply, host_copy, keep_host_copy, register_unpad
+from .buffer import ARRAY_TYPE, Padded, apply, host_copy, keep_host_copy, register_unpad
 from .context import context
 from .lru import LRU
 
@@ -246,6 +246,8 @@ def unpadded(value: Padded) -> jax.Array:
     if logical is None:
         host = host_copy(value.array)
         logical = None if host is None else unpad_host(host, value.layout)
+    if logical is None and _first_sighting(_unpad, value.array, value.layout):
+        logical = unpad_host(np.asarray(value.array), value.layout)
     if logical is not None:
         array = jax.device_put(logical, value.array.sharding._device)
         keep_host_copy(array, logical)
@@ -275,14 +277,33 @@ def padded(array: jax.Array, layout: Layout) -> Padded:
     """``array`` (logical shape) padded as ``layout``: on the host where it has a host copy,
     else by a program compiled per shape (an operand that met padded ones the first time)."""
     host = host_copy(array)
+    if host is None and _first_sighting(_pad, array, layout):
+        host = np.asarray(array)
     if host is not None:
         return from_host(host, layout, array.sharding._device)
     return Padded(apply(_pad, array, layout), layout)
 
 
 #: Arrays up to this many bytes are padded through the host (a transfer each way) where a
-#: program would otherwise be compiled for their shape (:func:`padded_through_host`)
+#: program would otherwise be compiled for their shape (:func:`padded_through_host`), and are
+#: padded or cut there the first time their shape is met (:func:`_first_sighting`)
 HOST_PADDING_BYTES = 4 << 20
+#: (pad or unpad, shape, dtype, layout) met once: the second time, the program is compiled
+_met = LRU()
+
+
+def _first_sighting(program, array, layout: Layout) -> bool:
+    """Whether to pad or cut ``array`` on the host rather than by ``program``: a small concrete
+    array whose shape this program has not met before. A shape met once (a test's tensor, one
+    odd batch) costs two transfers instead of a compile; one met again (a training loop's
+    sizes, which recur) gets its program, and runs without a wait from then on."""
+    if type(array) is not ARRAY_TYPE or array.nbytes > HOST_PADDING_BYTES:
+        return False
+    key = (program, array.shape, array.dtype, layout)
+    if key in _met:
+        return False
+    _met[key] = True
+    return True
 
 
 def padded_through_host(array: jax.Array, layout: Layout) -> Padded:

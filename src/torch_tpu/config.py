@@ -51,9 +51,10 @@ static_generation: bool = os.environ.get("TORCH_TPU_STATIC_GENERATION", "1").str
     "off",
 )
 #: ``TORCH_TPU_QUICK_COMPILE=0``: on the XLA:CPU stand-in, compile strict eager's per-op programs
-#: with LLVM's full optimization too (by default they compile without it: a third less time per
-#: compile, nothing measurable on their run time; fused graphs and compiled models are optimized
-#: either way). Read when the device starts.
+#: with LLVM's full optimization and XLA's fusion emitters too (by default they compile without
+#: them: a small program in 20 ms instead of 55; a GPT step's strict steady state is unchanged,
+#: but an elementwise op on a million elements runs several times slower; fused graphs and
+#: compiled models are optimized either way). Read when the device starts.
 quick_compile: bool = os.environ.get("TORCH_TPU_QUICK_COMPILE", "1").strip().lower() not in (
     "0",
     "false",

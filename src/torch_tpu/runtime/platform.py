@@ -141,10 +141,20 @@ def initialize() -> None:
     os.register_at_fork(after_in_child=_mark_forked_child)
 
 
-#: XLA:CPU's flags for programs compiled quickly: LLVM without its optimization passes
-_QUICK_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+#: XLA:CPU's flags for programs compiled quickly: LLVM without its optimization passes, and
+#: the elemental emitters in place of the MLIR fusion emitters (a small program compiles in
+#: 20 ms instead of 55 on a 2-core box)
+_QUICK_FLAGS = (
+    "--xla_backend_optimization_level=0",
+    "--xla_llvm_disable_expensive_passes=true",
+    "--xla_cpu_use_fusion_emitters=false",
+)
 #: what a program that must run fast asks for where compiles are quick (:func:`optimized`)
-_OPTIMIZED = {"xla_backend_optimization_level": 2, "xla_llvm_disable_expensive_passes": False}
+_OPTIMIZED = {
+    "xla_backend_optimization_level": 2,
+    "xla_llvm_disable_expensive_passes": False,
+    "xla_cpu_use_fusion_emitters": True,
+}
 #: whether this process compiles quickly by default (set as the device starts)
 quick_compiles = False
 

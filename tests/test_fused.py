@@ -607,3 +607,95 @@ def test_the_core_records_nodes_returning_lists_and_tuples_with_none(monkeypatch
                         torch.testing.assert_close(g.cpu(), e)
             by_python = {"aten._foreach_mul.Scalar", "aten.convolution_backward.default"} & set(in_python)
             assert not by_python if in_core else by_python
+
+
+# ----------------------------------------------------------------------------- background compiles
+@pytest.fixture
+def in_background(fresh_churn):
+    from torch_tpu.execution import background
+
+    was = background._enabled
+    background.set_enabled(True)
+    fresh_churn.forget_executables()  # (graphs of these shapes compiled by earlier tests)
+    yield background
+    background.wait()
+    background.set_enabled(was)
+
+
+def _mlp_loss_and_grad(model, x):
+    model.zero_grad()
+    loss = model(x).square().mean()
+    loss.backward()
+    return loss.item(), model[0].weight.grad.cpu()
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+
+
+def test_background_compiles_are_off_on_the_stand_in_by_default():
+    from torch_tpu.execution import background
+
+    if background._enabled is None:
+        assert background.enabled() is (torch_tpu.runtime.platform.platform() == "tpu")
+
+
+def test_a_graph_met_at_new_shapes_runs_op_by_op_while_its_program_compiles(in_background):
+    cpu = _mlp()
+    model = copy.deepcopy(cpu).to("tpu")
+    batches = [torch.randn(n, 8, generator=torch.Generator().manual_seed(n)) for n in (4, 4, 12, 12)]
+    seen = []
+    with torch_tpu.eager_mode("fused"):
+        for k, x in enumerate(batches):
+            if k == 3:
+                in_background.wait()  # (the program of batch 12 is ready now)
+            before = torch.tpu.compilation_cache_stats()
+            loss, grad = _mlp_loss_and_grad(model, x.to("tpu"))
+            after = torch.tpu.compilation_cache_stats()
+            seen.append(
+                {key: after[key] - before[key] for key in ("background_compiles", "graphs_run_by_op")}
+            )
+            want_loss, want_grad = _mlp_loss_and_grad(cpu, x)
+            torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(grad, want_grad, rtol=1e-5, atol=1e-6)
+    assert (
+        seen[0] == seen[1] == {"background_compiles": 0, "graphs_run_by_op": 0}
+    )  # (a new graph: compiled now)
+    assert (
+        seen[2]["background_compiles"] > 0 and seen[2]["graphs_run_by_op"] == seen[2]["background_compiles"]
+    )
+    assert seen[3] == {"background_compiles": 0, "graphs_run_by_op": 0}, seen  # (it took the program)
+
+
+def test_a_failed_background_compile_is_done_again_in_the_foreground(in_background, monkeypatch):
+    def failing(lowered, options):
+        raise RuntimeError("compile failed on the worker")
+
+    monkeypatch.setattr(in_background, "_compile", failing)
+    cpu, x = _mlp(), torch.randn(12, 8)
+    model = copy.deepcopy(cpu).to("tpu")
+    with torch_tpu.eager_mode("fused"):
+        _mlp_loss_and_grad(model, torch.randn(4, 8, device="tpu"))
+        _mlp_loss_and_grad(cpu, torch.randn(4, 8))  # (keeps both models' grads alike: zeroed)
+        first = _mlp_loss_and_grad(model, x.to("tpu"))  # op by op; its compile fails on the worker
+        in_background.wait()
+        before = torch.tpu.compilation_cache_stats()
+        again = _mlp_loss_and_grad(model, x.to("tpu"))  # compiled now, in the foreground
+        after = torch.tpu.compilation_cache_stats()
+    assert after["graphs_run_by_op"] == before["graphs_run_by_op"]
+    want = _mlp_loss_and_grad(cpu, x)
+    for got in (first, again):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_forgetting_compiled_graphs_forgets_those_compiling(in_background):
+    from torch_tpu.execution import fused
+
+    model = _mlp().to("tpu")
+    with torch_tpu.eager_mode("fused"):
+        _mlp_loss_and_grad(model, torch.randn(4, 8).to("tpu"))
+        _mlp_loss_and_grad(model, torch.randn(12, 8).to("tpu"))
+        assert in_background._pending
+        fused.forget_executables()
+        assert not in_background._pending

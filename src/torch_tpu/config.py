@@ -61,6 +61,14 @@ quick_compile: bool = os.environ.get("TORCH_TPU_QUICK_COMPILE", "1").strip().low
     "no",
     "off",
 )
+#: ``TORCH_TPU_BACKGROUND_COMPILE=1`` / ``0``: a fused graph met at new shapes runs op by op
+#: while its program compiles on a worker thread (``torch_tpu.execution.background``); unset:
+#: on where the device is a TPU, off on the stand-in.
+background_compile: bool | None = (
+    _flag("TORCH_TPU_BACKGROUND_COMPILE")
+    if os.environ.get("TORCH_TPU_BACKGROUND_COMPILE", "").strip()
+    else None
+)
 #: ``TORCH_TPU_DISTRIBUTED=0``: processes launched as ranks of a job (``RANK``/``WORLD_SIZE`` in
 #: the environment) stay one-process JAX runtimes when they use tpu before any ``tpu_dist`` group.
 distributed: bool = os.environ.get("TORCH_TPU_DISTRIBUTED", "1").strip().lower() not in (

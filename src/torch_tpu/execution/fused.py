@@ -45,6 +45,7 @@ from ..runtime import buffer, checks, memory, native, padding, platform, precisi
 from ..runtime.buffer import Deferred
 from ..runtime.context import compiling, context
 from ..runtime.lru import LRU
+from . import background
 
 #: Graphs are cut at this many recorded ops even without a sync point, so a loop with no host
 #: reads stays bounded.
@@ -68,6 +69,7 @@ class CacheStats:
         self.graphs_run = self.ops_run = self.ops_run_alone = 0
         self.donated_buffers = 0
         self.compiled_graphs = self.compiled_runs = 0
+        self.background_compiles = self.graphs_run_by_op = 0
         self.sync_reasons: collections.Counter = collections.Counter()
 
     def as_dict(self) -> dict:
@@ -88,6 +90,8 @@ class CacheStats:
             "cache_trims": platform.compile_events["cache_trims"],
             "compiled_graphs": self.compiled_graphs,
             "compiled_runs": self.compiled_runs,
+            "background_compiles": self.background_compiles,
+            "graphs_run_by_op": self.graphs_run_by_op,
             "sync_reasons": dict(self.sync_reasons),
         }
 
@@ -97,11 +101,15 @@ stats = CacheStats()
 
 #: fingerprint -> compiled graph
 _executables = LRU()
+#: the origins of the graphs that ran (``Graph.origin``): one met again at new shapes compiles
+#: in the background, where that is on
+_origins = LRU()
 
 
 def forget_executables() -> None:
     """Drop the compiled graphs kept for reuse (``runtime.executable_budget`` trims them)."""
     _executables.clear()
+    background.forget()
 
 
 log_recompiles = config.log_recompiles
@@ -504,6 +512,8 @@ class Graph:
         #: graph cut to run a churning op alone is continued by the next one
         self.seen = 0 if continuing is None else continuing.seen
         self.start: tuple | None = None if continuing is None else continuing.start
+        #: the start with a padded op's program as the op's own: the same graph at any sizes
+        self.origin: tuple | None = None if continuing is None else continuing.origin
         #: the ops learned to churn in graphs of this start, by position (None: none)
         self.churning: dict | None = None if continuing is None else continuing.churning
         self.positions: list[int] = []
@@ -580,6 +590,7 @@ class Graph:
             position = self.seen
             if position == 0:  # graphs that start with this op at this line: the same loop, mostly
                 self.start = (fn, checks.user_line())
+                self.origin = (getattr(fn, "padded_from", fn), self.start[1])
                 self.churning = _churning.get(self.start)
                 recent = self.recent = _templates.get(self.start) or []
                 self.template = recent[0] if recent else self.template
@@ -807,29 +818,16 @@ class Graph:
             self.index,  # (an executable runs on the device it was compiled for)
         )
         stats.requests += 1
-        executable = _executables.get(fingerprint)
-        if executable is None:
-            stats.misses += 1
-            if log_recompiles:
-                self._explain_miss(fingerprint)
-            _learn_churn(self)
-            started = time.perf_counter()
-            try:  # (an interrupt here leaves the graph pending: it runs at the next sync)
-                with jax.default_device(platform.jax_device(self.index)):  # (no input may say)
-                    lowered = jax.jit(_program(self.nodes, outputs), donate_argnums=donated).lower(
-                        *self.leaves
-                    )
-                    with compiling():
-                        executable = lowered.compile(platform.optimized())
-            except Exception as error:
-                raise self._failed(error) from error
-            stats.compile_seconds += time.perf_counter() - started
-            _executables[fingerprint] = executable
-        else:
-            stats.hits += 1
+        executable = self._executable(fingerprint, outputs, donated)
+        if self.origin is not None:
+            _origins[self.origin] = True
         with interrupts_held():
             try:
-                values = _execute(executable, self.leaves)
+                if executable is None:  # (compiling in the background)
+                    stats.graphs_run_by_op += 1
+                    values = self._run_by_op(outputs)
+                else:
+                    values = _execute(executable, self.leaves)
             except BaseException as error:
                 error = memory.translate(error, sum(buffer.nbytes(d) for d in live))
                 raise self._failed(error) from error
@@ -853,6 +851,52 @@ class Graph:
         self.taints = []
         checks.poll()
         stats.flush_seconds += time.perf_counter() - flush_started - (stats.compile_seconds - compiled_before)
+
+    def _executable(self, fingerprint: tuple, outputs: tuple, donated: tuple) -> Any:
+        """The graph's compiled program: cached, compiled in the background and ready now, or
+        compiled now; None while it compiles in the background (this run goes op by op)."""
+        executable = _executables.get(fingerprint)
+        if executable is not None:
+            stats.hits += 1
+            return executable
+        if background.compiling(fingerprint):
+            executable = background.take(fingerprint, lambda: self._compile(outputs, donated))
+        else:
+            stats.misses += 1
+            if log_recompiles:
+                self._explain_miss(fingerprint)
+            _learn_churn(self)
+            in_background = self.origin in _origins and background.enabled()
+            executable = self._compile(outputs, donated, fingerprint if in_background else None)
+        if executable is not None:
+            _executables[fingerprint] = executable
+        return executable
+
+    def _compile(self, outputs: tuple, donated: tuple, in_background: tuple | None = None) -> Any:
+        """The graph's executable; or, given its fingerprint ``in_background``, None, its
+        program lowered now and compiled on the worker thread (:mod:`.background`)."""
+        started = time.perf_counter()
+        try:  # (an interrupt here leaves the graph pending: it runs at the next sync)
+            with jax.default_device(platform.jax_device(self.index)):  # (no input may say)
+                lowered = jax.jit(_program(self.nodes, outputs), donate_argnums=donated).lower(*self.leaves)
+                if in_background is not None:
+                    background.submit(in_background, lowered, platform.optimized())
+                    stats.background_compiles += 1
+                    if log_recompiles:
+                        explain("compiling it in the background; its ops run one by one meanwhile")
+                    return None
+                with compiling():
+                    return lowered.compile(platform.optimized())
+        except Exception as error:
+            raise self._failed(error) from error
+        finally:
+            stats.compile_seconds += time.perf_counter() - started
+
+    def _run_by_op(self, outputs: tuple) -> list:
+        """The graph's outputs computed op by op, each op's own program run on its inputs (as
+        strict eager runs them), while the graph's program compiles in the background."""
+        with jax.default_device(platform.jax_device(self.index)):
+            return _program(self.nodes, outputs)(*self.leaves)
 
     def _release(self) -> None:
         # (its outputs refer to it: dropping them breaks the cycle, so the graph goes with the

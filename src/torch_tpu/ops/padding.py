@@ -707,8 +707,11 @@ def _padded_program(spec: _Spec, sizes: jax.Array, *arrays):
 @functools.lru_cache(maxsize=4096)
 def _program_of(spec: _Spec) -> Callable:
     """The padded call's program, one object per spec (a fused graph's node names its program:
-    the same one for every call of the same spec)."""
-    return jax.jit(functools.partial(_padded_program, spec))
+    the same one for every call of the same spec), naming the op's own program as the one it
+    pads (``padded_from``: a graph starting with it is the graph of the op's other sizes)."""
+    program = jax.jit(functools.partial(_padded_program, spec))
+    program.padded_from = spec.program
+    return program
 
 
 def run(rule, program: Callable, values: list, extra: dict, names: Sequence[str], index: int = 0):

@@ -1,6 +1,7 @@
 """tpu's paged attention backend on its own: a batch mixing a prompt, a decoding step and a chunk
-after a cached prefix, against the same backend on CPU (float64 reference for the tolerance) and
-against attention computed request by request from the keys and values at their slots."""
+after a cached prefix, against attention computed on CPU request by request from the keys and
+values at their slots (float64 for the tolerance), with and without a sliding window and a
+logits soft cap."""
 
 from __future__ import annotations
 
@@ -32,13 +33,14 @@ def batch(dtype: torch.dtype):
     return pages, slots, cache.to(dtype), q.to(dtype), k.to(dtype), v.to(dtype)
 
 
-def run(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The backend's output and the cache after the step."""
+def run(dtype: torch.dtype, window: int | None = None, soft_cap: float | None = None):
+    """The backend's output and the cache after the step, on tpu."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     from torch_tpu.integrations.vllm.attention import TpuAttentionImpl, TpuAttentionMetadataBuilder
 
+    device = "tpu"
     pages, slots, cache, q, k, v = (t.to(device) for t in batch(dtype))
     starts = torch.tensor([0] + [n for _, n in REQUESTS]).cumsum(0).int()
     seq_lens = torch.tensor([c + n for c, n in REQUESTS]).int()
@@ -56,33 +58,46 @@ def run(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     )
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD, dtype=dtype)
     metadata = TpuAttentionMetadataBuilder(spec, ["layer"], None, torch.device(device)).build(0, common)
-    impl = TpuAttentionImpl(HEADS, HEAD, 1 / math.sqrt(HEAD), KV_HEADS, None, None, "auto")
+    impl = TpuAttentionImpl(HEADS, HEAD, 1 / math.sqrt(HEAD), KV_HEADS, None, window, "auto", soft_cap)
     output = torch.empty_like(q)
     impl.forward(None, q, k, v, cache, metadata, output)
-    return output, cache
+    return output.cpu(), cache.cpu()
 
 
-def test_paged_attention_matches_cpu():
-    expected = run("cpu", torch.float32)
-    reference = run("cpu", torch.float64)
-    for actual, cpu, exact, what in zip(run("tpu", torch.float32), expected, reference, ("output", "cache")):
-        assert_matches_cpu(actual, cpu, exact, what)
-
-
-def test_paged_attention_is_causal_attention_over_each_requests_slots():
-    output, cache = run("cpu", torch.float64)
-    pages, _, _, q, k, v = batch(torch.float64)
-    start = 0
+def dense(dtype: torch.dtype, window: int | None = None, soft_cap: float | None = None):
+    """The step on CPU, request by request: the new keys and values written at their slots,
+    then causal attention over each request's keys gathered from them."""
+    pages, slots, cache, q, k, v = batch(dtype)
+    cache = cache.clone()
+    cache[slots // BLOCK, :, slots % BLOCK] = torch.cat([k, v], -1)
+    output, start = torch.empty_like(q), 0
     for r, (context, new) in enumerate(REQUESTS):
         positions = torch.arange(context + new)
-        slots = pages[r, positions // BLOCK].long(), positions % BLOCK
-        keys = cache[slots[0], :, slots[1]]  # [length, kv_heads, 2 * head]
-        expect_new = torch.cat([k[start : start + new], v[start : start + new]], -1)
-        torch.testing.assert_close(keys[context:], expect_new, rtol=0, atol=0)  # written at the slots
+        keys = cache[pages[r, positions // BLOCK].long(), :, positions % BLOCK]  # [length, kv_heads, 2h]
         grouped = keys.repeat_interleave(HEADS // KV_HEADS, dim=1).transpose(0, 1)  # [heads, length, 2h]
         queries = q[start : start + new].transpose(0, 1)  # [heads, new, head]
         scores = queries @ grouped[..., :HEAD].transpose(1, 2) / math.sqrt(HEAD)
-        scores = scores.masked_fill(positions > (context + torch.arange(new))[:, None], -math.inf)
-        expected = (scores.softmax(-1) @ grouped[..., HEAD:]).transpose(0, 1)
-        torch.testing.assert_close(output[start : start + new], expected)
+        if soft_cap is not None:
+            scores = soft_cap * torch.tanh(scores / soft_cap)
+        query_positions = (context + torch.arange(new))[:, None]
+        hidden = positions > query_positions
+        if window is not None:
+            hidden |= positions <= query_positions - window
+        output[start : start + new] = (
+            scores.masked_fill(hidden, -math.inf).softmax(-1) @ grouped[..., HEAD:]
+        ).transpose(0, 1)
         start += new
+    return output, cache
+
+
+@pytest.mark.parametrize("window, soft_cap", [(None, None), (6, None), (None, 2.0)], ids=str)
+def test_paged_attention_matches_attention_over_each_requests_slots(window, soft_cap):
+    actual = run(torch.float32, window, soft_cap)
+    expected, reference = dense(torch.float32, window, soft_cap), dense(torch.float64, window, soft_cap)
+    for got, cpu, exact, what in zip(actual, expected, reference, ("output", "cache")):
+        assert_matches_cpu(got, cpu, exact, what)
+
+
+def test_the_new_keys_and_values_are_written_at_their_slots_exactly():
+    _, cache = run(torch.float64)
+    torch.testing.assert_close(cache, dense(torch.float64)[1], rtol=0, atol=0)

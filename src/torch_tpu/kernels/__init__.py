@@ -6,6 +6,9 @@ and tested building blocks.
   online softmax, causal or with a boolean / additive mask, grouped-query heads.
 - :func:`grouped_matmul` (``torch.ops.torch_tpu.grouped_matmul``): the ragged matmul of
   mixture-of-experts layers.
+- :func:`ragged_paged_attention` (``torch.ops.torch_tpu.ragged_paged_attention``): a serving
+  step's attention, prefills and decodes packed together, over a paged KV cache (a JAX
+  function with an online softmax over pages: module ``ragged_paged_attention``).
 - :class:`use_flash_attention`: route ``F.scaled_dot_product_attention`` to the flash kernel.
 
 Each is a JAX function with a ``jax.custom_vjp`` whose backward is Pallas kernels too (modules
@@ -22,10 +25,11 @@ import torch
 from ..pallas import jax_op
 from . import flash as _flash
 from . import gmm as _gmm
+from . import ragged_paged_attention as _ragged
 from . import rmsnorm as _rmsnorm
 from ._routing import use_flash_attention
 
-__all__ = ["flash_attention", "grouped_matmul", "rms_norm", "use_flash_attention"]
+__all__ = ["flash_attention", "grouped_matmul", "ragged_paged_attention", "rms_norm", "use_flash_attention"]
 
 
 # ----------------------------------------------------------------------------- the ops
@@ -50,6 +54,31 @@ def _flash_attention(
 @jax_op("torch_tpu::grouped_matmul")
 def _grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
     return _gmm.grouped_matmul(lhs, rhs, group_sizes)
+
+
+@jax_op("torch_tpu::ragged_paged_attention", autograd=False)
+def _ragged_paged_attention(
+    queries: jax.Array,
+    kv_cache: jax.Array,
+    kv_lens: jax.Array,
+    block_tables: jax.Array,
+    query_start: jax.Array,
+    num_seqs: jax.Array,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+) -> jax.Array:
+    return _ragged.ragged_paged_attention(
+        queries,
+        kv_cache,
+        kv_lens,
+        block_tables,
+        query_start,
+        num_seqs,
+        scale=scale,
+        sliding_window=sliding_window,
+        soft_cap=soft_cap,
+    )
 
 
 # ----------------------------------------------------------------------------- the wrappers
@@ -84,3 +113,35 @@ def grouped_matmul(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tens
     the rows past the groups. ``torch._grouped_mm(lhs, rhs, offs=group_sizes.cumsum(0))`` (which
     leaves those rows undefined). Differentiable in ``lhs`` and ``rhs``."""
     return torch.ops.torch_tpu.grouped_matmul(lhs, rhs, group_sizes)
+
+
+def ragged_paged_attention(
+    queries: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start: torch.Tensor,
+    num_seqs: torch.Tensor,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+) -> torch.Tensor:
+    """A serving step's attention: ``queries`` ``[tokens, heads, head_dim]`` (request ``r``'s
+    rows ``query_start[r]:query_start[r + 1]``, the last positions of its sequence) over the
+    paged ``kv_cache`` ``[num_blocks, kv_heads, block_size, 2 * head_dim]`` (vLLM's layout)
+    through ``block_tables`` ``[requests, pages]``, each request ``kv_lens[r]`` long, the
+    first ``num_seqs`` rows of the tables real. Causal, optionally within ``sliding_window``
+    and with scores capped by ``soft_cap``; padding rows give zeros. Inference only (no
+    gradient). See :mod:`torch_tpu.kernels.ragged_paged_attention`."""
+    return torch.ops.torch_tpu.ragged_paged_attention(
+        queries,
+        kv_cache,
+        kv_lens,
+        block_tables,
+        query_start,
+        num_seqs,
+        float(scale),
+        sliding_window,
+        soft_cap,
+    )

@@ -1,16 +1,14 @@
-"""Paged attention on tpu in plain torch ops: vLLM's reference algorithm, lowered through XLA.
+"""Paged attention on tpu: vLLM's attention backend over ``torch_tpu.kernels.ragged_paged_attention``.
 
 The KV cache of a layer is vLLM's ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` page
 array (key and value side by side in the last dimension). A step writes its new keys and values
-at their slots with one ``index_put_``, gathers each request's pages through its block table into
-a ``[requests, kv_heads, length, head_size]`` tensor, and runs ``scaled_dot_product_attention``
-with a mask that combines causality (a query at position p sees keys up to p) and each request's
-length. Queries are packed per request into a ``[requests, longest query]`` grid.
-
-The per-step indices are built once per step on the host from vLLM's CPU copies of the batch
-layout, and shared by every layer. Their sizes do not follow the sequences' lengths (keys: the
-block table's full width; queries: the longest rounded up to a power of two), so decoding steps
-of one batch size run one compiled program.
+at their slots with one ``index_put_``, then attends with the ragged paged attention kernel: the
+step's queries packed request after request (prefills, chunks of them and decodes together),
+each request's keys read page by page through its block table with an online softmax, never
+gathered into a dense tensor. Everything the kernel reads of the step (sequence lengths, query
+starts, block tables, the request count) is a tensor vLLM's model runner keeps on the device,
+an input of the step's program rather than a constant of it: a batch size keeps one program
+while its sequences grow, prefills and decodes alike.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
 import torch
 from vllm.v1.attention.backend import (
     AttentionBackend,
@@ -29,11 +26,6 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.attention.backends.registry import register_backend
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
-
-
-def _bucket(n: int) -> int:
-    """The next power of two: the few shapes a growing length compiles."""
-    return 1 << max(n - 1, 0).bit_length()
 
 
 class TpuAttentionBackend(AttentionBackend):
@@ -72,20 +64,21 @@ class TpuAttentionMetadata:
     num_actual_tokens: int
     #: [tokens]: where each new key and value is written (vLLM's slot: block * block_size + offset).
     slot_mapping: torch.Tensor
-    #: [requests, pages]: the pages each request reads, padded with page 0 (masked out).
+    #: [requests, pages] int32: the pages each request reads, in order.
     block_table: torch.Tensor
-    #: [requests, longest query]: the packed token each query row takes (padding repeats one).
-    query_index: torch.Tensor
-    #: [tokens]: each token's row in the flattened [requests * longest query] result.
-    output_index: torch.Tensor
-    #: [requests, 1, longest query, pages * block_size]: which keys each query row sees.
-    mask: torch.Tensor
+    #: [requests] int32: each request's sequence length, its new tokens included.
+    seq_lens: torch.Tensor
+    #: [requests + 1] int32: where each request's query tokens start among the step's tokens.
+    query_start: torch.Tensor
+    #: [1] int32: how many rows of the tables are requests.
+    num_seqs: torch.Tensor
 
 
 class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]):
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self.block_size = kv_cache_spec.block_size
+        self.device = device
+        self._counts: dict[int, torch.Tensor] = {}  # request count -> its [1] tensor on the device
 
     def build(
         self,
@@ -95,36 +88,18 @@ class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]
     ) -> TpuAttentionMetadata:
         m = common_attn_metadata
         num_reqs, num_tokens = m.num_reqs, m.num_actual_tokens
-        starts = m.query_start_loc_cpu[: num_reqs + 1].numpy().astype(np.int64)
-        seq_lens = m.seq_lens_cpu_upper_bound
-        # Exact here: the platform turns off async scheduling, the only case where it is not.
-        seq_lens = (seq_lens if seq_lens is not None else m.seq_lens.cpu())[:num_reqs].numpy()
-        query_lens = np.diff(starts)
-        longest = _bucket(int(query_lens.max()))
-        # Every request reads the block table's full width (max_model_len tokens): one key length
-        # for every step, so a batch size keeps one program while its sequences grow (lengths
-        # rounded up instead are new shapes every few steps, which fused eager then runs alone).
-        pages = m.block_table_tensor.shape[1]
-
-        rows = np.arange(longest)
-        query_index = np.minimum(starts[:-1, None] + rows, max(num_tokens - 1, 0))
-        token_request = np.repeat(np.arange(num_reqs), query_lens)
-        token_row = np.arange(num_tokens) - starts[token_request]
-        key_position = np.arange(pages * self.block_size)
-        # Query row j of a request is position (seq_len - query_len + j); padding rows see key 0.
-        query_position = (seq_lens - query_lens)[:, None] + rows
-        mask = (key_position <= query_position[:, :, None]) & (key_position < seq_lens[:, None, None])
-
-        def upload(array: np.ndarray, dtype=torch.int64) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(array)).to(self.device, dtype)
-
+        count = self._counts.get(num_reqs)
+        if count is None:
+            count = self._counts[num_reqs] = torch.tensor([num_reqs], dtype=torch.int32, device=self.device)
+        # (the lengths are exact: the platform turns off async scheduling, the only case where
+        # vLLM's device copy of them is an upper bound)
         return TpuAttentionMetadata(
             num_actual_tokens=num_tokens,
             slot_mapping=m.slot_mapping[:num_tokens].long(),
-            block_table=m.block_table_tensor[:num_reqs, :pages].long(),
-            query_index=upload(query_index),
-            output_index=upload(token_request * longest + token_row),
-            mask=upload(mask[:, None], torch.bool),
+            block_table=m.block_table_tensor[:num_reqs],
+            seq_lens=m.seq_lens[:num_reqs],
+            query_start=m.query_start_loc[: num_reqs + 1],
+            num_seqs=count,
         )
 
 
@@ -145,8 +120,6 @@ class TpuAttentionImpl(AttentionImpl):
     ) -> None:
         unsupported = {
             "ALiBi": alibi_slopes is not None,
-            "sliding-window attention": sliding_window is not None,
-            "logits soft-capping": bool(logits_soft_cap),
             "attention sinks": sinks is not None,
             f"{attn_type} attention": attn_type != AttentionType.DECODER,
         }
@@ -157,6 +130,8 @@ class TpuAttentionImpl(AttentionImpl):
         self.num_kv_heads = num_kv_heads
         self.head_size = head_size
         self.scale = float(scale)
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else None
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
 
     def forward(
@@ -181,17 +156,18 @@ class TpuAttentionImpl(AttentionImpl):
             slots = attn_metadata.slot_mapping
             kv_cache[slots // block_size, :, slots % block_size] = torch.cat([key[:n], value[:n]], -1)
 
-        pages = kv_cache[attn_metadata.block_table]  # [requests, pages, kv_heads, block, 2d]
-        kv = pages.transpose(1, 2).flatten(2, 3)  # [requests, kv_heads, pages * block, 2d]
-        q = query[attn_metadata.query_index].transpose(1, 2)  # [requests, heads, longest, d]
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q,
-            kv[..., :d],
-            kv[..., d:],
-            attn_mask=attn_metadata.mask,
+        from torch_tpu.kernels import ragged_paged_attention  # (defines the op: the device has started)
+
+        out = ragged_paged_attention(
+            query.view(-1, self.num_heads, d),
+            kv_cache,
+            attn_metadata.seq_lens,
+            attn_metadata.block_table,
+            attn_metadata.query_start,
+            attn_metadata.num_seqs,
             scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads,
+            sliding_window=self.sliding_window,
+            soft_cap=self.logits_soft_cap,
         )
-        out = out.transpose(1, 2).reshape(-1, self.num_heads, d)[attn_metadata.output_index]
-        output[:n].copy_(out)
+        output.view(out.shape).copy_(out)
         return output

@@ -89,7 +89,7 @@ def _dtypes_markdown() -> list[str]:
         "promoting them with another integer or bool type, CPU's `RuntimeError`). Any other dtype "
         "an overload's CPU kernel lacks (`abs` on bool, `logaddexp` on integers, ...) raises CPU's "
         "`NotImplementedError` too: the table `ops/_cpu_refusals.py`, which "
-        "`python -m torch_tpu.ops --regenerate-cpu-dtypes` rebuilds by running OpInfo samples on CPU.",
+        "`python tools/regenerate_cpu_refusals.py` rebuilds by running OpInfo samples on CPU.",
         "",
     ]
 

@@ -41,7 +41,7 @@ from typing import Any
 import jax
 
 from .. import config
-from ..runtime import buffer, checks, memory, native, padding, platform, precision
+from ..runtime import buffer, checks, executable_budget, memory, native, padding, platform, precision
 from ..runtime.buffer import Deferred
 from ..runtime.context import compiling, context
 from ..runtime.lru import LRU
@@ -110,6 +110,9 @@ def forget_executables() -> None:
     """Drop the compiled graphs kept for reuse (``runtime.executable_budget`` trims them)."""
     _executables.clear()
     background.forget()
+
+
+executable_budget.on_trim(forget_executables)
 
 
 log_recompiles = config.log_recompiles

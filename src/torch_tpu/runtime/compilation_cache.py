@@ -136,7 +136,7 @@ class MappingWatch:
 
     def loading(self, mappings: int) -> None:
         """Count ``mappings`` about to be mapped (or just mapped); past the budget, ask for a trim
-        of the in-memory caches before the next op (:func:`.executable_budget.trim`)."""
+        of the in-memory caches before the next op (:func:`.platform.request_trim`)."""
         limit = executable_budget.limit
         if limit is None or mappings == 0:
             return
@@ -148,7 +148,7 @@ class MappingWatch:
             self._since_reading = 0
             self._allowance = min(limit // 16, (limit - count) // 8)
         if count > executable_budget.BUDGET * limit:
-            platform.request_attention(executable_budget.trim)
+            platform.request_trim()
         if count >= limit:  # (too late to trim: XLA is about to fail to map the code and crash)
             _log.error(
                 "this process is about to exceed the kernel's limit of %d memory mappings "

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
-
-from . import platform
+from collections.abc import Callable
 
 #: Read the mapping count after this many executables loaded.
 CHECK_EVERY = 256
@@ -33,6 +32,13 @@ _MAPS = "/proc/self/maps"
 _log = logging.getLogger("torch_tpu")
 _lock = threading.Lock()
 _loaded_since_check = 0
+#: what else holds executables, registered from the layers above (fused eager's graphs)
+_forgetters: list[Callable[[], None]] = []
+
+
+def on_trim(forget: Callable[[], None]) -> None:
+    """Have :func:`trim` call ``forget`` too: a cache of executables kept above this layer."""
+    _forgetters.append(forget)
 
 
 def _read_limit() -> int | None:
@@ -56,35 +62,32 @@ def mapping_count() -> int:
         return 0
 
 
-def executable_loaded() -> None:
-    """Count one executable loaded; every :data:`CHECK_EVERY`, ask for a trim (at the next op,
-    :func:`trim`) if the mappings are past the budget. Called from JAX's compile event, inside
-    its compilation, where its caches must not be cleared."""
+def executable_loaded() -> bool:
+    """Count one executable loaded; every :data:`CHECK_EVERY`, say whether the mappings are past
+    the budget (the caller asks for a :func:`trim` at the next op: this is called from JAX's
+    compile event, inside its compilation, where its caches must not be cleared)."""
     global _loaded_since_check
     if limit is None:
-        return
+        return False
     _loaded_since_check += 1
     if _loaded_since_check < CHECK_EVERY:
-        return
+        return False
     _loaded_since_check = 0
-    if mapping_count() > BUDGET * limit:
-        platform.request_attention(trim)
+    return mapping_count() > BUDGET * limit
 
 
-def trim() -> None:
-    """Clear the in-memory compilation caches (JAX's and the fused graphs'), releasing the
-    executables no live object holds."""
+def trim() -> bool:
+    """Clear the in-memory compilation caches (JAX's and those registered with :func:`on_trim`),
+    releasing the executables no live object holds; whether it did (another thread may have)."""
     import jax
-
-    from ..execution import fused
 
     with _lock:
         before = mapping_count()
         if before <= BUDGET * limit:  # (another thread trimmed first)
-            return
+            return False
         jax.clear_caches()
-        fused.forget_executables()
-        platform.compile_events["cache_trims"] += 1
+        for forget in _forgetters:
+            forget()
         _log.info(
             "torch_tpu: %d memory mappings of at most %d (vm.max_map_count): cleared the in-memory "
             "compilation caches, %d mappings now",
@@ -92,3 +95,4 @@ def trim() -> None:
             limit,
             mapping_count(),
         )
+        return True

@@ -196,7 +196,19 @@ def _count_disk_hit(event: str, **_: object) -> None:
 def _count_executable(event: str, duration: float, **_: object) -> None:
     if event == "/jax/core/compile/backend_compile_duration":
         compile_events["executables_built"] += 1
-        executable_budget.executable_loaded()
+        if executable_budget.executable_loaded():
+            request_trim()
+
+
+def request_trim() -> None:
+    """Clear the in-memory compilation caches before the next op (past the mapping budget:
+    :mod:`.executable_budget`), counting it in ``compile_events["cache_trims"]``."""
+    request_attention(_trim)
+
+
+def _trim() -> None:
+    if executable_budget.trim():
+        compile_events["cache_trims"] += 1
 
 
 def keep_interrupts() -> None:

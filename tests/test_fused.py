@@ -371,6 +371,24 @@ def test_a_new_batch_size_changing_every_op_is_compiled_not_taken_apart(fresh_ch
     assert torch.tpu.compilation_cache_stats()["ops_run_alone"] == 0
 
 
+def test_each_layers_slice_of_one_buffer_is_not_taken_for_churn(fresh_churn):
+    """vLLM keeps every layer's KV cache in one buffer: one layer's slice is read at offset 0,
+    another's with a start offset, by the same op on the same line. Not shapes that change."""
+    buffer = torch.randn(2, 8, 4, device="tpu")
+    torch.tpu.reset_compilation_cache_stats()
+    sums = []
+    with torch_tpu.eager_mode("fused"):
+        for _ in range(3):
+            for layer in (0, 1):
+                h = buffer[layer] * 2  # (the only op whose inputs differ between the layers)
+                for _ in range(10):
+                    h = h + 1
+                sums.append(h.sum().item())
+    assert torch.tpu.compilation_cache_stats()["ops_run_alone"] == 0
+    want = [float((buffer[layer].cpu() * 2 + 10).sum()) for layer in (0, 1)] * 3
+    torch.testing.assert_close(sums, want, rtol=1e-5, atol=1e-5)
+
+
 def _step_of_kind(x, weight, kind: str):
     """Two loops' steps starting with the same op on the same line, then other ops, and later at
     one position the same op as each other with other inputs."""

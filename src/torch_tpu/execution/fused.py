@@ -451,8 +451,8 @@ def _learn_churn(graph: Graph) -> None:
         if signature[0] in padding.BUCKETED_PROGRAMS:
             continue
         seen, novel = history.get(position, (frozenset(), 0))
-        if signature in seen:
-            history[position] = (seen, 0)
+        if signature in seen or _without_scalars(signature) in {_without_scalars(s) for s in seen}:
+            history[position] = (seen | {signature} if len(seen) < 16 else seen, 0)
             continue
         if not (seen and next(iter(seen))[0] is signature[0]):  # another op here: start over
             diverged |= bool(seen)
@@ -473,6 +473,14 @@ def _learn_churn(graph: Graph) -> None:
             if log_recompiles:
                 name = getattr(fn, "__name__", fn)
                 explain(f"op {position} ({name}) has new shapes in every graph: it now runs on its own")
+
+
+def _without_scalars(signature: tuple) -> tuple:
+    """A node's signature without its zero-dimensional arrays: a view of another slice of one
+    buffer (each layer's part of a shared KV cache, read with a start offset or without) is
+    the same op on the same shapes, no churn."""
+    entries = tuple(e for e in signature[1] if not (type(e[0]) is tuple and e[0] == ()))
+    return signature[0], entries
 
 
 def _execute(executable: Callable, leaves: list) -> list:

@@ -294,10 +294,12 @@ _met = LRU()
 
 def _first_sighting(program, array, layout: Layout) -> bool:
     """Whether to pad or cut ``array`` on the host rather than by ``program``: a small concrete
-    array whose shape this program has not met before. A shape met once (a test's tensor, one
-    odd batch) costs two transfers instead of a compile; one met again (a training loop's
-    sizes, which recur) gets its program, and runs without a wait from then on."""
+    array on one device whose shape this program has not met before. A shape met once (a
+    test's tensor, one odd batch) costs two transfers instead of a compile; one met again (a
+    training loop's sizes, which recur) gets its program, and runs without a wait from then on."""
     if type(array) is not ARRAY_TYPE or array.nbytes > HOST_PADDING_BYTES:
+        return False
+    if type(array.sharding) is not jax.sharding.SingleDeviceSharding:  # (a distributed array)
         return False
     key = (program, array.shape, array.dtype, layout)
     if key in _met:

@@ -536,3 +536,13 @@ def test_nonzero_refuses_an_out_of_another_dtype_like_cpu():
     x = torch.tensor([[0, 1], [2, 0]])
     assert_like_cpu(lambda t: torch.nonzero(t, out=torch.empty([0], dtype=torch.float, device=t.device)), x)
     assert_like_cpu(lambda t: torch.nonzero(t, out=torch.empty([0], dtype=torch.long, device=t.device)), x)
+
+
+@pytest.mark.parametrize("size, step", [(3, 0), (3, -1), (-1, 1), (-2, 0)])
+def test_unfold_backward_checks_its_window_like_cpu(size, step):
+    raised = []
+    for grad in (torch.randn(2, 3), torch.randn(2, 3, device="tpu")):
+        with pytest.raises((ValueError, RuntimeError)) as error:
+            torch.ops.aten.unfold_backward(grad, [6], 0, size, step)
+        raised.append((error.type, str(error.value)))
+    assert raised[0] == raised[1]

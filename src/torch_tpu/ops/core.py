@@ -74,6 +74,10 @@ for _view_op in (
 @lower(aten.unfold_backward.default)
 def unfold_backward(grad, input_sizes, dim, size, step):
     """Sum each window's gradient back into the elements it was cut from (windows may overlap)."""
+    if step <= 0:  # (CPU's checks, in its order and types)
+        raise ValueError(f"step is {step} but must be > 0")
+    if size < 0:
+        raise RuntimeError(f"size is {size} but must be >= 0")
     if not input_sizes:  # a 0-dim input unfolds into one window of one element
         return grad.reshape(())
     dim %= len(input_sizes)

@@ -56,29 +56,8 @@ def _grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> j
     return _gmm.grouped_matmul(lhs, rhs, group_sizes)
 
 
-@jax_op("torch_tpu::ragged_paged_attention", autograd=False)
-def _ragged_paged_attention(
-    queries: jax.Array,
-    kv_cache: jax.Array,
-    kv_lens: jax.Array,
-    block_tables: jax.Array,
-    query_start: jax.Array,
-    num_seqs: jax.Array,
-    scale: float,
-    sliding_window: int | None = None,
-    soft_cap: float | None = None,
-) -> jax.Array:
-    return _ragged.ragged_paged_attention(
-        queries,
-        kv_cache,
-        kv_lens,
-        block_tables,
-        query_start,
-        num_seqs,
-        scale=scale,
-        sliding_window=sliding_window,
-        soft_cap=soft_cap,
-    )
+# (the JAX function itself, its statics keyword-only: no gradient, inference only)
+jax_op("torch_tpu::ragged_paged_attention", _ragged.ragged_paged_attention, autograd=False)
 
 
 # ----------------------------------------------------------------------------- the wrappers
@@ -141,7 +120,7 @@ def ragged_paged_attention(
         block_tables,
         query_start,
         num_seqs,
-        float(scale),
-        sliding_window,
-        soft_cap,
+        scale=float(scale),
+        sliding_window=sliding_window,
+        soft_cap=soft_cap,
     )

@@ -77,7 +77,6 @@ class TpuAttentionMetadata:
 class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]):
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self.device = device
         self._counts: dict[int, torch.Tensor] = {}  # request count -> its [1] tensor on the device
 
     def build(

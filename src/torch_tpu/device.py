@@ -64,6 +64,10 @@ __all__ = [
     "reset_compilation_cache_stats",
 ]
 
+#: Graph capture and replay (``torch.cuda.CUDAGraph``'s interface): execution/capture.py
+#: (attributes of the module, not in ``__all__``: they exist once the execution layer is imported)
+_CAPTURE_NAMES = ("TPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing")
+
 _DeviceLike = int | str | torch.device | None
 
 
@@ -391,4 +395,8 @@ def stream(stream: Stream | None):
 def __getattr__(name: str) -> Any:
     if name == "default_generators":  # made at first use (see runtime.random)
         return tuple(random.default_generator(i) for i in range(device_count()))
+    if name in _CAPTURE_NAMES:  # (the execution layer, imported at first use)
+        from .execution import capture
+
+        return getattr(capture, name)
     raise AttributeError(f"module 'torch.tpu' has no attribute {name!r}")

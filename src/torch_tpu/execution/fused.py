@@ -70,6 +70,7 @@ class CacheStats:
         self.donated_buffers = 0
         self.compiled_graphs = self.compiled_runs = 0
         self.background_compiles = self.graphs_run_by_op = 0
+        self.captures = self.replays = 0  # (``torch.tpu.graph``: execution/capture.py)
         self.sync_reasons: collections.Counter = collections.Counter()
 
     def as_dict(self) -> dict:
@@ -92,6 +93,8 @@ class CacheStats:
             "compiled_runs": self.compiled_runs,
             "background_compiles": self.background_compiles,
             "graphs_run_by_op": self.graphs_run_by_op,
+            "captures": self.captures,
+            "replays": self.replays,
             "sync_reasons": dict(self.sync_reasons),
         }
 

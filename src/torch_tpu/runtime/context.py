@@ -52,6 +52,8 @@ class ExecutionContext(threading.local):
         #: the lock a warm-up worker holds while it traces (``execution.warmup``), let go
         #: while XLA compiles (:func:`compiling`) so that another worker traces meanwhile
         self.tracing_lock: Any = None
+        #: a tpu graph is being captured in this thread (``execution.capture``)
+        self.capturing: bool = False
 
 
 context = ExecutionContext()

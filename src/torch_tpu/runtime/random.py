@@ -185,6 +185,11 @@ def next_key(generator: torch.Generator | None = None, index: int = 0):
     trace = context.trace
     if trace is not None:
         return trace.next_key()
+    if context.capturing:  # (a key drawn now would be replayed: the same numbers every time)
+        raise NotImplementedError(
+            "random ops cannot be captured in a tpu graph yet: draw the random numbers outside "
+            "torch.tpu.graph, into a tensor the captured region reads"
+        )
     seed, offset = _draw(default_generator(index) if generator is None else generator)
     start = offset - offset % _BLOCK
     from .transfer import device_scalar

@@ -373,6 +373,8 @@ class Program:
     def __call__(self, *args: Any) -> Any:
         if self.bucketed:
             return self._run_bucketed(args)
+        if context.capturing:
+            return self._run_captured(args)
         key, values, sources = self._gather(args)
         traced_key = (key, precision.current())  # a program is built for one matmul setting
         trace = self._traces.get(traced_key)
@@ -435,6 +437,13 @@ class Program:
         recording = contextlib.nullcontext() if fused.active() else modes.eager_mode("fused")
         with recording, torch.no_grad(), torch.autocast("tpu", enabled=False):
             return Interpreter(self.graph_module, None, self.symbolic.padded_dims()).run(*args)
+
+    def _run_captured(self, args: tuple) -> Any:
+        """The graph's ops recorded, node by node, into the tpu graph being captured
+        (``torch.tpu.graph``): the captured region becomes one program, this graph inside it."""
+        fused.stats.compiled_runs += 1
+        with torch.no_grad(), torch.autocast("tpu", enabled=False):
+            return Interpreter(self.graph_module, None).run(*args)
 
     def stablehlo(self, *args: Any) -> str:
         """StableHLO text of this graph for these arguments (traced, not run)."""

@@ -19,6 +19,7 @@ from typing import ClassVar
 import torch
 from vllm.v1.attention.backend import (
     AttentionBackend,
+    AttentionCGSupport,
     AttentionImpl,
     AttentionMetadataBuilder,
     AttentionType,
@@ -75,6 +76,10 @@ class TpuAttentionMetadata:
 
 
 class TpuAttentionMetadataBuilder(AttentionMetadataBuilder[TpuAttentionMetadata]):
+    # Every tensor built here is a view of vLLM's persistent buffers (or a cached count): a step
+    # captured as one program (``graph.py``) reads them again at each replay.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.ALWAYS
+
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self._counts: dict[int, torch.Tensor] = {}  # request count -> its [1] tensor on the device
@@ -151,9 +156,15 @@ class TpuAttentionImpl(AttentionImpl):
             return output
         n, d = attn_metadata.num_actual_tokens, self.head_size
         block_size = kv_cache.shape[2]
+        kv_cache, first_block = _all_layers(kv_cache)
         if key is not None and value is not None and self.kv_sharing_target_layer_name is None:
-            slots = attn_metadata.slot_mapping
-            kv_cache[slots // block_size, :, slots % block_size] = torch.cat([key[:n], value[:n]], -1)
+            # (a padding token's slot is -1: written to slot 0, vLLM's null block, never read)
+            slots = attn_metadata.slot_mapping.clamp_min(0)
+            blocks = slots // block_size + first_block if first_block else slots // block_size
+            kv_cache[blocks, :, slots % block_size] = torch.cat([key[:n], value[:n]], -1)
+        block_table = attn_metadata.block_table
+        if first_block:
+            block_table = block_table + first_block
 
         from torch_tpu.kernels import ragged_paged_attention  # (defines the op: the device has started)
 
@@ -161,7 +172,7 @@ class TpuAttentionImpl(AttentionImpl):
             query.view(-1, self.num_heads, d),
             kv_cache,
             attn_metadata.seq_lens,
-            attn_metadata.block_table,
+            block_table,
             attn_metadata.query_start,
             attn_metadata.num_seqs,
             scale=self.scale,
@@ -170,3 +181,19 @@ class TpuAttentionImpl(AttentionImpl):
         )
         output.view(out.shape).copy_(out)
         return output
+
+
+def _all_layers(kv_cache: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The pages of every layer as one tensor, and where this layer's (``kv_cache``) start.
+
+    vLLM allocates all layers' caches in one buffer (``[layers, blocks, ...]``) and hands each
+    layer its slice. Read or written as that slice, the layer's cache would be copied out of the
+    buffer and back at every step (tens of MiB); as the whole buffer, with block numbers offset
+    to the layer's, the write is one scatter XLA does in place and the read costs nothing."""
+    storage = kv_cache.untyped_storage()
+    page = kv_cache[0].numel()
+    offset = kv_cache.storage_offset()
+    if not kv_cache.is_contiguous() or offset % page or (storage.nbytes() // kv_cache.element_size()) % page:
+        return kv_cache, 0
+    pages = storage.nbytes() // kv_cache.element_size() // page
+    return kv_cache.as_strided((pages, *kv_cache.shape[1:]), kv_cache.stride(), 0), offset // page

@@ -45,6 +45,10 @@ class TpuPlatform(Platform):
     simple_compile_backend: str = "tpu"
 
     @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        return True
+
+    @classmethod
     def import_kernels(cls) -> None:
         # vLLM's C++ ops as its CPU build loads them: one library per x86 instruction set (the
         # default ``vllm._C`` needs AVX-512 with BF16: an AVX2-only host dies of SIGILL)
@@ -134,7 +138,7 @@ class TpuPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        from vllm.config import CompilationMode, CUDAGraphMode
+        from vllm.config import CompilationMode
 
         cache_config = vllm_config.cache_config
         if not cache_config.user_specified_block_size:
@@ -168,11 +172,7 @@ class TpuPlatform(Platform):
                 f"compilation mode {compilation.mode.name} is not supported on tpu: use "
                 "VLLM_COMPILE (the default, compiled between attention layers) or NONE"
             )
-        compilation.cudagraph_mode = CUDAGraphMode.NONE
-        compilation.cudagraph_capture_sizes = []
-        # The sizes vLLM compiles for (none but the full range here: XLA compiles each token
-        # count as it comes); vLLM sets them itself only on platforms with CUDA graphs.
-        compilation.post_init_cudagraph_sizes()
+        _graph_sizes(vllm_config)
         # vLLM's fusion passes rewrite Inductor's graphs into CUDA/ROCm kernels (and would import
         # them); under our backend XLA fuses on its own.
         passes = compilation.pass_config
@@ -190,3 +190,24 @@ class TpuPlatform(Platform):
                     parallel_config.all2all_backend, parallel_config.data_parallel_size
                 )
             compilation.splitting_ops += [op for op in COLLECTIVE_OPS if op not in compilation.splitting_ops]
+
+
+def _graph_sizes(vllm_config: VllmConfig) -> None:
+    """Full graphs for decoding steps (``graph.py``), captured at powers of two up to
+    ``max_num_seqs``: a decode step of n requests is padded to the next size and runs as one
+    program. Steps with prefills run as before (fused eager, the compiled pieces). With
+    ``enforce_eager`` (vLLM's NONE mode), none. A user's explicit sizes are kept."""
+    from vllm.config import CUDAGraphMode
+
+    compilation = vllm_config.compilation_config
+    if compilation.cudagraph_mode == CUDAGraphMode.NONE:
+        compilation.cudagraph_capture_sizes = []
+        compilation.max_cudagraph_capture_size = 0
+    else:
+        compilation.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        scheduler = vllm_config.scheduler_config
+        largest = min(scheduler.max_num_seqs, scheduler.max_num_batched_tokens)
+        sizes = [1 << i for i in range(largest.bit_length()) if 1 << i <= largest]
+        compilation.cudagraph_capture_sizes = sizes
+        compilation.max_cudagraph_capture_size = sizes[-1]
+    compilation.post_init_cudagraph_sizes()

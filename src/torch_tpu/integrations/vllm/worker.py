@@ -13,7 +13,7 @@ import contextlib
 import os
 
 import torch
-from vllm.config import CompilationMode, set_current_vllm_config
+from vllm.config import CompilationMode, CUDAGraphMode, set_current_vllm_config
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import set_random_seed
@@ -23,6 +23,8 @@ from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environmen
 from vllm.v1.worker.worker_base import CompilationTimes
 
 import torch_tpu
+
+from . import graph
 
 logger = init_logger(__name__)
 
@@ -34,7 +36,12 @@ def _tpu_streams():
     def event(*args, blocking=None, **kwargs):  # tpu events have no ``blocking``
         return torch.tpu.Event(*args, **kwargs)
 
-    names = {"Stream": torch.tpu.Stream, "Event": event, "current_stream": torch.tpu.current_stream}
+    names = {
+        "Stream": torch.tpu.Stream,
+        "Event": event,
+        "current_stream": torch.tpu.current_stream,
+        "stream": torch.tpu.stream,
+    }
     saved = {name: getattr(torch.cuda, name) for name in names}
     try:
         for name, value in names.items():
@@ -49,6 +56,14 @@ class TpuModelRunner(GPUModelRunner):
     def __init__(self, vllm_config, device: torch.device):
         with _tpu_streams():
             super().__init__(vllm_config, device)
+
+    def load_model(self, *args, **kwargs) -> None:
+        super().load_model(*args, **kwargs)
+        self.model = graph.rewrap(self.model, self.vllm_config)
+
+    def capture_model(self) -> int:
+        with _tpu_streams():  # (vLLM's capture runs on a stream of its own)
+            return super().capture_model()
 
     def _sync_device(self) -> None:
         torch.tpu.synchronize(self.device)
@@ -119,6 +134,9 @@ class TpuWorker(Worker):
             self.model_runner.get_model()
         ):
             self.model_runner._dummy_run(2, skip_eplb=True, remove_lora=False)
+        # Full graphs: each capture size's step is captured and compiled now (graph.py).
+        if self.compilation_config.cudagraph_mode != CUDAGraphMode.NONE:
+            self.model_runner.capture_model()
         set_random_seed(self.model_config.seed)
         return CompilationTimes(
             language_model=self.compilation_config.compilation_time,

@@ -258,3 +258,12 @@ def test_captures_and_replays_are_counted(stats):
         y.mul_(2)
     assert (stats.captures, stats.replays) == (2, 5)
     torch.testing.assert_close(y.cpu(), torch.full((4,), 4.0))
+
+
+def test_the_execution_docs_example_runs():
+    import pathlib
+
+    text = (pathlib.Path(__file__).parents[1] / "docs" / "execution.md").read_text()
+    section = text.split("## Graph capture and replay")[1].split("\n## ")[0]
+    (snippet,) = [part.split("```")[0] for part in section.split("```python\n")[1:]]
+    exec(compile(snippet, "docs/execution.md", "exec"), {})

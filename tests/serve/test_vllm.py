@@ -51,18 +51,21 @@ def test_vllm_runs_on_the_tpu_platform(llm):
     assert all(cache.device.type == "tpu" for cache in runner.kv_caches)
 
 
-def test_the_model_runs_as_graphs_compiled_by_torch_tpus_backend(llm):
+def test_prefills_run_compiled_graphs_and_decoding_steps_replay_one_program(llm):
     from vllm import SamplingParams
-    from vllm.config import CompilationMode
+    from vllm.config import CompilationMode, CUDAGraphMode
 
     from torch_tpu.execution import fused
 
-    assert llm.llm_engine.vllm_config.compilation_config.mode == CompilationMode.VLLM_COMPILE
-    before = fused.stats.compiled_runs
-    llm.generate("A", SamplingParams(temperature=0.0, max_tokens=2))
-    # vLLM splits the model at each attention: the 2 layers' other ops are 3 compiled graphs,
-    # each run once per step (2 steps: the prompt, then one decoding step).
-    assert fused.stats.compiled_runs - before == 3 * 2
+    config = llm.llm_engine.vllm_config.compilation_config
+    assert config.mode == CompilationMode.VLLM_COMPILE
+    assert config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+    runs, replays = fused.stats.compiled_runs, fused.stats.replays
+    llm.generate("The quick brown fox", SamplingParams(temperature=0.0, max_tokens=3))
+    # The prompt's step: vLLM splits the model at each attention, the 2 layers' other ops are 3
+    # compiled graphs. Each of the 2 decoding steps: one replay of the captured step.
+    assert fused.stats.compiled_runs - runs == 3
+    assert fused.stats.replays - replays == 2
 
 
 def test_greedy_batch_matches_hugging_face_on_cpu(llm, model_path):

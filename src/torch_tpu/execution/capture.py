@@ -278,7 +278,7 @@ def _captured(graph: _CapturedGraph) -> tuple[_Program, list[Deferred]]:
             if id(value.array) in leaves:
                 raise NotImplementedError(
                     "a tpu graph capture reading a tensor padded to a size bucket "
-                    "(TORCH_TPU_BOUNDED_DYNAMISM)"
+                    "(TORCH_TPU_BUCKETS=0 turns buckets off)"
                 )
             continue
         read.setdefault(id(value), storage)

@@ -196,11 +196,13 @@ def _graph_sizes(vllm_config: VllmConfig) -> None:
     """Full graphs for decoding steps (``graph.py``), captured at powers of two up to
     ``max_num_seqs``: a decode step of n requests is padded to the next size and runs as one
     program. Steps with prefills run as before (fused eager, the compiled pieces). With
-    ``enforce_eager`` (vLLM's NONE mode), none. A user's explicit sizes are kept."""
+    ``enforce_eager`` (vLLM's NONE mode) or several workers, none."""
     from vllm.config import CUDAGraphMode
 
     compilation = vllm_config.compilation_config
-    if compilation.cudagraph_mode == CUDAGraphMode.NONE:
+    # (several workers: vLLM's capture asks for its CUDA communicators; not captured yet)
+    if compilation.cudagraph_mode == CUDAGraphMode.NONE or vllm_config.parallel_config.world_size > 1:
+        compilation.cudagraph_mode = CUDAGraphMode.NONE
         compilation.cudagraph_capture_sizes = []
         compilation.max_cudagraph_capture_size = 0
     else:

@@ -80,6 +80,11 @@ class _CapturedGraph(fused.Graph):
     def computed_apart(self, fn: Callable, args: tuple) -> Any:
         return None  # (a result computed now would be the capture's, replayed as a constant)
 
+    def abandon(self, error: BaseException) -> None:
+        """Drop the recording: the storages it wrote get back what they held before it."""
+        self.ending = True
+        self._failed(error)
+
 
 class _CaptureRecorder(fused.Recorder):
     def __init__(self, index: int) -> None:
@@ -134,7 +139,7 @@ class TPUGraph:
     def __init__(self, keep_graph: bool = False) -> None:
         self._program: _Program | None = None
         self._recorder: _CaptureRecorder | None = None
-        self._saved: tuple | None = None
+        self._saved: fused.Recorder | None = None  # the thread's recorder before the capture
         self._host_copies: dict | None = None
 
     # ------------------------------------------------------------------ capture
@@ -145,7 +150,7 @@ class TPUGraph:
         if self._program is not None:
             raise RuntimeError("this TPUGraph was captured already: call reset() first")
         fused.sync("a tpu graph capture begins")
-        self._saved = (context.recorder,)
+        self._saved = context.recorder
         self._recorder = _CaptureRecorder(context.index)
         context.recorder, context.capturing = self._recorder, True
         # Host copies of small integer arrays let some ops compute on the host: inside a capture
@@ -166,8 +171,7 @@ class TPUGraph:
         try:
             self._program, live = _captured(graph)
         except BaseException as error:  # (refused: the tensors it wrote get their old values)
-            graph.ending = True
-            graph._failed(error)
+            graph.abandon(error)
             raise
         _restore_overwritten(graph)
         _compile(self._program, bool(self._program.donated))  # (at capture, as CUDA's is)
@@ -180,7 +184,7 @@ class TPUGraph:
     def _leave_capture(self) -> None:
         """This thread records as before the capture; host copies are seen again."""
         self._recorder = None
-        (context.recorder,), context.capturing = self._saved, False
+        context.recorder, context.capturing = self._saved, False
         for key, entry in self._host_copies.items():
             if entry[0]() is not None:
                 buffer.host_copies_by_id.setdefault(key, entry)
@@ -191,8 +195,7 @@ class TPUGraph:
         recorder = self._recorder
         if recorder is not None:
             self._leave_capture()
-            recorder.graph.ending = True
-            recorder.graph._failed(RuntimeError("its capture raised"))
+            recorder.graph.abandon(RuntimeError("its capture raised"))
 
     # ------------------------------------------------------------------ replay
     def replay(self) -> None:

@@ -56,13 +56,21 @@ class Check:
     def settle(self) -> int:
         """Run the callback on the results (waiting for them); remember how it went."""
         if self.state == _PENDING:
-            try:
-                self.callback(jax.device_get(jax.tree_util.tree_map(resolved, self.values)))
-                self.state = _PASSED
-            except Exception as error:  # noqa: BLE001  (kept, raised where the value is read)
-                self.error, self.state = error, _FAILED
-            self.values = self.callback = None  # (nor keep what the callback refers to alive)
+            self.conclude(jax.device_get(self.arrays()))
         return self.state
+
+    def arrays(self) -> Any:
+        """The result arrays (the pytree of ``values``, each computed)."""
+        return jax.tree_util.tree_map(resolved, self.values)
+
+    def conclude(self, host_values: Any) -> None:
+        """Run the callback on the results' host copies; remember how it went."""
+        try:
+            self.callback(host_values)
+            self.state = _PASSED
+        except Exception as error:  # noqa: BLE001  (kept, raised where the value is read)
+            self.error, self.state = error, _FAILED
+        self.values = self.callback = None  # (nor keep what the callback refers to alive)
 
     def exception(self, where: str) -> BaseException:
         """The check's exception, saying where it came from and where it is reported."""
@@ -79,6 +87,15 @@ class Check:
             raised = RuntimeError(message)
         raised.__cause__ = error
         return raised
+
+
+def settle_together(checks: Iterable[Check]) -> None:
+    """Settle the pending ``checks`` with one device read for all their results (a read per
+    check costs a round trip each: a serving step reports several)."""
+    pending = [c for c in checks if c.state == _PENDING]
+    if pending:
+        for check, host_values in zip(pending, jax.device_get([c.arrays() for c in pending])):
+            check.conclude(host_values)
 
 
 # ----------------------------------------------------------------------------- recording checks
@@ -162,9 +179,9 @@ def _prune(pending: list, block: bool) -> None:
     """Settle what is ready (the oldest half in any case when ``block``); forget the checks
     that passed."""
     limit = len(pending) // 2 if block else 0
-    for i, check in enumerate(list(pending)):
-        if check.state == _PENDING and ((block and i < limit) or check.ready()):
-            check.settle()
+    settle_together(
+        c for i, c in enumerate(list(pending)) if c.state == _PENDING and ((block and i < limit) or c.ready())
+    )
     with _lock:
         pending[:] = [c for c in pending if c.state != _PASSED]
 
@@ -219,6 +236,8 @@ def _sweep() -> None:
 # ----------------------------------------------------------------------------- reporting
 def report(checks: Iterable[Check], where: str = "at a read of a value depending on it") -> None:
     """Settle ``checks`` (waiting for their results) and raise the first failure."""
+    checks = tuple(checks)
+    settle_together(checks)
     for check in checks:
         if check.settle() == _FAILED:
             check.reported = True
@@ -239,6 +258,7 @@ def report_all(where: str = "at synchronize()") -> None:
     failure already raised at a read is not raised again."""
     pending = context.checks
     try:
+        settle_together(pending)
         for check in pending:
             if check.settle() == _FAILED and not check.reported:
                 check.reported = True

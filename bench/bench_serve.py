@@ -10,7 +10,10 @@ scheduler batches as it would as many concurrent clients), it reports:
   the median of ``--rounds`` warm runs (the first run compiles tpu's shapes and is not counted);
 - **TTFT**: time to first token, a ``max_tokens=1`` call of the same batch (prefill + one
   sampled token), median of warm runs;
-- **ITL**: inter-token latency, the rest of a request's time over its other tokens.
+- **ITL**: inter-token latency, the rest of a request's time over its other tokens;
+- **XLA ms/step** and **host ms/step** (tpu): XLA's execution time per step, every program
+  waited for and timed in a pass of its own, and the rest of a step's wall time (the host's
+  work: vLLM's scheduler and runner, torch_tpu's dispatch).
 
 ``--profile`` instead profiles the tpu child's warm decoding steps (cProfile, one request) and
 prints where a step's host time goes. Machine load distorts both sides (CPU attention kernels
@@ -86,7 +89,36 @@ def measure(model: str, mode: str, concurrency: tuple[int, ...], rounds: int) ->
             "ttft_ms": 1000 * first,
             "itl_ms": 1000 * max(generate - first, 0.0) / (NEW_TOKENS - 1),
         }
+        if current_platform.device_type == "tpu":
+            xla = _xla_seconds(llm, prompts)
+            results["rows"][n]["xla_ms"] = 1000 * xla / NEW_TOKENS
+            results["rows"][n]["host_ms"] = 1000 * max(generate - xla, 0.0) / NEW_TOKENS
     return results
+
+
+def _xla_seconds(llm, prompts: list) -> float:
+    """XLA's execution time in one ``generate()`` on tpu: every fused graph and replayed
+    capture (the one place programs run, ``fused._execute``) waited for and timed. A pass of
+    its own: the waits keep host and device work from overlapping. The prefill's compiled
+    program (one step of ``NEW_TOKENS``) is not counted."""
+    import jax
+
+    from torch_tpu.execution import fused
+
+    spent, execute = [0.0], fused._execute
+
+    def timed(executable, leaves):
+        start = time.perf_counter()
+        values = jax.block_until_ready(execute(executable, leaves))
+        spent[0] += time.perf_counter() - start
+        return values
+
+    fused._execute = timed
+    try:
+        _generate(llm, prompts, NEW_TOKENS)
+    finally:
+        fused._execute = execute
+    return spent[0]
 
 
 def profile(model: str, top: int = 25) -> None:
@@ -123,7 +155,7 @@ def child(backend: str, model: str, mode: str, options, plugin: str | None) -> d
 
 def _table(results: dict, concurrency: tuple[int, ...], markdown: bool) -> list[str]:
     header = ["concurrent", "tpu tok/s", "cpu tok/s", "tpu/cpu", "tpu TTFT ms", "cpu TTFT ms"]
-    header += ["tpu ITL ms", "cpu ITL ms"]
+    header += ["tpu ITL ms", "cpu ITL ms", "tpu XLA ms/step", "tpu host ms/step"]
     rows = []
     for n in concurrency:
         tpu, cpu = (results[b]["rows"][str(n)] for b in ("tpu", "cpu"))
@@ -137,6 +169,8 @@ def _table(results: dict, concurrency: tuple[int, ...], markdown: bool) -> list[
                 f"{cpu['ttft_ms']:.0f}",
                 f"{tpu['itl_ms']:.1f}",
                 f"{cpu['itl_ms']:.1f}",
+                f"{tpu.get('xla_ms', float('nan')):.2f}",
+                f"{tpu.get('host_ms', float('nan')):.2f}",
             ]
         )
     if markdown:

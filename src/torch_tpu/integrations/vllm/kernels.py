@@ -6,9 +6,10 @@ does the same with C++ ones). Each replacement takes the kernel's own arguments 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
-import torch
 
 from torch_tpu.pallas import jax_op
 
@@ -32,7 +33,7 @@ def compute_slot_mapping(
     host work is its ops' dispatch: this kernel written as torch ops was ten of them)."""
     if TOTAL_CP_WORLD_SIZE != 1:
         raise NotImplementedError("context parallelism is not supported on tpu")
-    slots = torch.ops.torch_tpu.vllm_slot_mapping(
+    slots = _slot_mapping_op()(
         query_start_loc_ptr,
         positions_ptr[:num_tokens],
         block_table_ptr,
@@ -46,7 +47,13 @@ def compute_slot_mapping(
         slot_mapping_ptr[:max_num_tokens] = slots
 
 
-@jax_op("torch_tpu::vllm_slot_mapping", autograd=False)
+@functools.cache
+def _slot_mapping_op():
+    """The op of :func:`_slot_mapping`, defined at the first step (defining an op starts the
+    device, which a worker of several must not do before joining the others)."""
+    return jax_op("torch_tpu::vllm_slot_mapping", _slot_mapping, autograd=False)
+
+
 def _slot_mapping(
     query_start: jax.Array,
     positions: jax.Array,

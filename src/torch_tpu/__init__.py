@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -110,6 +111,7 @@ def _register() -> None:
         _setup_privateuseone_for_python_backend(
             "tpu", backend_module=_device_module, hook=_Hooks(), device_guard=_DeviceGuard()
         )
+        _add_memory_module()
         first_use = torch.library.Library("_", "IMPL")
         first_use.fallback(_first_use, "PrivateUse1")
         _libraries.append(first_use)
@@ -123,6 +125,15 @@ def _register() -> None:
 
 
 _libraries: list = []
+
+
+def _add_memory_module() -> None:
+    """``torch.tpu.memory`` (``torch.cuda.memory``'s counterpart: the memory history), a
+    submodule of ``torch.tpu`` that ``import torch.tpu.memory`` finds too."""
+    from . import memory
+
+    _device_module.memory = memory
+    sys.modules["torch.tpu.memory"] = memory
 
 
 @contextlib.contextmanager

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from .runtime import memory, native, platform, random
+from .runtime import memory as device_memory
+from .runtime import native, platform, random
 
 __all__ = [
     "is_available",
@@ -51,6 +52,7 @@ __all__ = [
     "max_memory_reserved",
     "memory_stats",
     "reset_peak_memory_stats",
+    "memory_summary",
     "empty_cache",
     "get_amp_supported_dtype",
     "is_bf16_supported",
@@ -239,7 +241,7 @@ class _DeviceProperties:
 
 def get_device_properties(device: _DeviceLike = None) -> _DeviceProperties:
     _get_device_index(device)
-    return _DeviceProperties(get_device_name(), memory.total_memory(), platform=platform.platform())
+    return _DeviceProperties(get_device_name(), device_memory.total_memory(), platform=platform.platform())
 
 
 def get_device_capability(device: _DeviceLike = None) -> tuple[int, int]:
@@ -249,47 +251,54 @@ def get_device_capability(device: _DeviceLike = None) -> tuple[int, int]:
 
 # ----------------------------------------------------------------------------- memory
 # The numbers are runtime.memory's, which the C++ allocator also reports to torch.accelerator.
+# (``torch.tpu.memory``, torch_tpu/memory.py, adds the memory history.)
 def memory_allocated(device: _DeviceLike = None) -> int:
     """Bytes held by live device buffers (on stand-in platforms: summed over live arrays)."""
-    return memory.allocated(_get_device_index(device))
+    return device_memory.allocated(_get_device_index(device))
 
 
 def max_memory_allocated(device: _DeviceLike = None) -> int:
     """Peak of :func:`memory_allocated` (device-tracked on TPU/GPU; sampled at queries on CPU)."""
-    return memory.max_allocated(_get_device_index(device))
+    return device_memory.max_allocated(_get_device_index(device))
 
 
 def memory_reserved(device: _DeviceLike = None) -> int:
-    return memory.reserved(_get_device_index(device))
+    return device_memory.reserved(_get_device_index(device))
 
 
 def max_memory_reserved(device: _DeviceLike = None) -> int:
-    return memory.max_reserved(_get_device_index(device))
+    return device_memory.max_reserved(_get_device_index(device))
 
 
 def memory_stats(device: _DeviceLike = None) -> dict[str, Any]:
     index = _get_device_index(device)
-    peak = memory.max_allocated(index)
+    peak = device_memory.max_allocated(index)
     return {
-        "allocated_bytes.all.current": memory.allocated(index),
+        "allocated_bytes.all.current": device_memory.allocated(index),
         "allocated_bytes.all.peak": peak,
         # (CUDA's "active" bytes also count freed blocks a stream still uses; XLA frees a buffer
         # once its last use ran, so every allocated byte is active)
         "active_bytes.all.peak": peak,
-        "reserved_bytes.all.current": memory.reserved(index),
-        "reserved_bytes.all.peak": memory.max_reserved(index),
-        "num_live_buffers": memory.live_buffers(index),
-        **{f"xla.{k}": v for k, v in memory.device_stats(index).items()},
+        "reserved_bytes.all.current": device_memory.reserved(index),
+        "reserved_bytes.all.peak": device_memory.max_reserved(index),
+        "num_live_buffers": device_memory.live_buffers(index),
+        **{f"xla.{k}": v for k, v in device_memory.device_stats(index).items()},
     }
 
 
 def reset_peak_memory_stats(device: _DeviceLike = None) -> None:
-    memory.reset_peak(_get_device_index(device))
+    device_memory.reset_peak(_get_device_index(device))
 
 
 def mem_get_info(device: _DeviceLike = None) -> tuple[int, int]:
     total = get_device_properties(device).total_memory
-    return total - memory.allocated(_get_device_index(device)), total
+    return total - device_memory.allocated(_get_device_index(device)), total
+
+
+def memory_summary(device: _DeviceLike = None, abbreviated: bool = False) -> str:
+    """A table of the device's memory (``torch.cuda.memory_summary``'s): allocated, active,
+    requested and reserved bytes and the allocation counts, now, at their peak, and in total."""
+    return device_memory.summary(_get_device_index(device), abbreviated)
 
 
 def empty_cache() -> None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import math
 import sys
 import weakref
@@ -42,7 +41,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-import torch
 
 from ..runtime import buffer, checks, platform
 from ..runtime.buffer import Deferred, Padded
@@ -248,28 +246,13 @@ class TPUGraph:
 
 
 # ----------------------------------------------------------------------------- capture's end
-def _storages() -> list:
-    """Every storage PyTorch keeps alive that holds a tpu value (their Python objects live as
-    long as their StorageImpl, and the garbage collector tracks them; those frozen by
-    ``gc.freeze()``, as vLLM's capture does, are frozen again after the search)."""
-    attr = buffer.STORAGE_ATTR
-    frozen = gc.get_freeze_count()
-    if frozen:
-        gc.unfreeze()
-    try:
-        return [o for o in gc.get_objects() if type(o) is torch.UntypedStorage and hasattr(o, attr)]
-    finally:
-        if frozen:
-            gc.freeze()
-
-
 def _captured(graph: _CapturedGraph) -> tuple[_Program, list[Deferred]]:
     """The program of a captured graph: its inputs traced back to the storages they were read
     from, its live outputs (returned too) to the storages that hold them, its checks."""
     live, outputs = graph._live_outputs()
     read, held = {}, {id(d): [] for d in live}
     leaves = {id(leaf) for leaf in graph.leaves}
-    for storage in _storages():
+    for storage in buffer.live_storages():
         value = buffer.peek(storage)
         if type(value) is Deferred:
             if value.value is None:

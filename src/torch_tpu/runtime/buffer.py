@@ -18,6 +18,7 @@ everyone runs a jitted helper on such values: recorded in fused eager, called ot
 
 from __future__ import annotations
 
+import gc
 import math
 import weakref
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax._src.array import ArrayImpl
 
 from . import platform
@@ -440,6 +442,20 @@ def put(storage, value: Value) -> None:
         if old is not None and not (type(old) is Deferred and old.graph is value.graph):
             value.graph.overwrote(storage, old)
     setattr(storage, _ATTR, value)
+
+
+def live_storages() -> list:
+    """Every storage PyTorch keeps alive that holds a tpu value (their Python objects live as
+    long as their StorageImpl, and the garbage collector tracks them; those frozen by
+    ``gc.freeze()``, as vLLM's capture does, are frozen again after the search)."""
+    frozen = gc.get_freeze_count()
+    if frozen:
+        gc.unfreeze()
+    try:
+        return [o for o in gc.get_objects() if type(o) is torch.UntypedStorage and hasattr(o, _ATTR)]
+    finally:
+        if frozen:
+            gc.freeze()
 
 
 def restore(storage, value: Value) -> None:

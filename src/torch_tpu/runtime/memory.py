@@ -10,6 +10,7 @@ device's total. ``torch.empty`` allocates lazily, so an impossible size is refus
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import re
@@ -17,7 +18,7 @@ import re
 import torch
 
 from .._internal.utils import hardware
-from . import platform
+from . import memory_history, platform
 
 _REQUESTED = re.compile(r"allocat\w* (?:of )?(\d[\d,]*) ?bytes", re.IGNORECASE)
 
@@ -161,3 +162,87 @@ def translate(error: BaseException, requested: int = 0) -> BaseException:
     translated = out_of_memory(size, f"(XLA: {str(error).splitlines()[0][:300]})")
     translated.__cause__ = error
     return translated
+
+
+# ----------------------------------------------------------------------------- summary
+@dataclasses.dataclass(frozen=True)
+class SummaryRow:
+    """A line of :func:`summary`: a metric now, at its peak, and its totals added and removed."""
+
+    name: str
+    current: int
+    peak: int
+    allocated: int
+    freed: int
+    is_bytes: bool = True
+
+
+_WIDTH = 75
+
+
+def summary(index: int = 0, abbreviated: bool = False) -> str:
+    """``torch.cuda.memory_summary``'s table for ``tpu:index``. Allocated, active and reserved
+    bytes now and at their peak are the device's (:func:`allocated`...); the totals, the requested
+    bytes and the allocation counts are the storages counted by the memory history while it
+    records (``runtime.memory_history``; zeros if it never did). ``abbreviated``: without the
+    notes under the title."""
+    title = f" {'':16} PyTorch TPU memory summary, device ID {index}".ljust(_WIDTH)
+    lines = ["=" * _WIDTH, title, "-" * _WIDTH]
+    if not abbreviated:
+        lines += [f"  {note}"[:_WIDTH].ljust(_WIDTH) for note in _summary_notes(index)]
+    lines += ["=" * _WIDTH, "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  "]
+    for row in _summary_rows(index):
+        lines += ["-" * _WIDTH, _summary_line(row)]
+    lines.append("=" * _WIDTH)
+    return "|" + "|\n|".join(lines) + "|\n"
+
+
+def _summary_notes(index: int) -> list[str]:
+    name = platform.device_name() if platform.is_initialized() else "not started"
+    recording = "on" if memory_history.is_recording() else "off"
+    return [
+        f"{name}: {live_buffers(index)} live XLA buffers; memory history recording: {recording}",
+        "Tot Alloc/Freed, requested memory, allocs: tpu storages seen by the",
+        "memory history (torch.tpu.memory._record_memory_history)",
+    ]
+
+
+def _summary_rows(index: int) -> list[SummaryRow]:
+    counts = memory_history.counts(index)
+    stored, blocks = counts.bytes, counts.blocks
+    held, peak = allocated(index), max_allocated(index)
+    totals = (stored.allocated, stored.freed)
+    counted = (blocks.current, blocks.peak, blocks.allocated, blocks.freed)
+    block_rows = ("Allocations", "Active allocs", "TPU reserved segments")  # (one segment per storage)
+    return [
+        SummaryRow("Allocated memory", held, peak, *totals),
+        SummaryRow("Active memory", held, peak, *totals),  # (XLA frees a buffer after its last use)
+        SummaryRow("Requested memory", stored.current, stored.peak, *totals),
+        SummaryRow("TPU reserved memory", reserved(index), max_reserved(index), *totals),
+        *(SummaryRow(name, *counted, is_bytes=False) for name in block_rows),
+    ]
+
+
+def _summary_line(row: SummaryRow) -> str:
+    cells = (row.current, row.peak, row.allocated, row.freed)
+    formatted = [_summary_size(n) if row.is_bytes else _summary_count(n) for n in cells]
+    return f" {row.name:<21} | " + " | ".join(formatted) + " "
+
+
+def _summary_size(nbytes: int) -> str:
+    """``nbytes`` in the largest unit that keeps it above 768 of it (CUDA's summary's rule)."""
+    prefix, value, scaled = "B  ", nbytes, float(nbytes)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if scaled < 768 * 1024:
+            break
+        prefix, value, scaled = unit, value // 1024, scaled / 1024
+    return f"{value:6d} {prefix}"
+
+
+def _summary_count(count: int) -> str:
+    prefix, value, scaled = " ", count, float(count)
+    for unit in ("K", "M"):
+        if scaled < 750 * 1000:
+            break
+        prefix, value, scaled = unit, value // 1000, scaled / 1000
+    return f"{value:7d} {prefix} "

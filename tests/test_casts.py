@@ -163,3 +163,17 @@ def test_fill_with_a_python_number_matches_cpu(fill, dtype):
             got = SCALAR_FILLS[fill](value, dtype, TPU)
             assert got.dtype == expected.dtype
             assert str(got.cpu().tolist()) == str(expected.tolist()), value  # (NaN included)
+
+
+@pytest.mark.parametrize(
+    ("shape", "strides"),
+    [((1, 0), (0, 0)), ((2, 0, 3), (0, 0, 0)), ((0, 3), (1, 0)), ((3, 0), (1, 3))],
+)
+def test_empty_tensors_of_any_strides_copy_as_on_cpu(shape, strides):
+    """An empty tensor's strides are free (``make_tensor_with_pad([[]])`` gives ``(0, 0)``);
+    copies and casts keep them as CPU's do."""
+    for dtype in (torch.int64, torch.float32):
+        host = torch.empty_strided(shape, strides, dtype=dtype)
+        for convert in (lambda t: t, torch.clone, lambda t: t.float(), torch.empty_like):
+            on_tpu = convert(host.to("tpu"))
+            assert (on_tpu.shape, on_tpu.stride()) == (convert(host).shape, convert(host).stride())

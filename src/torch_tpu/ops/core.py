@@ -152,7 +152,7 @@ def _padded_from_host(host: torch.Tensor, dtype: torch.dtype, index: int) -> buf
     """A CPU tensor put on ``tpu:index`` padded to its size buckets, where the user's code that
     copies it has copied tensors of other sizes there before (``padding.learned_layout``);
     else None."""
-    if host.is_complex() or host.dtype not in TORCH_TO_JAX:
+    if host.is_complex() or host.dtype not in TORCH_TO_JAX or not host.numel():
         return None
     layout = padding.learned_layout("host", host.shape, dtype)
     if layout is None:

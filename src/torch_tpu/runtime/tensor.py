@@ -163,6 +163,8 @@ def wrap_strided(value: jax.Array, strides) -> torch.Tensor:
     the storage holds ``value`` in memory order (:func:`read` transposes it back)."""
     if type(value) is Padded:
         return wrap_padded(value, strides)
+    if 0 in value.shape:  # (no elements: any strides are a layout, as CPU keeps them)
+        return wrap_stored(value, value.shape, strides)
     order = memory_order(value.shape, strides)
     return wrap_stored(apply(_transpose, value, order), value.shape, strides)
 

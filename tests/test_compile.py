@@ -18,9 +18,9 @@ import torch
 import torch_tpu
 import torch_tpu.frontends.compile
 from torch_tpu.demo.model import GPT, GPTConfig
-from torch_tpu.execution import fused as _graph
 from torch_tpu.frontends.compile import Program, bucket_size, pad_to_bucket
 from torch_tpu.runtime import buffer as _buffer
+from torch_tpu.runtime import events
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +32,7 @@ def fresh_dynamo():
 
 @pytest.fixture
 def log_recompiles(monkeypatch):
-    monkeypatch.setattr(_graph, "log_recompiles", True)
+    monkeypatch.setattr(events, "printing", True)
 
 
 def _tiny_gpt(**overrides) -> GPT:

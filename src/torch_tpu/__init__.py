@@ -61,6 +61,7 @@ __all__ = [
     "pad_to_bucket",
     "bucket_size",
     "async_compile",
+    "diagnose",
 ]
 
 _lock = threading.RLock()
@@ -222,7 +223,12 @@ def from_jax(array) -> torch.Tensor:
 
 def __getattr__(name: str) -> Any:
     """The public functions of the layers above, imported on first use (``torch_tpu.to_stablehlo``,
-    ``torch_tpu.pad_to_bucket``, ``torch_tpu.bucket_size``, ``torch_tpu.async_compile``)."""
+    ``torch_tpu.pad_to_bucket``, ``torch_tpu.bucket_size``, ``torch_tpu.async_compile``,
+    ``torch_tpu.diagnose``)."""
+    if name == "diagnose":
+        from .diagnosis import diagnose
+
+        return diagnose
     if name == "async_compile":
         from .execution.warmup import async_compile
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import signal
 import sys
 import threading
@@ -40,8 +39,7 @@ from typing import Any
 
 import jax
 
-from .. import config
-from ..runtime import buffer, checks, executable_budget, memory, native, padding, platform, precision
+from ..runtime import buffer, checks, events, executable_budget, memory, native, padding, platform, precision
 from ..runtime.buffer import Deferred
 from ..runtime.context import compiling, context
 from ..runtime.lru import LRU
@@ -118,16 +116,19 @@ def forget_executables() -> None:
 executable_budget.on_trim(forget_executables)
 
 
-log_recompiles = config.log_recompiles
-_log = logging.getLogger("torch_tpu")
+#: say why something compiles (logged; printed under ``TORCH_TPU_LOG_RECOMPILES=1``; told to
+#: ``torch_tpu.diagnose``): :func:`torch_tpu.runtime.events.explain`
+explain = events.explain
+#: whether reasons are worked out (``events.explaining``, mirrored here: the C++ core reads it)
+log_recompiles = events.explaining
 
 
-def explain(message: str) -> None:
-    """Say why something compiles: on the ``torch_tpu`` logger (INFO), and on stderr under
-    ``TORCH_TPU_LOG_RECOMPILES=1``."""
-    _log.info(message)
-    if log_recompiles:
-        print(f"[torch_tpu] {message}", file=sys.stderr)
+def _mirror_explaining(on: bool) -> None:
+    global log_recompiles
+    log_recompiles = on
+
+
+events.watchers.append(_mirror_explaining)
 
 
 # ----------------------------------------------------------------------------- node specs
@@ -955,6 +956,8 @@ class Graph:
         """Say which recorded op made this graph differ from the last one that started the same
         way (``TORCH_TPU_LOG_RECOMPILES=1``)."""
         keys = [node.key for node in fingerprint[0]]
+        if len(self.sources) != len(keys):  # (explaining began while this graph recorded)
+            return
         start = keys[0][0] if keys else None  # the first op's function, whatever its arguments
         previous = _previous_by_start.get(start)
         _previous_by_start[start] = (fingerprint, list(self.sources))

@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 
+from . import events
 from .buffer import Deferred, resolved
 from .context import context
 
@@ -56,6 +57,8 @@ class Check:
     def settle(self) -> int:
         """Run the callback on the results (waiting for them); remember how it went."""
         if self.state == _PENDING:
+            if events.listeners:
+                events.tell("sync", "value check")
             self.conclude(jax.device_get(self.arrays()))
         return self.state
 
@@ -94,6 +97,8 @@ def settle_together(checks: Iterable[Check]) -> None:
     check costs a round trip each: a serving step reports several)."""
     pending = [c for c in checks if c.state == _PENDING]
     if pending:
+        if events.listeners:
+            events.tell("sync", "value check")
         for check, host_values in zip(pending, jax.device_get([c.arrays() for c in pending])):
             check.conclude(host_values)
 
@@ -145,6 +150,8 @@ def when_ready(values: Any, callback: Callable[[Any], None]) -> None:
         # graph had computed it: with the outputs of the op being recorded
         graph = context.recorder.open_graph()
     else:
+        if events.listeners:
+            events.tell("sync", "value check")
         callback(jax.device_get(jax.tree_util.tree_map(resolved, values)))
         return
     graph.add_check(Check(values, callback, f"{context.op or 'an op'} at {user_line()}"))

@@ -29,7 +29,6 @@ Example::
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -41,12 +40,10 @@ import numpy as np
 from jax import lax
 
 from .. import config
-from . import platform
+from . import events, platform
 from .buffer import ARRAY_TYPE, Padded, apply, host_copy, keep_host_copy, register_unpad
 from .context import context
 from .lru import LRU
-
-_log = logging.getLogger("torch_tpu")
 
 # ----------------------------------------------------------------------------- buckets
 #: The smallest bucket: sizes up to it share one program
@@ -267,10 +264,7 @@ def _note_unpadded_read(op: str) -> None:
     if op in _unpadded_readers:
         return
     _unpadded_readers.add(op)
-    message = f"{op or 'a reader'} reads size-bucketed values unpadded: it compiles per size"
-    _log.info(message)
-    if config.log_recompiles:
-        print(f"[torch_tpu] {message}", file=sys.stderr)
+    events.explain(f"{op or 'a reader'} reads size-bucketed values unpadded: it compiles per size")
 
 
 def padded(array: jax.Array, layout: Layout) -> Padded:

@@ -1,0 +1,84 @@
+"""What torch_tpu tells whoever watches it: why a program compiles, and where the host waits.
+
+Two watchers exist: ``TORCH_TPU_LOG_RECOMPILES=1``, which prints each reason to stderr, and
+:func:`torch_tpu.diagnose`, which adds a listener while it is active. With neither, nothing is
+computed: the places that work out a reason check :data:`explaining` first, and the places that
+report a host sync check :data:`listeners`.
+
+>>> from torch_tpu.runtime import events
+>>> seen = []
+>>> events.listen(seen.append)
+>>> events.explain("recompiling: an input changed shape")
+>>> events.unlisten(seen.append)
+>>> seen[0].kind, seen[0].detail
+('recompile', 'recompiling: an input changed shape')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from collections.abc import Callable
+
+from .. import config
+
+_log = logging.getLogger("torch_tpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One thing told: ``kind`` is ``"recompile"`` (``detail`` says why) or ``"sync"``
+    (``detail`` names the host read: ``"value check"``...); ``line`` is the user's line."""
+
+    kind: str
+    detail: str
+    line: str
+
+
+#: Called with each :class:`Event` (the diagnosis adds one while it is active).
+listeners: list[Callable[[Event], None]] = []
+#: Whether reasons are printed to stderr (``TORCH_TPU_LOG_RECOMPILES=1``).
+printing: bool = config.log_recompiles
+#: Whether anyone wants reasons: the code that works one out checks this first.
+explaining: bool = printing
+#: Called with :data:`explaining` when it changes (fused eager keeps a copy its C++ core reads).
+watchers: list[Callable[[bool], None]] = []
+
+
+def listen(listener: Callable[[Event], None]) -> None:
+    listeners.append(listener)
+    _refresh()
+
+
+def unlisten(listener: Callable[[Event], None]) -> None:
+    if listener in listeners:
+        listeners.remove(listener)
+    _refresh()
+
+
+def _refresh() -> None:
+    global explaining
+    explaining = printing or bool(listeners)
+    for watcher in watchers:
+        watcher(explaining)
+
+
+def explain(message: str) -> None:
+    """Say why something compiles: on the ``torch_tpu`` logger (INFO), on stderr under
+    ``TORCH_TPU_LOG_RECOMPILES=1``, and to the listeners."""
+    _log.info(message)
+    if printing:
+        print(f"[torch_tpu] {message}", file=sys.stderr)
+    if listeners:
+        tell("recompile", message)
+
+
+def tell(kind: str, detail: str) -> None:
+    """Hand the listeners an :class:`Event` at the user's current line (call only when there
+    are listeners: finding the line walks the stack)."""
+    from .checks import user_line
+
+    event = Event(kind, detail, user_line())
+    for listener in list(listeners):
+        listener(event)

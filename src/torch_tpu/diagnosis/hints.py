@@ -15,41 +15,29 @@ REPEATED_SYNCS = 3
 REPEATED_COMPILES = 3
 
 
-def item_syncs(report: Report) -> list[str]:
+#: what to say of a host sync repeated at one line, by its kind (``{where}``: the line,
+#: ``{n}``: how many times)
+SYNC_ADVICE = {
+    "item": "`.item()` at {where} ran {n} times: each call waits for the device (a host sync); "
+    "read such values every N steps (log every 10 steps), or keep them on the device",
+    "cpu/tolist": "`.cpu()`/`.tolist()` at {where} ran {n} times: each waits for the device and "
+    "copies to the host; copy less often, or keep the tensor on tpu",
+    "data-dependent shape": "an op at {where} has an output shape that depends on values ({n} "
+    "times: nonzero, masked_select, unique, boolean indexing): the host waits for them; "
+    "torch.where or a mask keeps the shape fixed",
+    "value check": "an op at {where} checks values XLA cannot (index bounds, division by zero) "
+    "and waits for them, {n} times; in fused eager (torch_tpu.set_eager_mode('fused')) the "
+    "check runs with the graph instead",
+}
+
+
+def repeated_syncs(report: Report) -> list[str]:
+    """A hint per line that synced with the host again and again, in :data:`SYNC_ADVICE`'s order."""
     return [
-        f"`.item()` at {site.where()} ran {n} times: each call waits for the device (a host "
-        "sync); read such values every N steps (log every 10 steps), or keep them on the device"
+        advice.format(where=site.where(), n=n)
+        for kind, advice in SYNC_ADVICE.items()
         for site, n in report.syncs.items()
-        if site.what == "item" and n >= REPEATED_SYNCS
-    ]
-
-
-def host_copies(report: Report) -> list[str]:
-    return [
-        f"`.cpu()`/`.tolist()` at {site.where()} ran {n} times: each waits for the device and "
-        "copies to the host; copy less often, or keep the tensor on tpu"
-        for site, n in report.syncs.items()
-        if site.what == "cpu/tolist" and n >= REPEATED_SYNCS
-    ]
-
-
-def data_dependent_shapes(report: Report) -> list[str]:
-    return [
-        f"an op at {site.where()} has an output shape that depends on values ({n} times: "
-        "nonzero, masked_select, unique, boolean indexing): the host waits for them; "
-        "torch.where or a mask keeps the shape fixed"
-        for site, n in report.syncs.items()
-        if site.what == "data-dependent shape" and n >= REPEATED_SYNCS
-    ]
-
-
-def value_checks(report: Report) -> list[str]:
-    return [
-        f"an op at {site.where()} checks values XLA cannot (index bounds, division by zero) "
-        f"and waits for them, {n} times; in fused eager (torch_tpu.set_eager_mode('fused')) "
-        "the check runs with the graph instead"
-        for site, n in report.syncs.items()
-        if site.what == "value check" and n >= REPEATED_SYNCS
+        if site.what == kind and n >= REPEATED_SYNCS
     ]
 
 
@@ -97,10 +85,7 @@ def graph_breaks(report: Report) -> list[str]:
 
 RULES: list[Callable[[Report], list[str]]] = [
     cpu_fallbacks,
-    item_syncs,
-    host_copies,
-    data_dependent_shapes,
-    value_checks,
+    repeated_syncs,
     changing_shapes,
     matmul_precision,
     graph_breaks,

@@ -307,6 +307,21 @@ def test_ops_whose_shapes_grow_every_graph_run_alone_and_the_rest_stays_compiled
         assert torch.tpu.compilation_cache_stats()["misses"] == before
 
 
+def test_a_thread_whose_shapes_recur_keeps_every_op_in_its_graphs(fresh_churn):
+    from torch_tpu.runtime.context import context
+
+    expected = _growing_loop(12, "cpu")
+    torch.tpu.reset_compilation_cache_stats()
+    context.shapes_recur = True
+    try:
+        with torch_tpu.eager_mode("fused"):
+            actual = _growing_loop(12, "tpu")
+    finally:
+        context.shapes_recur = False
+    torch.testing.assert_close(actual[0], expected[0])
+    assert torch.tpu.compilation_cache_stats()["ops_run_alone"] == 0
+
+
 def test_recurring_shapes_are_not_taken_for_churn(fresh_churn):
     sizes = [4, 3] * 6  # lengths 3, 4, 3, 4...: each shape compiles once, then is cached
     expected = _growing_loop(12, "cpu", sizes, start=3)

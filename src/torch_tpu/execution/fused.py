@@ -536,6 +536,8 @@ class Graph:
         #: whether a churning op had to be recorded (this graph changes shape anyway: it is
         #: not cut for the next one)
         self.churned = False
+        #: whether a miss of this graph teaches churn (not in a thread whose shapes recur)
+        self.learns_churn = not context.shapes_recur
         self._unreported = context.checks  # the recording thread's list
         #: the tpu index the graph runs on (all its inputs' device)
         self.index = index if continuing is None else continuing.index
@@ -880,7 +882,8 @@ class Graph:
             stats.misses += 1
             if log_recompiles:
                 self._explain_miss(fingerprint)
-            _learn_churn(self)
+            if self.learns_churn:
+                _learn_churn(self)
             in_background = self.origin in _origins and background.enabled()
             executable = self._compile(outputs, donated, fingerprint if in_background else None)
         if executable is not None:

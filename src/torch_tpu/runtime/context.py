@@ -54,6 +54,10 @@ class ExecutionContext(threading.local):
         self.tracing_lock: Any = None
         #: a tpu graph is being captured in this thread (``execution.capture``)
         self.capturing: bool = False
+        #: this thread's shapes come from a bounded set (a server's batch sizes): fused eager
+        #: compiles each once and never takes ops that change shape out of its graphs
+        #: (``execution.fused``'s churn); set by the vLLM worker
+        self.shapes_recur: bool = False
 
 
 context = ExecutionContext()

@@ -56,10 +56,7 @@ class Check:
 
     def settle(self) -> int:
         """Run the callback on the results (waiting for them); remember how it went."""
-        if self.state == _PENDING:
-            if events.listeners:
-                events.tell("sync", "value check")
-            self.conclude(jax.device_get(self.arrays()))
+        settle_together((self,))
         return self.state
 
     def arrays(self) -> Any:
@@ -187,7 +184,7 @@ def _prune(pending: list, block: bool) -> None:
     that passed."""
     limit = len(pending) // 2 if block else 0
     settle_together(
-        c for i, c in enumerate(list(pending)) if c.state == _PENDING and ((block and i < limit) or c.ready())
+        c for i, c in enumerate(list(pending)) if (block and i < limit) or (c.state == _PENDING and c.ready())
     )
     with _lock:
         pending[:] = [c for c in pending if c.state != _PASSED]

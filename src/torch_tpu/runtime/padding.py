@@ -40,7 +40,7 @@ import numpy as np
 from jax import lax
 
 from .. import config
-from . import events, platform
+from . import events, platform, transfer
 from .buffer import ARRAY_TYPE, Padded, apply, host_copy, keep_host_copy, register_unpad
 from .context import context
 from .lru import LRU
@@ -314,7 +314,7 @@ def padded_through_host(array: jax.Array, layout: Layout) -> Padded:
 def from_host(host: np.ndarray, layout: Layout, device) -> Padded:
     """A host array (logical shape) padded on the host and put on ``device``: no program."""
     padded_host = pad_host(host, layout)
-    array = jax.device_put(padded_host, device)
+    array = transfer.put(padded_host, device)
     keep_host_copy(array, padded_host)
     kept = np.array(host)  # (its own: the caller's array may be the user's tensor's memory)
     kept.flags.writeable = False

@@ -1,14 +1,17 @@
 """The ``tpu_dist`` backend against gloo, side by side in one run: collective latency and
 bandwidth, and a DDP training step on one and two processes.
 
-- **collectives**: ``all_reduce`` (SUM), ``all_gather_into_tensor`` and ``reduce_scatter_tensor``
-  of float32 tensors from 4 KB to 64 MB, on ``tpu_dist`` (tpu tensors) and on gloo (the same
-  tensors on CPU), two ranks. Each round times a batch of calls on every rank from a common
-  start (a gloo barrier) to the last result being ready (``torch.tpu.synchronize``; gloo's CPU
-  collectives return done); a round's time is the slowest rank's. The two backends alternate
-  round by round (medians). The size is nccl-tests' (the per-rank buffer of ``all_reduce``, the
-  gathered output, the scattered input); ``busbw`` is nccl-tests' bus bandwidth: size / time,
-  times ``2(n-1)/n`` for ``all_reduce`` and ``(n-1)/n`` for the other two.
+- **collectives**: ``all_reduce`` (SUM), ``all_gather_into_tensor``, ``reduce_scatter_tensor``
+  and ``all_to_all_single`` of float32 tensors from 4 KB to 64 MB, on ``tpu_dist`` (tpu
+  tensors) and on gloo (the same tensors on CPU), two and four ranks. Each round times a batch
+  of calls on every rank from a common start (a gloo barrier) to the last result being ready
+  (``torch.tpu.synchronize``; gloo's CPU collectives return done); a round's time is the slowest
+  rank's. A round visits every (collective, size) in a new random order (the same on every
+  rank), each on both backends in turn, so every figure is measured after arbitrary other
+  collectives ran in the process (medians over rounds). The size is nccl-tests' (the per-rank
+  buffer of ``all_reduce`` and ``all_to_all_single``, the gathered output, the scattered input);
+  ``busbw`` is nccl-tests' bus bandwidth: size / time, times ``2(n-1)/n`` for ``all_reduce`` and
+  ``(n-1)/n`` for the others.
 - **DDP step**: one SGD step of the 4-layer GPT of ``bench_eager.py`` (batch 8 x 64 per process)
   on tpu and on CPU: one process without DDP, then two processes under DDP (``tpu_dist`` /
   gloo), each with its own batch of 8 (the work per process stays the same: on a machine with a
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -35,7 +39,7 @@ import time
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [4 << 10, 1 << 20, 16 << 20]
-OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"]
+OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"]
 #: bytes per round and backend: small sizes repeat within a round, large ones run once or twice
 BYTES_PER_ROUND = 8 << 20
 DDP_STEPS, DDP_WARMUP = 10, 3
@@ -77,6 +81,9 @@ def _collective(op: str, size: int, device: str, group, world: int):
     if op == "all_gather_into_tensor":
         x, out = torch.ones(n // world, device=device), torch.empty(n, device=device)
         return lambda: dist.all_gather_into_tensor(out, x, group=group)
+    if op == "all_to_all_single":
+        x, out = torch.ones(n, device=device), torch.empty(n, device=device)
+        return lambda: dist.all_to_all_single(out, x, group=group)
     x, out = torch.ones(n, device=device), torch.empty(n // world, device=device)
     return lambda: dist.reduce_scatter_tensor(out, x, group=group)
 
@@ -86,22 +93,25 @@ def run_collectives(sizes, rounds: int, gloo, world: int) -> list[dict]:
     import torch.distributed as dist
 
     backends = {"tpu_dist": ("tpu", dist.group.WORLD, torch.tpu.synchronize), "gloo": ("cpu", gloo, _no_sync)}
-    rows = []
-    for op in OPS:
-        for size in sizes:
-            calls = max(1, min(50, BYTES_PER_ROUND // size))
-            fns = {
-                name: _collective(op, size, device, group, world)
-                for name, (device, group, _) in backends.items()
-            }
-            for name, fn in fns.items():  # warm up: compile, connect
-                _timed(fn, backends[name][2], 2, gloo)
-            samples: dict[str, list[float]] = {name: [] for name in backends}
-            for _ in range(rounds):
-                for name, fn in fns.items():
-                    samples[name].append(_timed(fn, backends[name][2], calls, gloo))
-            rows.append({"op": op, "size": size, **{n: statistics.median(s) for n, s in samples.items()}})
-    return rows
+    cases = [(op, size) for op in OPS for size in sizes]
+    fns = {
+        case: {name: _collective(*case, dev, group, world) for name, (dev, group, _) in backends.items()}
+        for case in cases
+    }
+    for case in cases:  # warm up: compile, connect
+        for name, fn in fns[case].items():
+            _timed(fn, backends[name][2], 2, gloo)
+    samples = {case: {name: [] for name in backends} for case in cases}
+    order = random.Random(0)
+    for _ in range(rounds):
+        for case in order.sample(cases, len(cases)):
+            calls = max(1, min(50, BYTES_PER_ROUND // case[1]))
+            for name, fn in fns[case].items():
+                samples[case][name].append(_timed(fn, backends[name][2], calls, gloo))
+    return [
+        {"op": op, "size": size, **{n: statistics.median(s) for n, s in samples[op, size].items()}}
+        for op, size in cases
+    ]
 
 
 def _no_sync() -> None:
@@ -154,7 +164,8 @@ def worker(args) -> None:
     if world > 1:
         sizes = QUICK_SIZES if args.quick else SIZES
         result["collectives"] = run_collectives(sizes, 3 if args.quick else 7, gloo, world)
-    result["ddp"] = {device: run_ddp(device, gloo) for device in ("tpu", "cpu")}
+    if world <= 2:  # (DDP compares one process with two)
+        result["ddp"] = {device: run_ddp(device, gloo) for device in ("tpu", "cpu")}
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             json.dump(result, f)
@@ -194,6 +205,7 @@ def _time(seconds: float) -> str:
 
 COLLECTIVE_HEADER = [
     "collective",
+    "ranks",
     "size",
     "tpu_dist",
     "gloo",
@@ -201,14 +213,14 @@ COLLECTIVE_HEADER = [
     "busbw tpu_dist GB/s",
     "busbw gloo GB/s",
 ]
-DDP_HEADER = ["DDP (tpu: tpu_dist, cpu: gloo)", "1 process", "2 processes", "2 / 1"]
+DDP_HEADER = ["DDP (tpu: tpu_dist, cpu: gloo)", "1 process", "2 processes", "2 / 1", "2 - 1"]
 
 
-def tables(one: dict, two: dict) -> list[tuple[list[str], list[list[str]]]]:
-    world = two["world"]
+def tables(runs: dict[int, dict]) -> list[tuple[list[str], list[list[str]]]]:
     collectives = [
         [
             r["op"],
+            str(world),
             _size(r["size"]),
             _time(r["tpu_dist"]),
             _time(r["gloo"]),
@@ -216,17 +228,21 @@ def tables(one: dict, two: dict) -> list[tuple[list[str], list[list[str]]]]:
             f"{_busbw(r['op'], r['size'], r['tpu_dist'], world):.2f}",
             f"{_busbw(r['op'], r['size'], r['gloo'], world):.2f}",
         ]
-        for r in two["collectives"]
+        for world, run in sorted(runs.items())
+        for r in run.get("collectives", [])
     ]
+    one, two = runs[1]["ddp"], runs[2]["ddp"]
     ddp = [
         [
             f"GPT step, {device}",
-            _time(one["ddp"][device]),
-            _time(two["ddp"][device]),
-            f"{two['ddp'][device] / one['ddp'][device]:.2f}x",
+            _time(one[device]),
+            _time(two[device]),
+            f"{two[device] / one[device]:.2f}x",
+            _time(two[device] - one[device]),
         ]
         for device in ("tpu", "cpu")
     ]
+    ddp.append(["tpu / cpu", "", f"{two['tpu'] / two['cpu']:.2f}x", "", ""])
     return [(COLLECTIVE_HEADER, collectives), (DDP_HEADER, ddp)]
 
 
@@ -248,6 +264,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument(
+        "--ranks", type=lambda v: [int(x) for x in v.split(",")], default=[2, 4], help="job sizes (2,4)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -255,10 +274,9 @@ def main() -> None:
         worker(args)
         return
     start = time.time()
-    two = launch(2, args.quick)
-    one = launch(1, args.quick)
+    runs = {world: launch(world, args.quick) for world in (*args.ranks, 1)}
     print(f"# bench_distributed ({time.time() - start:.0f} s, load average {os.getloadavg()[0]:.1f})")
-    print_tables(tables(one, two), args.markdown)
+    print_tables(tables(runs), args.markdown)
 
 
 if __name__ == "__main__":

@@ -156,8 +156,11 @@ def synchronize(device: _DeviceLike = None) -> None:
     import jax
 
     from .execution import fused
+    from .runtime import checks
 
     fused.sync("synchronize()")
+    if checks.before_wait:
+        checks.before_host_wait()
     jax.effects_barrier()
     for array in jax.live_arrays():
         array.block_until_ready()

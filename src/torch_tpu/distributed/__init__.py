@@ -6,7 +6,8 @@ works, and ``"tpu_dist"`` is the default backend for tpu tensors
 ``init_device_mesh("tpu", ...)`` and code that looks the backend up by device type find it).
 
 - ``runtime``: JAX's multi-process runtime, joined from the launcher's environment;
-- ``handshake``: the store meeting before each collective (timeouts, mismatched calls);
+- ``watchdog``: what bounds every collective by its group's timeout, naming the missing ranks;
+- ``handshake``: the debug mode's store meeting before each collective (mismatched calls);
 - ``programs``: the collectives as jitted ``shard_map`` programs over the group's devices;
 - ``process_group``: the c10d process group that ties them to tensors.
 

@@ -1,4 +1,5 @@
-"""Before a collective runs on the device, its ranks meet on the group's store.
+"""The debug mode's check of every collective (``TORCH_DISTRIBUTED_DEBUG=DETAIL``, as NCCL's
+collective checks): before a collective runs on the device, its ranks meet on the group's store.
 
 XLA's collectives (and gloo under them on the CPU stand-in) wait without limit for a rank that
 never arrives, and read garbage when ranks disagree on shapes. So every rank first posts what
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import threading
 from collections.abc import Sequence
 
 import torch
@@ -26,23 +26,18 @@ class Handshake:
         self._rank = rank
         self._timeout = timeout
         self.describe = describe  # "group <name>" for messages
-        self._lock = threading.Lock()
-        self._sequence: dict[tuple, int] = {}
         self.broken: str | None = None
 
-    def meet(self, what: str, agree: str, members: Sequence[int], mine: object = None) -> list:
+    def meet(self, what: str, agree: str, members: Sequence[int], sequence: int, mine: object = None) -> list:
         """Post ``agree`` (what every member must post alike) and ``mine`` (this rank's own
-        details) for the next collective among ``members`` (group ranks, including this one);
-        return every member's ``mine``, in ``members`` order, once all have posted."""
+        details) for collective number ``sequence`` among ``members`` (group ranks, including
+        this one); return every member's ``mine``, in ``members`` order, once all have posted."""
         if self.broken:
             raise torch.distributed.DistBackendError(
                 f"tpu_dist: {what} on {self.describe}: the group is unusable after an earlier "
                 f"failure ({self.broken})"
             )
         members = tuple(members)
-        with self._lock:
-            sequence = self._sequence.get(members, 0)
-            self._sequence[members] = sequence + 1
         prefix = "handshake/" + "-".join(map(str, members))
         keys = [f"{prefix}/{sequence}/{r}" for r in members]
         self._store.set(keys[members.index(self._rank)], json.dumps([what, agree, mine]))

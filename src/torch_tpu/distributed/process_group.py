@@ -1,10 +1,11 @@
 """The ``tpu_dist`` process group: c10d's collectives on tpu tensors, run as XLA collectives.
 
 A Python ``ProcessGroup`` (PyTorch's trampoline forwards every collective to these methods).
-Each collective on tpu tensors meets the other ranks on the store first (``handshake``: the
-group's timeout bounds every collective; mismatched calls raise on every rank), then reads its
-tensors' values, runs the collective's program over the group's devices (``programs``) and
-writes the results into the output tensors. CPU tensors (object collectives, which PyTorch
+Each collective on tpu tensors reads its tensors' values, runs the collective's program over the
+group's devices (``programs``), writes the results into the output tensors and hands the call
+to the ``watchdog``, which bounds it by the group's timeout. Under
+``TORCH_DISTRIBUTED_DEBUG=DETAIL`` the ranks first meet on the store (``handshake``), and
+mismatched calls raise on every rank. CPU tensors (object collectives, which PyTorch
 stages on the CPU for a group with one device type) go to a gloo group on the same store, as
 they would with ``"cpu:gloo,tpu:tpu_dist"``.
 
@@ -15,8 +16,11 @@ streams order a NCCL collective before later kernels.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +34,7 @@ from ..integrations import dynamo
 from ..runtime import dtypes, platform
 from . import programs, runtime
 from .handshake import Handshake
+from .watchdog import Call, Ledger, watchdog
 
 _OPS = {  # (by RedOpType: ReduceOp objects do not hash)
     dist.ReduceOp.SUM: "sum",
@@ -92,6 +97,15 @@ def _counts_split(flat, counts: Sequence[int]) -> list:
     return out
 
 
+@dataclasses.dataclass
+class Entry:
+    """A rank's entry into a collective: the call the watchdog bounds, and (in the debug mode)
+    every member's details posted at the meeting."""
+
+    call: Call
+    posts: list | None
+
+
 class ProcessGroupTPU(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, global_ranks: Sequence[int]):
         super().__init__(rank, size)
@@ -99,7 +113,12 @@ class ProcessGroupTPU(dist.ProcessGroup):
         self._devices = runtime.rank_devices(self._global_ranks)
         self._group_name = ""
         self._group_desc = ""
-        self._handshake = Handshake(store, rank, timeout, f"group of ranks {list(self._global_ranks)}")
+        self._timeout = timeout.total_seconds()
+        describe = f"group of ranks {list(self._global_ranks)}"
+        self._ledger = Ledger(store, rank, self._timeout, describe)
+        watchdog.add_ledger(self._ledger)
+        debug = dist.get_debug_level() == dist.DebugLevel.DETAIL
+        self._handshake = Handshake(store, rank, timeout, describe) if debug else None
         self._members = tuple(range(size))
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, size, timeout)
 
@@ -109,7 +128,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     def setGroupName(self, name: str) -> None:
         self._group_name = name
-        self._handshake.describe = f"group {name!r} (ranks {list(self._global_ranks)})"
+        self._ledger.describe = f"group {name!r} (ranks {list(self._global_ranks)})"
+        if self._handshake is not None:
+            self._handshake.describe = self._ledger.describe
 
     def getGroupName(self) -> str:
         return self._group_name
@@ -135,26 +156,37 @@ class ProcessGroupTPU(dist.ProcessGroup):
             return True
         raise ValueError(f"tpu_dist: a collective takes tensors on one device type, got {sorted(types)}")
 
-    def _meet(self, what: str, agree: str, mine: object = None, members=None) -> list:
-        return self._handshake.meet(what, agree, members or self._members, mine)
+    def _enter(self, what: str, agree: str, mine: object = None, members=None) -> Entry:
+        """This rank enters its next collective among ``members`` (default: the group): raises
+        if an earlier one failed; in the debug mode, meets the other members first (``agree``:
+        what they must all pass alike; ``mine``: this rank's details, every member's returned
+        in :attr:`Entry.posts`)."""
+        watchdog.check()
+        members = members or self._members
+        sequence = self._ledger.enter(members)
+        posts = None
+        if self._handshake is not None:
+            posts = self._handshake.meet(what, agree, members, sequence, mine)
+        deadline = time.monotonic() + self._timeout
+        return Entry(Call(what, self._ledger, members, sequence, None, deadline), posts)
 
-    def _run(self, kind: str, block, option=None, factor=None, devices=None):
-        try:
-            return programs.run(kind, devices or self._devices, block, option, factor)
-        except Exception as e:  # (a peer that died mid-collective: gloo's "connection reset")
-            raise dist.DistBackendError(
-                f"tpu_dist: the {kind} program failed on rank {self.rank()} "
-                f"of {self._handshake.describe}: {e}"
-            ) from e
+    def _run(self, entry: Entry, kind: str, block, option=None, factor=None, devices=None):
+        """Dispatch collective program ``kind`` (``programs.run``) as ``entry``'s call."""
+        devices = devices or self._devices
+        return self._dispatch(entry, lambda: programs.run(kind, devices, block, option, factor))
+
+    def _dispatch(self, entry: Entry, program: Callable[[], Any]) -> Any:
+        """``program()`` (it dispatches the entry's XLA program), bounded by the watchdog."""
+        return watchdog.dispatch(entry.call, program)
 
     # -- reductions
     def allreduce(self, tensors, opts):
         if self._on_cpu(tensors):
             return self._gloo.allreduce(tensors, opts)
         op, factor = _reduction(opts.reduceOp, tensors)
-        self._meet("all_reduce", f"{op}: {_describe(tensors)}")
+        entry = self._enter("all_reduce", f"{op}: {_describe(tensors)}")
         for t in tensors:
-            _write(t, self._run("all_reduce", _block(t), op, factor))
+            _write(t, self._run(entry, "all_reduce", _block(t), op, factor))
         return _done(tensors)
 
     def allreduce_coalesced(self, tensors, opts):
@@ -168,9 +200,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if self._on_cpu(tensors):
             return self._gloo.reduce(tensors, opts)
         op, factor = _reduction(opts.reduceOp, tensors)
-        self._meet("reduce", f"{op} to rank {opts.rootRank}: {_describe(tensors)}")
+        entry = self._enter("reduce", f"{op} to rank {opts.rootRank}: {_describe(tensors)}")
         for t in tensors:
-            result = self._run("all_reduce", _block(t), op, factor)
+            result = self._run(entry, "all_reduce", _block(t), op, factor)
             if self.rank() == opts.rootRank:
                 _write(t, result)
         return _done(tensors)
@@ -179,11 +211,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if self._on_cpu(outputs, *input_lists):
             return self._gloo.reduce_scatter(outputs, input_lists, opts)
         op, factor = _reduction(opts.reduceOp, outputs)
-        self._meet("reduce_scatter", f"{op}: {_describe(outputs)}")
+        entry = self._enter("reduce_scatter", f"{op}: {_describe(outputs)}")
         for out, inputs in zip(outputs, input_lists, strict=True):
             self._check_list("reduce_scatter", inputs, out)
             block = jnp.concatenate([_block(t) for t in inputs])
-            _write(out, self._run("reduce_scatter", block, op, factor))
+            _write(out, self._run(entry, "reduce_scatter", block, op, factor))
         return _done(outputs)
 
     def reduce_scatter_single(self, output, input, opts):
@@ -191,8 +223,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
             return self._gloo._reduce_scatter_base(output, input, opts)
         op, factor = _reduction(opts.reduceOp, [input])
         self._check_numel("reduce_scatter_tensor", input, output.numel() * self.size())
-        self._meet("reduce_scatter_tensor", f"{op}: {_describe([input, output])}")
-        _write(output, self._run("reduce_scatter", _block(input), op, factor))
+        entry = self._enter("reduce_scatter_tensor", f"{op}: {_describe([input, output])}")
+        _write(output, self._run(entry, "reduce_scatter", _block(input), op, factor))
         return _done([output])
 
     _reduce_scatter_base = reduce_scatter_single
@@ -208,18 +240,18 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def broadcast(self, tensors, opts):
         if self._on_cpu(tensors):
             return self._gloo.broadcast(tensors, opts)
-        self._meet("broadcast", f"from rank {opts.rootRank}: {_describe(tensors)}")
+        entry = self._enter("broadcast", f"from rank {opts.rootRank}: {_describe(tensors)}")
         for t in tensors:
-            _write(t, self._run("broadcast", _block(t), opts.rootRank))
+            _write(t, self._run(entry, "broadcast", _block(t), opts.rootRank))
         return _done(tensors)
 
     def allgather(self, output_lists, inputs, opts):
         if self._on_cpu(inputs, *output_lists):
             return self._gloo.allgather(output_lists, inputs, opts)
-        self._meet("all_gather", _describe(inputs))
+        entry = self._enter("all_gather", _describe(inputs))
         for outputs, t in zip(output_lists, inputs, strict=True):
             self._check_list("all_gather", outputs, t)
-            gathered = self._run("all_gather", _block(t))
+            gathered = self._run(entry, "all_gather", _block(t))
             for out, value in zip(outputs, gathered.reshape(self.size(), -1)):
                 _write(out, value)
         return _done(output_lists)
@@ -228,8 +260,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if self._on_cpu([output, input]):
             return self._gloo._allgather_base(output, input, opts)
         self._check_numel("all_gather_into_tensor", output, input.numel() * self.size())
-        self._meet("all_gather_into_tensor", _describe([input, output]))
-        _write(output, self._run("all_gather", _block(input)))
+        entry = self._enter("all_gather_into_tensor", _describe([input, output]))
+        _write(output, self._run(entry, "all_gather", _block(input)))
         return _done([output])
 
     _allgather_base = all_gather_single
@@ -245,8 +277,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if self._on_cpu(inputs, *output_lists):
             return self._gloo.gather(output_lists, inputs, opts)
         root = opts.rootRank
-        self._meet("gather", f"to rank {root}: {_describe(inputs)}")
-        gathered = self._run("all_gather", _block(inputs[0]))
+        entry = self._enter("gather", f"to rank {root}: {_describe(inputs)}")
+        gathered = self._run(entry, "all_gather", _block(inputs[0]))
         if self.rank() == root:
             self._check_list("gather", output_lists[0], inputs[0])
             for out, value in zip(output_lists[0], gathered.reshape(self.size(), -1)):
@@ -257,7 +289,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if self._on_cpu(outputs, *input_lists):
             return self._gloo.scatter(outputs, input_lists, opts)
         root, out = opts.rootRank, outputs[0]
-        self._meet("scatter", f"from rank {root}: {_describe(outputs)}")
+        entry = self._enter("scatter", f"from rank {root}: {_describe(outputs)}")
         if self.rank() == root:
             self._check_list("scatter", input_lists[0], out)
             block = jnp.concatenate([_block(t) for t in input_lists[0]])
@@ -265,7 +297,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
             block = jax.device_put(
                 jnp.zeros(out.numel() * self.size(), dtypes.to_jax(out.dtype)), platform.device()
             )
-        received = self._run("all_to_all", block).reshape(self.size(), -1)
+        received = self._run(entry, "all_to_all", block).reshape(self.size(), -1)
         _write(out, received[root])
         return _done(outputs)
 
@@ -275,6 +307,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
         n = self.size()
         sends = self._row_counts("all_to_all_single", input, input_split_sizes)
         receives = self._row_counts("all_to_all_single", output, output_split_sizes)
+        if not input_split_sizes and not output_split_sizes and sends == receives:
+            # even splits on every rank: one all_to_all of the flat blocks as they are
+            entry = self._enter("all_to_all_single", f"even: {_describe([input, output])}")
+            _write(output, self._run(entry, "all_to_all", _block(input)))
+            return _done([output])
         received = self._all_to_all("all_to_all_single", _block(input), sends, receives, input.dtype)
         _write(output, jnp.concatenate(received) if n > 1 else received[0])
         return _done([output])
@@ -303,7 +340,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
         """Every rank sends ``sends[j]`` elements of ``flat`` (in order) to rank ``j`` and gets
         ``receives[i]`` from rank ``i``: the blocks are padded to the longest and exchanged by
         one all_to_all."""
-        posts = self._meet(what, str(dtype).removeprefix("torch."), [sends, receives])
+        entry = self._enter(what, str(dtype).removeprefix("torch."), [sends, receives])
+        posts = entry.posts if entry.posts is not None else self._exchange_counts(sends, receives)
         me = self.rank()
         for i, (their_sends, _) in enumerate(posts):
             for j, (_, their_receives) in enumerate(posts):
@@ -317,8 +355,17 @@ class ProcessGroupTPU(dist.ProcessGroup):
             return [flat[:0] for _ in sends]
         pieces = _counts_split(flat, sends)
         padded = jnp.concatenate([jnp.pad(p, (0, longest - p.shape[0])) for p in pieces])
-        exchanged = self._run("all_to_all", padded).reshape(self.size(), longest)
+        exchanged = self._run(entry, "all_to_all", padded).reshape(self.size(), longest)
         return [exchanged[i, : posts[i][0][me]] for i in range(self.size())]
+
+    def _exchange_counts(self, sends: list, receives: list) -> list:
+        """Every rank's ``[sends, receives]`` (outside the debug mode's meeting: over the
+        group's gloo part, host to host)."""
+        n = self.size()
+        mine = torch.tensor([*sends, *receives], dtype=torch.int64)
+        every = [torch.empty_like(mine) for _ in range(n)]
+        self._gloo.allgather([every], [mine]).wait()
+        return [[t[:n].tolist(), t[n:].tolist()] for t in every]
 
     # -- point to point and barrier
     def _p2p(self, tensors, peer: int, sending: bool, tag: int):
@@ -327,10 +374,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
             raise ValueError(f"tpu_dist: invalid peer rank {peer} for rank {self.rank()} of {self.size()}")
         src, dst = (self.rank(), peer) if sending else (peer, self.rank())
         members = tuple(sorted((src, dst)))
-        self._meet("send/recv", f"rank {src} -> rank {dst}, tag {tag}: {_describe([t])}", members=members)
+        agree = f"rank {src} -> rank {dst}, tag {tag}: {_describe([t])}"
+        entry = self._enter("send/recv", agree, members=members)
         pair = (members.index(src), members.index(dst))
         devices = tuple(self._devices[r] for r in members)
-        received = self._run("permute", _block(t), (pair,), devices=devices)
+        received = self._run(entry, "permute", _block(t), (pair,), devices=devices)
         if not sending:
             _write(t, received)
         return _done(tensors)
@@ -349,7 +397,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
         raise NotImplementedError("tpu_dist: recv from any source is not supported; pass src=")
 
     def barrier(self, opts):
-        self._meet("barrier", "")
+        """Every rank has reached it, and the collectives before it have completed."""
+        entry = self._enter("barrier", "")
+        if self._handshake is None:
+            self._run(entry, "all_reduce", programs.token(self._devices), "sum")
+            watchdog.settle()
         return _done([])
 
     # -- argument checks (local, as c10d's own backends make them)

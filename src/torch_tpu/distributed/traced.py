@@ -5,9 +5,10 @@ A graph that calls ``torch.ops._c10d_functional`` ops (DTensor, FSDP2, tensor pa
 program over its group's devices: the whole graph is a ``shard_map`` body, every rank passes its
 own inputs as its block, and each collective node is the same XLA collective as the eager
 program's (``programs``), on values inside the program. Every rank runs the same graph, so every
-rank calls the program, as SPMD needs; before each call the ranks meet on the group's store
-(``handshake``), which bounds the call by the group's timeout and catches ranks that run
-different graphs or shapes.
+rank calls the program, as SPMD needs. Each call is one collective of the group to the
+watchdog, which bounds it by the group's timeout; in the debug mode the ranks meet on the
+group's store before it (``handshake``), which catches ranks that run different graphs or
+shapes.
 
 (In eager, these ops need nothing from us: PyTorch's kernels for them call the process group.)
 """
@@ -121,9 +122,14 @@ class Spmd:
             self.scalar_outputs,
         )
 
-    def meet(self) -> None:
-        """Before each call: every rank calls this graph with this layout (else all raise)."""
-        self.backend._meet(self._what, self._agree)
+    def call(self, run: Callable, values: Sequence[jax.Array]) -> Any:
+        """Call the program (``run``) with this rank's ``values``, as one collective of the
+        group: the watchdog bounds it by the group's timeout (and in the debug mode every rank
+        first checks that the others call this graph with this layout, else all raise);
+        returns this rank's blocks of its outputs."""
+        entry = self.backend._enter(self._what, self._agree)
+        arguments = self.arguments(values)
+        return self.results(self.backend._dispatch(entry, lambda: run(*arguments)))
 
 
 # ----------------------------------------------------------------------------- the nodes

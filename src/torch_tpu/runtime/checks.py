@@ -89,11 +89,24 @@ class Check:
         return raised
 
 
+#: Called before the host waits on the device (a tensor read, a check's result,
+#: ``synchronize()``): ``tpu_dist``'s watchdog, which raises there when a collective failed or
+#: outlived its group's timeout, where the read would wait for it forever.
+before_wait: list[Callable[[], None]] = []
+
+
+def before_host_wait() -> None:
+    for hook in before_wait:
+        hook()
+
+
 def settle_together(checks: Iterable[Check]) -> None:
     """Settle the pending ``checks`` with one device read for all their results (a read per
     check costs a round trip each: a serving step reports several)."""
     pending = [c for c in checks if c.state == _PENDING]
     if pending:
+        if before_wait:
+            before_host_wait()
         if events.listeners:
             events.tell("sync", "value check")
         for check, host_values in zip(pending, jax.device_get([c.arrays() for c in pending])):
@@ -147,6 +160,8 @@ def when_ready(values: Any, callback: Callable[[Any], None]) -> None:
         # graph had computed it: with the outputs of the op being recorded
         graph = context.recorder.open_graph()
     else:
+        if before_wait:
+            before_host_wait()
         if events.listeners:
             events.tell("sync", "value check")
         callback(jax.device_get(jax.tree_util.tree_map(resolved, values)))
@@ -254,6 +269,8 @@ def before_host_read(value: Any) -> jax.Array:
     array = resolved(value)
     if _taints:
         report(taint_of(array))
+    if before_wait:
+        before_host_wait()
     return array
 
 

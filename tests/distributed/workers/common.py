@@ -43,10 +43,10 @@ class Worker:
             return message
         raise AssertionError(f"rank {self.rank}: {what}: no {kind.__name__} raised")
 
-    def meetings(self) -> int:
-        """How many times the ranks met on the store for the world group: once per eager
-        collective, once per call of a compiled graph with collectives in it."""
-        return dist.group.WORLD._handshake._sequence.get(tuple(range(self.world)), 0)
+    def collectives(self) -> int:
+        """How many collectives this rank entered on the world group: one per eager
+        collective, one per call of a compiled graph with collectives in it."""
+        return dist.group.WORLD._ledger.entered.get(tuple(range(self.world)), 0)
 
     def done(self) -> None:
         dist.destroy_process_group()

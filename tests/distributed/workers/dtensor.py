@@ -103,7 +103,7 @@ def train(model, compile_model: bool = False):
     # keys' bias has a zero gradient up to rounding, which Adam would scale up to lr-sized noise)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=False)
     step = torch.compile(model, backend="tpu") if compile_model else model
-    losses, before = [], w.meetings()
+    losses, before = [], w.collectives()
     for x, y in data:
         loss = nn.functional.mse_loss(step(x.to("tpu")), y.to("tpu"))
         opt.zero_grad()
@@ -111,7 +111,9 @@ def train(model, compile_model: bool = False):
         opt.step()
         losses.append(loss.detach())
     if compile_model:  # the collectives ran inside the forward and backward graphs' programs
-        assert w.meetings() - before == 2 * len(data), f"rank {rank}: {w.meetings() - before} meetings"
+        assert w.collectives() - before == 2 * len(data), (
+            f"rank {rank}: {w.collectives() - before} collectives"
+        )
     params = {n: p.full_tensor() if isinstance(p, DTensor) else p for n, p in model.named_parameters()}
     return torch.stack(losses).cpu(), {n: p.detach().cpu() for n, p in params.items()}
 

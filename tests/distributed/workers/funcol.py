@@ -2,7 +2,7 @@
 ``_c10d_functional`` ops DTensor and FSDP2 use) on tpu tensors, against the same calls on CPU
 tensors over gloo, bit for bit: in strict and fused eager (PyTorch's kernels call the process
 group), and inside ``torch.compile(backend="tpu")``, where they are XLA collectives of the
-graph's own program (one meeting on the store per call, not one per collective)."""
+graph's own program (one collective of the group per call, not one per collective node)."""
 
 from __future__ import annotations
 
@@ -69,13 +69,19 @@ for mode in ("strict", "fused"):
 compiled = torch.compile(lambda x, y: collectives(x, y, world_group), backend="tpu")
 compiled_avg = torch.compile(lambda x: averaged(x, world_group), backend="tpu")
 for call in range(2):  # (the second call runs the stored executable)
-    before = w.meetings()
+    before = w.collectives()
     got = compiled(x.to("tpu"), y.to("tpu"))
-    assert w.meetings() == before + 1, f"rank {rank}: {w.meetings() - before} meetings for one compiled call"
+    assert w.collectives() == before + 1, (
+        f"rank {rank}: {w.collectives() - before} collectives for one compiled call"
+    )
     check(got, compiled_avg(x.to("tpu")), f"compiled (call {call})")
 
-# ranks that call a compiled graph with different shapes: every rank raises, the group survives
-mismatched = torch.compile(lambda t: funcol.all_reduce(t * 2, "sum", world_group), backend="tpu")
+# in the debug mode, ranks that call a compiled graph with different shapes: every rank raises,
+# the group survives
+dist.set_debug_level(dist.DebugLevel.DETAIL)
+checked_group = dist.new_group(backend="tpu_dist")
+dist.set_debug_level(dist.DebugLevel.OFF)
+mismatched = torch.compile(lambda t: funcol.all_reduce(t * 2, "sum", checked_group), backend="tpu")
 w.raises(
     RuntimeError,
     ["compiled graph", "different collectives"],
@@ -83,7 +89,7 @@ w.raises(
     "compiled graph called with different shapes",
 )
 w.same(
-    funcol.all_reduce(torch.ones(2, device="tpu"), "sum", world_group),
+    funcol.all_reduce(torch.ones(2, device="tpu"), "sum", checked_group),
     torch.full((2,), 2.0),
     "the group after the mismatch",
 )

@@ -399,10 +399,8 @@ class Program:
             try:
                 if traced.spmd is None:
                     fresh, written, results = executable.run(random_key, *values)
-                else:  # (every rank calls it: they meet first)
-                    traced.spmd.meet()
-                    outputs = executable.run(*traced.spmd.arguments([random_key, *values]))
-                    fresh, written, results = traced.spmd.results(outputs)
+                else:  # (every rank calls it: one collective of the group)
+                    fresh, written, results = traced.spmd.call(executable.run, [random_key, *values])
             except Exception as error:
                 translated = memory.translate(error)
                 if translated is error:

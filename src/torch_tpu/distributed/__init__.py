@@ -9,7 +9,8 @@ works, and ``"tpu_dist"`` is the default backend for tpu tensors
 - ``watchdog``: what bounds every collective by its group's timeout, naming the missing ranks;
 - ``handshake``: the debug mode's store meeting before each collective (mismatched calls);
 - ``programs``: the collectives as jitted ``shard_map`` programs over the group's devices;
-- ``process_group``: the c10d process group that ties them to tensors.
+- ``process_group``: the c10d process group that ties them to tensors;
+- ``topology`` and ``run``: a TPU slice's shape from its VM, the launcher, topology-aware meshes.
 
 See docs/distributed.md.
 """
@@ -31,10 +32,12 @@ def register() -> None:
     """Register the backend and the device-start hook (idempotent; imports no JAX)."""
     from ..runtime import platform
     from .runtime import join_from_environment
+    from .topology import claim_chip
 
     if not dist.is_available():
         return
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["tpu"])
-    if join_from_environment not in platform.before_start:
-        platform.before_start.append(join_from_environment)
+    for hook in (claim_chip, join_from_environment):
+        if hook not in platform.before_start:
+            platform.before_start.append(hook)

@@ -15,15 +15,18 @@ from torch_tpu.distributed.runtime import free_port_pair
 WORKERS = Path(__file__).resolve().parent / "workers"
 
 
-def torchrun(worker: str, *args: str, nproc: int = 2, timeout: int = 240, **env: str):
+def torchrun(worker: str, *args: str, nproc: int = 2, timeout: int = 240, launcher=(), **env: str):
     """Run ``workers/<worker>`` (a ``.py`` file; else a module, as ``-m worker``) on ``nproc``
-    ranks (killed after ``timeout`` s: a hang fails)."""
+    ranks (killed after ``timeout`` s: a hang fails); ``launcher``: more torchrun options (a
+    rendezvous of their own replaces ``--master-addr`` and ``--master-port``)."""
     target = [str(WORKERS / worker)] if worker.endswith(".py") else ["-m", worker]
     command = [
         "timeout", "-k", "10", str(timeout),
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-        "--master-addr=127.0.0.1", f"--master-port={free_port_pair()}", "--monitor-interval=0.2",
-        *target, *args,
+        *(launcher if any(o.startswith("--rdzv") for o in launcher) else [
+            *launcher, "--master-addr=127.0.0.1", f"--master-port={free_port_pair()}"
+        ]),
+        "--monitor-interval=0.2", *target, *args,
     ]  # fmt: skip
     return subprocess.run(
         command,

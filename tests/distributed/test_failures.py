@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from torch_tpu.distributed.runtime import free_port_pair
+
 from .launch import checks_passed, torchrun
 
 
@@ -26,3 +28,24 @@ def test_a_rank_that_dies_makes_the_others_raise_and_exit():
     assert "broadcast" in done.stderr and "rank 1 stopped responding" in done.stderr, output
     assert "exiting without JAX's shutdown" in done.stderr, output
     assert done.returncode == 1, output
+
+
+def _losses(directory, rank: int) -> dict[int, tuple[int, str]]:
+    """step -> (attempt, loss) as the rank logged them."""
+    rows = [line.split() for line in (directory / f"losses-{rank}.txt").read_text().splitlines()]
+    return {int(step): (int(attempt), loss) for attempt, step, loss in rows}
+
+
+def test_a_job_restarts_after_a_killed_rank_and_resumes_from_its_checkpoint(tmp_path):
+    """rank 1 is SIGKILLed in the middle of step 3: torchrun (``--max-restarts 1``) restarts the
+    job, which resumes from the step-2 checkpoint; every step's loss equals the uninterrupted
+    run's, bit for bit."""
+    rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port_pair()}"]
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    killed.mkdir(), whole.mkdir()
+    checks_passed(torchrun("restart.py", str(killed), "kill", launcher=["--max-restarts=1", *rendezvous]))
+    checks_passed(torchrun("restart.py", str(whole), "go"))
+    for rank in (0, 1):
+        got, want = _losses(killed, rank), _losses(whole, rank)
+        assert [got[s][0] for s in range(6)] == [0, 0, 0, 1, 1, 1], got  # (steps 3-5 after the restart)
+        assert {s: loss for s, (_, loss) in got.items()} == {s: loss for s, (_, loss) in want.items()}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -114,6 +115,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
         self._group_name = ""
         self._group_desc = ""
         self._timeout = timeout.total_seconds()
+        # (torchrun's restarts share one store: an attempt's keys stay apart from the last's,
+        # which a restarted rank would otherwise read before its peers overwrite them)
+        store = dist.PrefixStore(
+            f"tpu_dist/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store
+        )
         describe = f"group of ranks {list(self._global_ranks)}"
         self._ledger = Ledger(store, rank, self._timeout, describe)
         watchdog.add_ledger(self._ledger)

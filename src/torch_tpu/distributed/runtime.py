@@ -104,6 +104,9 @@ def join(rank: int, world_size: int, timeout: datetime.timedelta = DEFAULT_JOIN_
         )
     coordinator = _coordinator(rank, store, timeout)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # JAX's preemption service catches SIGTERM (a notice to checkpoint and stop in step); under
+    # torchrun, SIGTERM is how the agent stops the workers of a failed attempt, which must end
+    jax.config.update("jax_enable_preemption_service", False)
     seconds = max(1, int(timeout.total_seconds()))
     try:
         jax.distributed.initialize(

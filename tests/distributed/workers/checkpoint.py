@@ -10,11 +10,10 @@ import sys
 
 import torch
 import torch.distributed.checkpoint as dcp
-from common import Worker
+from common import Worker, sharded_mlp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 mode, directory, record = sys.argv[1:4]  # (record: this rank's saved state and later losses)
 w = Worker()
@@ -22,13 +21,7 @@ rank, world = w.rank, w.world
 mesh = init_device_mesh("tpu", (world,))
 BATCH = 4
 
-torch.manual_seed(0 if mode == "save" else 1)  # (the loaded run starts from other parameters)
-model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-for layer in (model[0], model[2]):
-    fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
-model.to("tpu")
-opt = torch.optim.Adam(model.parameters(), lr=0.01)
+model, opt = sharded_mlp(mesh, seed=0 if mode == "save" else 1)  # (the loaded run: other parameters)
 g = torch.Generator().manual_seed(7)
 data = [
     (torch.randn(world * BATCH, 8, generator=g), torch.randn(world * BATCH, 4, generator=g)) for _ in range(6)

@@ -51,3 +51,17 @@ class Worker:
     def done(self) -> None:
         dist.destroy_process_group()
         print(f"rank {self.rank} ok {self.checks}", flush=True)
+
+
+def sharded_mlp(mesh, seed: int):
+    """An MLP (8 -> 16 -> 4) under FSDP2 on ``mesh`` (per layer and root) and its Adam."""
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to("tpu")
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)

@@ -15,11 +15,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from common import Worker
+from common import Worker, sharded_mlp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 directory, mode = Path(sys.argv[1]), sys.argv[2]
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -30,13 +29,7 @@ rank, world = w.rank, w.world
 mesh = init_device_mesh("tpu", (world,))
 STEPS, BATCH, KILLED_AT = 6, 4, 3
 
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-for layer in (model[0], model[2]):
-    fully_shard(layer, mesh=mesh)
-fully_shard(model, mesh=mesh)
-model.to("tpu")
-opt = torch.optim.Adam(model.parameters(), lr=0.01)
+model, opt = sharded_mlp(mesh, seed=0)
 
 latest = directory / "latest"
 start = 0

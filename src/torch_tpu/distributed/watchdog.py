@@ -116,9 +116,10 @@ class Watchdog:
         self.failure: str | None = None
         self.failed_timeout = 0.0  # (the failed call's group's)
         self._told = False  # (the failure was raised once: later calls say the process is unusable)
-        self._threads: list[threading.Thread] = []
+        self._threads: dict[str, threading.Thread] = {}
         self._programs: queue.SimpleQueue = queue.SimpleQueue()  # (program, future) to dispatch
         self._in_native = 0  # (watchdog threads now waiting inside XLA)
+        self._stopping = threading.Event()  # (set at exit: the monitor stops posting)
 
     # -- the calling thread
     def add_ledger(self, ledger: Ledger) -> None:
@@ -218,10 +219,10 @@ class Watchdog:
         if self._threads:
             return
         for target in (self._wait_loop, self._monitor_loop, self._dispatch_loop):
-            thread = threading.Thread(target=target, name=f"tpu_dist {target.__name__[1:]}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        atexit.register(_exit_unless_settled)
+            name = target.__name__.strip("_")
+            self._threads[name] = threading.Thread(target=target, name=f"tpu_dist {name}", daemon=True)
+            self._threads[name].start()
+        atexit.register(_at_exit)
         checks.before_wait.append(self.settle)
 
     def _wait_loop(self) -> None:
@@ -258,6 +259,15 @@ class Watchdog:
         with self._cond:
             return self._cond.wait_for(lambda: not self._in_native, seconds)
 
+    def stop(self) -> None:
+        """At exit: stop the monitor between two posts (a daemon thread inside a C++ call when
+        the interpreter finalizes aborts the process) and let collectives in flight end."""
+        self._stopping.set()
+        self._threads["monitor_loop"].join(timeout=_MAX_INTERVAL + 5)
+        with self._cond:
+            deadlines = [call.deadline for call in self._calls]
+        self.quiesce(max([d - time.monotonic() for d in deadlines], default=0.0))
+
     def _dispatch_loop(self) -> None:
         """(A daemon thread: a program stuck in a collective must not hold the process's exit.)"""
         while True:
@@ -270,7 +280,7 @@ class Watchdog:
                 future.set_exception(e)
 
     def _monitor_loop(self) -> None:
-        while self.failure is None:
+        while self.failure is None and not self._stopping.is_set():
             with self._cond:
                 ledgers = list(self._ledgers)
                 head = self._calls[0] if self._calls else None
@@ -282,7 +292,7 @@ class Watchdog:
                         self._ledgers.discard(ledger)
             if head is not None and not head.done.is_set() and time.monotonic() > head.deadline:
                 self._time_out(head)
-            time.sleep(min((ledger.interval for ledger in ledgers), default=_MAX_INTERVAL))
+            self._stopping.wait(min((ledger.interval for ledger in ledgers), default=_MAX_INTERVAL))
 
 
 def _absent(call: Call, wait: bool = False) -> tuple[list[int], list[int]]:
@@ -300,13 +310,14 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
-def _exit_unless_settled() -> None:
-    """At exit after a failed collective, two things would hang or crash the exit: JAX's
-    shutdown waits at a barrier for every process, forever for one that died; and a watchdog
-    thread still inside a stuck XLA collective aborts the interpreter's finalization when the
-    collective ends under it. Run the shutdown and let the stuck collective end (its peers
-    exiting close its connections), for up to the failed group's timeout each; past that, end
-    the process at once, with status 1."""
+def _at_exit() -> None:
+    """At exit: stop the watchdog's threads (:meth:`Watchdog.stop`). After a failed collective,
+    two things would hang or crash the exit: JAX's shutdown waits at a barrier for every
+    process, forever for one that died; and a watchdog thread still inside a stuck XLA
+    collective aborts the interpreter's finalization when the collective ends under it. Run the
+    shutdown and let the stuck collective end (its peers exiting close its connections), for up
+    to the failed group's timeout each; past that, end the process at once, with status 1."""
+    watchdog.stop()
     if watchdog.failure is None:
         return
     from jax._src import distributed

@@ -125,3 +125,8 @@ def dead() -> None:
 
 {"mismatch": mismatch, "absent": absent, "dead": dead}[case]()
 print(f"rank {rank} ok {w.checks}", flush=True)
+if case == "mismatch":
+    # Known issue: after a debug-mode meeting timed out on the store, the process sometimes
+    # aborts at its normal exit ("terminate called without an active exception", about 1 run
+    # in 8 here); not yet explained, so this case ends at once.
+    os._exit(0)

@@ -131,6 +131,26 @@ constexpr uintptr_t kAlignment = 512;
 
 void release_handle(void*) {}
 
+// torch.profiler's profile_memory=True: an allocation made while the profiler records memory
+// reports its size then and at its release (the context it carries says how much); the others
+// cost nothing. The total reported is the live bytes of those allocations.
+struct Reported {
+  void* handle;
+  size_t bytes;
+  c10::Device device;
+};
+std::atomic<int64_t> g_reported_bytes{0};
+
+void report(const Reported& allocation, int64_t change) {
+  const auto total = static_cast<size_t>(g_reported_bytes.fetch_add(change) + change);
+  c10::reportMemoryUsageToProfiler(allocation.handle, change, total, total, allocation.device);
+}
+
+void release_reported(void* context) {
+  std::unique_ptr<Reported> allocation(static_cast<Reported*>(context));
+  report(*allocation, -static_cast<int64_t>(allocation->bytes));
+}
+
 struct TpuAllocator final : c10::DeviceAllocator {
   std::atomic<uintptr_t> next{kHandleBase};
 
@@ -143,6 +163,11 @@ struct TpuAllocator final : c10::DeviceAllocator {
     // data_ptr (handle + offset) cannot equal another storage's.
     const auto span = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
     void* handle = reinterpret_cast<void*>(next.fetch_add(span));
+    if (c10::memoryProfilingEnabled()) {
+      auto* allocation = new Reported{handle, span, device};
+      report(*allocation, static_cast<int64_t>(span));
+      return {handle, allocation, &release_reported, device};
+    }
     return {handle, nullptr, &release_handle, device};
   }
   c10::DeleterFnPtr raw_deleter() const override {

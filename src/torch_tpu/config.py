@@ -30,6 +30,9 @@ cache_min_compile_seconds: float = float(os.environ.get("TORCH_TPU_CACHE_MIN_COM
 #: ``TORCH_TPU_FLASH_ATTENTION=1``: ``F.scaled_dot_product_attention`` on a TPU runs the Pallas flash
 #: kernel where it applies (``torch_tpu.kernels.use_flash_attention``), set when the device starts.
 flash_attention: bool = _flag("TORCH_TPU_FLASH_ATTENTION")
+#: ``TORCH_TPU_XLA_TRACE_DIR``: each ``torch.profiler`` session with tpu activities also writes
+#: XLA's own trace (an XSpace) there, laid out as TensorBoard's profile plugin and XProf read it.
+xla_trace_dir: str | None = os.environ.get("TORCH_TPU_XLA_TRACE_DIR") or None
 #: ``TORCH_TPU_CPU_FALLBACK=1``: run ops with no tpu lowering on CPU (slow, counted, reported).
 cpu_fallback: bool = _flag("TORCH_TPU_CPU_FALLBACK")
 #: ``TORCH_TPU_PLATFORM=cpu|gpu|tpu``: force the XLA platform instead of the best available one.

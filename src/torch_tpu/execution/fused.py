@@ -39,7 +39,18 @@ from typing import Any
 
 import jax
 
-from ..runtime import buffer, checks, events, executable_budget, memory, native, padding, platform, precision
+from ..runtime import (
+    buffer,
+    checks,
+    events,
+    executable_budget,
+    memory,
+    native,
+    padding,
+    platform,
+    precision,
+    profiling,
+)
 from ..runtime.buffer import Deferred
 from ..runtime.context import compiling, context
 from ..runtime.lru import LRU
@@ -825,6 +836,7 @@ class Graph:
     def _run(self, reason: str) -> None:
         global last_flush_reason
         flush_started, compiled_before = time.perf_counter(), stats.compile_seconds
+        profiled = time.time_ns() if profiling.active else 0
         live, outputs = self._live_outputs()
         donated = self._donatable(live) if donate else ()
         fingerprint = (
@@ -868,6 +880,14 @@ class Graph:
         self.taints = []
         checks.poll()
         stats.flush_seconds += time.perf_counter() - flush_started - (stats.compile_seconds - compiled_before)
+        if profiled:
+            profiling.note(profiling.FUSED_GRAPH, profiled, self._profile_metadata(reason))
+
+    def _profile_metadata(self, reason: str) -> dict[str, str]:
+        """What a profile's trace says of this graph's run: its ops (with their lines where
+        reasons are explained) and why it ran."""
+        ops = self.sources or [getattr(fn, "__name__", str(fn)) for fn, *_ in self.nodes]
+        return {"ops": ", ".join(ops), "op_count": str(len(ops)), "reason": reason}
 
     def _executable(self, fingerprint: tuple, outputs: tuple, donated: tuple) -> Any:
         """The graph's compiled program: cached, compiled in the background and ready now, or

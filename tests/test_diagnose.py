@@ -39,7 +39,7 @@ def test_command_line_names_syncs_shape_changes_and_fallbacks(tmp_path):
     (tmp_path / "script.py").write_text(script)
     env = {**os.environ, "TORCH_TPU_CPU_FALLBACK": "1", "TORCH_TPU_BUCKETS": "0"}
     done = subprocess.run(
-        [sys.executable, "-m", "torch_tpu.diagnose", "script.py", "3"],
+        [sys.executable, "-m", "torch_tpu.diagnose", "--html", "report.html", "script.py", "3"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -55,6 +55,10 @@ def test_command_line_names_syncs_shape_changes_and_fallbacks(tmp_path):
     assert f"ops at {shape} compiled again and again (aten.mm.default 4" in report
     assert "TORCH_TPU_BUCKETS=1" in report
     assert f"aten._spdiags.default runs on CPU fallback at {fallback}" in report
+    assert "device time:" in report and "aten::mm (4 calls)" in report
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("<svg") == 3 and "aten::mm" in page and "jit_product" in page
+    assert "`.item()`" in page  # (the hints)
 
 
 def test_context_manager_fills_a_report_and_stops_at_exit():
@@ -93,3 +97,20 @@ def test_the_docs_example_runs(capsys):
     (snippet,) = [part.split("```")[0] for part in section.split("```python\n")[1:]]
     exec(compile(snippet, "docs/profiling.md", "exec"), {})
     assert capsys.readouterr().out.startswith("item docs/profiling.md:8 4\n")
+
+
+def test_device_side_from_a_profiler_session_unless_one_records_already():
+    from torch.profiler import profile
+
+    x = torch.ones(32, 32, device="tpu")
+    with torch_tpu.diagnose(print=False) as report:
+        (x @ x).relu().sum().item()
+    device = report.device
+    assert device.ops[0].device_us > 0 and {op.name for op in device.ops} >= {"aten::mm", "aten::relu"}
+    assert device.runs and device.memory and device.memory[0][1] > 0
+    with torch_tpu.diagnose(print=False, profile=False) as report:
+        (x + 1).sum().item()
+    assert report.device is None and "device time" not in report.text()
+    with profile() as prof, torch_tpu.diagnose(print=False) as report:  # (the user's own profiler)
+        (x + 2).sum().item()
+    assert report.device is None and any(e.name == "aten::add" for e in prof.events())

@@ -1,6 +1,8 @@
-"""``python -m torch_tpu.diagnose script.py [args]``: run ``script.py`` as ``__main__`` (with
-``sys.argv`` set to ``[script.py, args...]``) inside :func:`torch_tpu.diagnose`, print the
-report to stderr, and exit with the script's exit code.
+"""``python -m torch_tpu.diagnose [--html PATH] [--no-profile] script.py [args]``: run
+``script.py`` as ``__main__`` (with ``sys.argv`` set to ``[script.py, args...]``) inside
+:func:`torch_tpu.diagnose`, print the report to stderr (``--html``: also write it as an HTML
+page with plots), and exit with the script's exit code. ``--no-profile``: no torch.profiler
+session for the device's side (for a script that runs its own profiler).
 
 In Python code, ``torch_tpu.diagnose()`` is the context manager
 (:class:`torch_tpu.diagnosis.diagnose`); should this module be imported as
@@ -14,12 +16,19 @@ import runpy
 import sys
 import types
 
-USAGE = "usage: python -m torch_tpu.diagnose script.py [args...]"
+USAGE = "usage: python -m torch_tpu.diagnose [--html PATH] [--no-profile] script.py [args...]"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the script named first in ``argv`` inside a diagnosis; its exit code."""
-    argv = sys.argv[1:] if argv is None else argv
+    """Run the script named in ``argv`` (after the options) inside a diagnosis; its exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    html, profile = None, True
+    while argv and argv[0] in ("--html", "--no-profile"):
+        option = argv.pop(0)
+        if option == "--no-profile":
+            profile = False
+        elif argv:
+            html = argv.pop(0)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, file=sys.stderr)
         return 0 if argv else 2
@@ -28,12 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     script = argv[0]
     sys.argv = list(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # (as ``python script.py`` does)
-    with diagnose():
+    with diagnose(profile=profile) as report:
         try:
             runpy.run_path(script, run_name="__main__")
         except SystemExit as done:
-            return _exit_code(done)
-    return 0
+            code = _exit_code(done)
+        else:
+            code = 0
+    if html:
+        report.save_html(html)
+        print(f"torch_tpu diagnosis: HTML report in {html}", file=sys.stderr)
+    return code
 
 
 def _exit_code(done: SystemExit) -> int:

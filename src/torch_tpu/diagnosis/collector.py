@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..runtime import events
 from ..runtime.checks import user_line
 from ..runtime.context import context
-from . import hints
+from . import device, hints
 from .report import Report, Site
 
 aten = torch.ops.aten
@@ -136,7 +136,10 @@ class _OpWatch(TorchDispatchMode):
 
 class diagnose:  # noqa: N801  (used like torch.no_grad)
     """Collect what the block makes torch_tpu do; at its end, print the report to stderr
-    (``print=False``: not) and leave it, a :class:`Report`, as the ``with`` target.
+    (``print=False``: not) and leave it, a :class:`Report`, as the ``with`` target. The
+    device's side (ops by device time, each program run, memory over time) comes from a
+    ``torch.profiler`` session around the block (``profile=False``: none; none either where
+    another profiler records).
 
     >>> import torch, torch_tpu
     >>> with torch_tpu.diagnose(print=False) as report:
@@ -146,9 +149,11 @@ class diagnose:  # noqa: N801  (used like torch.no_grad)
     (1, ['item'])
     """
 
-    def __init__(self, *, print: bool = True) -> None:  # noqa: A002  (the option's name)
+    def __init__(self, *, print: bool = True, profile: bool = True) -> None:  # noqa: A002  (the option's name)
         self.print = print
         self.report = Report()
+        #: a torch.profiler session for the device's side (``profile=False``: none)
+        self._device = device.Session() if profile else None
         self._watch: _OpWatch | None = None
         self._last_compiling_call: tuple[str, int] | None = None
 
@@ -160,6 +165,8 @@ class diagnose:  # noqa: N801  (used like torch.no_grad)
         self._before = _Baseline.now()
         torch.tpu.reset_peak_memory_stats()
         self._install()
+        if self._device is not None:
+            self._device.start()
         self._started = time.perf_counter()
         return self.report
 
@@ -168,6 +175,8 @@ class diagnose:  # noqa: N801  (used like torch.no_grad)
             if kind is None:
                 torch.tpu.synchronize()  # (the block's pending work is its)
         finally:
+            if self._device is not None:
+                self.report.device = self._device.stop()
             self._remove()
         self._conclude()
         if self.print:

@@ -6,6 +6,8 @@ import collections
 import dataclasses
 import os
 
+from .device import DeviceTime
+
 
 @dataclasses.dataclass(frozen=True)
 class Site:
@@ -58,16 +60,30 @@ class Report:
     peak_memory_bytes: int = 0
     wall_seconds: float = 0.0
     hints: list[str] = dataclasses.field(default_factory=list)
+    #: what the device did (ops by device time, program runs, memory over time); None where
+    #: no profiler session ran (``diagnose(profile=False)``, or another profiler recording)
+    device: DeviceTime | None = None
 
     @property
     def compile_count(self) -> int:
         return sum(self.compiles.values())
+
+    def html(self) -> str:
+        """The report as one self-contained HTML page, with plots of the device's side."""
+        from .html import render
+
+        return render(self)
+
+    def save_html(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.html())
 
     def text(self) -> str:
         """The report as printed at the end of the block."""
         sections = (
             _summary,
             _op_lines,
+            _device_lines,
             _compile_lines,
             _recompile_lines,
             _sync_lines,
@@ -107,6 +123,15 @@ def _op_lines(report: Report) -> list[str]:
     top = ", ".join(f"{name} {n}" for name, n in report.ops.most_common(5))
     lines += [f"  most run: {top}"] if top else []
     return lines + _site_rows(report.cpu_fallbacks)
+
+
+def _device_lines(report: Report) -> list[str]:
+    device = report.device
+    if device is None:
+        return []
+    head = f"device time: {device.total_us / 1e3:.2f} ms in {len(device.runs)} program runs"
+    rows = [f"  {op.device_us / 1e3:>8.2f} ms  {op.name} ({op.calls} calls)" for op in device.ops[:_ROWS]]
+    return [head] + rows
 
 
 def _compile_lines(report: Report) -> list[str]:

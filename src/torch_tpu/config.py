@@ -27,6 +27,9 @@ if cache_dir in ("", "0"):
 #: ``TORCH_TPU_CACHE_MIN_COMPILE_SECONDS``: only executables that took at least this long to
 #: compile are written to the persistent cache.
 cache_min_compile_seconds: float = float(os.environ.get("TORCH_TPU_CACHE_MIN_COMPILE_SECONDS", "0"))
+#: ``TORCH_TPU_CACHE_WAIT_SECONDS``: processes sharing the cache directory compile each program
+#: once: one compiles it, the others wait up to this long for its entry (0: each compiles its own).
+cache_wait_seconds: float = float(os.environ.get("TORCH_TPU_CACHE_WAIT_SECONDS", "300"))
 #: ``TORCH_TPU_FLASH_ATTENTION=1``: ``F.scaled_dot_product_attention`` on a TPU runs the Pallas flash
 #: kernel where it applies (``torch_tpu.kernels.use_flash_attention``), set when the device starts.
 flash_attention: bool = _flag("TORCH_TPU_FLASH_ATTENTION")

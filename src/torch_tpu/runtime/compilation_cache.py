@@ -18,6 +18,13 @@ Nothing in a key depends on where the directory is: JAX would hash the path of i
 autotuning cache (a folder inside the cache directory) into every key, so those extra XLA caches
 are turned off and a copied or moved directory still hits.
 
+Processes sharing the directory (the ranks of a job, on one host or over a shared file
+system) compile each program once (:class:`Claims`): on a miss, a process claims the key (a
+``<key>.compiling`` file made exclusively) and compiles; another that misses the same key waits
+for the entry instead of compiling it too, up to ``TORCH_TPU_CACHE_WAIT_SECONDS``. A claim whose
+process is gone (same host), or older than that, is taken over; a compile that fails or is not
+written releases its claim, and a waiter then compiles.
+
 Loading entries never takes the process past the kernel's limit on memory mappings
 (``vm.max_map_count``), where XLA:CPU segfaults inside ``deserialize_executable``. XLA:CPU maps
 about three regions per object file (one per kernel) of an executable it loads: a fused graph of
@@ -33,12 +40,15 @@ next op, as :mod:`.executable_budget` does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
 import pathlib
+import socket
 import tempfile
 import threading
+import time
 
 import jax
 from jax._src import compilation_cache as jax_compilation_cache
@@ -208,26 +218,154 @@ class VerifiedFileCache(CacheInterface):
             raise
 
 
+class Claims:
+    """Which process compiles a key now: the ``<key>.compiling`` files of a cache directory, each
+    ``host pid`` of the process compiling it. This thread's claims are released when its compile
+    ends (:func:`released_after`), whether or not JAX wrote the entry."""
+
+    SUFFIX = ".compiling"
+    #: how often a waiting process looks for the entry (seconds)
+    POLL = 0.02
+
+    def __init__(self, path: pathlib.Path, wait_seconds: float) -> None:
+        self._path, self.wait_seconds = path, wait_seconds
+        self._host = socket.gethostname()
+        self._held = threading.local()
+
+    def _file(self, key: str) -> pathlib.Path:
+        return self._path / f"{key}{self.SUFFIX}"
+
+    def held(self) -> set[str]:
+        if not hasattr(self._held, "keys"):
+            self._held.keys = set()
+        return self._held.keys
+
+    def take(self, key: str) -> bool:
+        """Claim ``key`` for this process; False where another process holds it."""
+        try:
+            descriptor = os.open(self._file(key), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(descriptor, "w") as f:
+            f.write(f"{self._host} {os.getpid()}")
+        self.held().add(key)
+        return True
+
+    def release(self, key: str) -> None:
+        if key in self.held():
+            self.held().discard(key)
+            with contextlib.suppress(OSError):
+                self._file(key).unlink()
+
+    def release_all(self) -> None:
+        for key in list(self.held()):
+            self.release(key)
+
+    def holder_gone(self, key: str) -> bool | None:
+        """Whether the claim on ``key`` is stale (its process is gone from this host, or it is
+        older than the wait); None where there is no claim."""
+        file = self._file(key)
+        try:
+            host, pid = file.read_text().split()
+            age = time.time() - file.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):  # (being written: not stale yet)
+            return False
+        return age > self.wait_seconds or (host == self._host and not _alive(int(pid)))
+
+    def drop(self, key: str) -> None:
+        """Remove another process's stale claim."""
+        with contextlib.suppress(OSError):
+            self._file(key).unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's process: alive)
+        return True
+    return True
+
+
 class ExecutableCache(VerifiedFileCache):
     """JAX's persistent cache: a :class:`VerifiedFileCache` of JAX's payloads (an executable,
     compressed, and its compile time). JAX loads each entry read right after, and writes each one
     right after compiling it: the mappings of both count (:func:`note_executable`)."""
 
+    def __init__(self, path: str, wait_seconds: float = 0.0) -> None:
+        super().__init__(path)
+        #: the compiles in progress, where processes share them (None: each compiles its own)
+        self.claims = Claims(self._path, wait_seconds) if wait_seconds > 0 else None
+
     def get(self, key: str) -> bytes | None:
         payload = super().get(key)
+        if payload is None and self.claims is not None and not getattr(_bypass, "on", False):
+            payload = self._compiled_elsewhere(key)
         if payload is not None:
             note_executable(jax_compilation_cache.decompress_executable(payload))
         return payload
 
+    def _compiled_elsewhere(self, key: str) -> bytes | None:
+        """The entry another process is compiling, once it is written; None, with the key
+        claimed by this process, where this one is to compile it."""
+        claims = self.claims
+        while not claims.take(key):
+            stale = claims.holder_gone(key)
+            if stale:
+                claims.drop(key)
+                continue
+            if stale is None:  # (released between the two looks: the entry may be there now)
+                payload = super().get(key)
+                if payload is not None:
+                    return payload
+                continue
+            time.sleep(Claims.POLL)
+            payload = super().get(key)
+            if payload is not None:
+                return payload
+        payload = super().get(key)  # (written just before this process claimed it)
+        if payload is not None:
+            claims.release(key)
+        return payload
+
     def put(self, key: str, value: bytes) -> None:
         note_executable(jax_compilation_cache.decompress_executable(value))
-        super().put(key, value)
+        try:
+            super().put(key, value)
+        finally:
+            if self.claims is not None:
+                self.claims.release(key)
 
 
-def enable(directory: str, min_compile_seconds: float) -> None:
-    """Persist compiled executables in ``directory`` through :class:`ExecutableCache`."""
+def _release_claims_after(compile_or_get_cached):
+    """JAX's ``compile_or_get_cached``, releasing the claims its thread took when it ends (a
+    compile that raised, or one JAX chose not to write, leaves none behind)."""
+
+    @functools.wraps(compile_or_get_cached)
+    def compiled(*args, **kwargs):
+        try:
+            return compile_or_get_cached(*args, **kwargs)
+        finally:
+            cache = jax_compilation_cache._cache
+            if isinstance(cache, ExecutableCache) and cache.claims is not None:
+                cache.claims.release_all()
+
+    compiled.releases_claims = True
+    return compiled
+
+
+def enable(directory: str, min_compile_seconds: float, wait_seconds: float = 0.0) -> None:
+    """Persist compiled executables in ``directory`` through :class:`ExecutableCache`; with
+    ``wait_seconds``, processes sharing it compile each program once (:class:`Claims`)."""
+    from jax._src import compiler
+
     # JAX builds its cache backend in get_file_cache, lazily on the first compilation
-    jax_compilation_cache.get_file_cache = lambda path: (ExecutableCache(path), path)
+    jax_compilation_cache.get_file_cache = lambda path: (ExecutableCache(path, wait_seconds), path)
+    if not getattr(compiler.compile_or_get_cached, "releases_claims", False):
+        compiler.compile_or_get_cached = _release_claims_after(compiler.compile_or_get_cached)
     if jax_compilation_cache._cache is not None:  # JAX compiled before torch_tpu was imported
         jax_compilation_cache.reset_cache()
     # the extra XLA caches put their absolute path (inside ``directory``) into every key

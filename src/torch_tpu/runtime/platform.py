@@ -124,7 +124,9 @@ def initialize() -> None:
             # models) persists, so a second process skips XLA compilation for what it has seen.
             from . import compilation_cache
 
-            compilation_cache.enable(config.cache_dir, config.cache_min_compile_seconds)
+            compilation_cache.enable(
+                config.cache_dir, config.cache_min_compile_seconds, config.cache_wait_seconds
+            )
         keep_interrupts()
         jax.monitoring.register_event_listener(_count_disk_hit)
         jax.monitoring.register_event_duration_secs_listener(_count_executable)

@@ -27,8 +27,8 @@ def stored_hits(tmp_path, monkeypatch):
     hits: list[bool] = []
     load = stored.load_executable
 
-    def counted(graph, donated, index):
-        run = load(graph, donated, index)
+    def counted(graph, donated, index, options=None):
+        run = load(graph, donated, index, options)
         hits.append(run is not None)
         return run
 

@@ -132,9 +132,12 @@ def _add_memory_module() -> None:
     """``torch.tpu.memory`` (``torch.cuda.memory``'s counterpart: the memory history), a
     submodule of ``torch.tpu`` that ``import torch.tpu.memory`` finds too."""
     from . import memory
+    from .runtime import compiler
 
     _device_module.memory = memory
     sys.modules["torch.tpu.memory"] = memory
+    _device_module.compiler = compiler  # (torch.tpu.compiler: XLA's options)
+    sys.modules["torch.tpu.compiler"] = compiler
 
 
 @contextlib.contextmanager

@@ -404,9 +404,31 @@ def stream(stream: Stream | None):
     yield stream
 
 
+@contextlib.contextmanager
+def precision(value: str):
+    """``torch.set_float32_matmul_precision(value)`` for a block (``"highest"``, ``"high"``,
+    ``"medium"``); the setting before it comes back at its end.
+
+    >>> import torch, torch_tpu
+    >>> with torch.tpu.precision("high"):
+    ...     torch.get_float32_matmul_precision()
+    'high'
+    """
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(value)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def __getattr__(name: str) -> Any:
     if name == "default_generators":  # made at first use (see runtime.random)
         return tuple(random.default_generator(i) for i in range(device_count()))
+    if name == "ops":  # (XLA's own ops: defining them starts the device, so at first use)
+        from .kernels import xla
+
+        return xla
     if name in _CAPTURE_NAMES:  # (the execution layer, imported at first use)
         from .execution import capture
 

@@ -42,6 +42,7 @@ import jax
 from ..runtime import (
     buffer,
     checks,
+    compiler,
     events,
     executable_budget,
     memory,
@@ -845,6 +846,7 @@ class Graph:
             tuple(self.leaf_avals),
             donated,
             self.index,  # (an executable runs on the device it was compiled for)
+            compiler.token(),  # (and was compiled with the options then)
         )
         stats.requests += 1
         executable = self._executable(fingerprint, outputs, donated)
@@ -990,7 +992,7 @@ class Graph:
                 f"{self.sources[0] if self.sources else '?'})"
             )
             return
-        (old_nodes, old_outputs, old_avals, _, _), old_sources = previous
+        (old_nodes, old_outputs, old_avals, *_), old_sources = previous
         old_keys = [node.key for node in old_nodes]
         for i, (new, old) in enumerate(zip(keys, old_keys)):
             if new != old:

@@ -47,6 +47,7 @@ RUNTIME_PATHS = (
     "doctor.py",
     "diagnose.py",
     "diagnosis/",
+    "agent/",
     "runtime/",
     "execution/",
     "ops/",

@@ -184,10 +184,14 @@ def _quick_compiles():
             os.environ["XLA_FLAGS"] = flags
 
 
-def optimized() -> dict | None:
+def optimized(per_call: dict | None = None) -> dict | None:
     """The compile options of a program that runs many times (a fused graph, a compiled model):
-    full optimization where per-op programs compile quickly (:func:`_quick_compiles`)."""
-    return _OPTIMIZED if quick_compiles else None
+    full optimization where per-op programs compile quickly (:func:`_quick_compiles`), then the
+    process's ``torch.tpu.compiler`` options and ``per_call``'s (a ``torch.compile`` call's)."""
+    from . import compiler
+
+    chosen = {**(_OPTIMIZED if quick_compiles else {}), **compiler.program_options(per_call)}
+    return chosen or None
 
 
 def _count_disk_hit(event: str, **_: object) -> None:

@@ -38,7 +38,7 @@ from torch._inductor.output_code import OutputCode
 from ... import config
 from ...execution import fused, modes
 from ...integrations import dynamo
-from ...runtime import precision
+from ...runtime import compiler, precision
 from ...runtime.lru import LRU
 from . import stored
 from .program import Program, tensor_text
@@ -97,10 +97,11 @@ def _compiling(name: str) -> Iterator[None]:
         _naming.name = previous
 
 
-def _compiler(name: str, kind: str, bounded: bool) -> Callable:
+def _compiler(name: str, kind: str, bounded: bool, xla: dict) -> Callable:
     def compile_graph(graph_module: torch.fx.GraphModule, example_inputs) -> CompiledGraph:
         program = Program(graph_module, f"{name} ({kind})")
         program.bounded_dynamism = bounded
+        program.compiler_options = xla
         return CompiledGraph(program, kind)
 
     if not config.cache_dir:  # no persistent cache: AOTAutograd's is not asked either
@@ -132,6 +133,7 @@ def cache_key() -> str:
         (
             stored.environment(),
             precision.current(),
+            compiler.token(),
             torch.is_autocast_enabled("tpu"),
             torch.get_autocast_dtype("tpu"),
             modes.get_eager_mode().value,
@@ -191,19 +193,21 @@ def backend(
     ``mode`` is any of :data:`MODES` (all compile the same way). ``options`` takes
     ``{"bounded_dynamism": bool}`` (upstream TorchTPU's name; on by default where size buckets
     are, ``TORCH_TPU_BUCKETS``): a graph whose sizes Dynamo made symbolic runs through size
-    buckets, one XLA program per bucket; off, it compiles per concrete size.
+    buckets, one XLA program per bucket; off, it compiles per concrete size. Any other key is a
+    ``torch.tpu.compiler`` option for this call's programs (``optimization_level``, an XLA
+    debug option ``xla_...``), over the process's.
     """
     from torch._dynamo.backends.common import aot_autograd
 
     if mode is not None and mode not in MODES:
         raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(MODES)}")
-    bounded = _bounded_dynamism(options or {})
+    bounded, xla = _split_options(options or {})
     dynamo.refresh()  # (this module and the program's loaded after the device started)
     name = _graph_name(graph_module)
     compile_graphs = aot_autograd(
-        fw_compiler=_compiler(name, "forward", bounded),
-        bw_compiler=_compiler(name, "backward", bounded),
-        inference_compiler=_compiler(name, "inference", bounded),
+        fw_compiler=_compiler(name, "forward", bounded, xla),
+        bw_compiler=_compiler(name, "backward", bounded, xla),
+        inference_compiler=_compiler(name, "inference", bounded, xla),
         keep_inference_input_mutations=True,
     )
     with _compiling(name), _aot_cache() if config.cache_dir else contextlib.nullcontext():
@@ -214,16 +218,23 @@ def backend(
 OPTIONS = {"bounded_dynamism": True}
 
 
-def _bounded_dynamism(options: dict) -> bool:
-    unknown = sorted(set(options) - set(OPTIONS))
+def _split_options(options: dict) -> tuple[bool, dict]:
+    """``bounded_dynamism``, and the call's ``torch.tpu.compiler`` options (checked)."""
+    xla = {k: v for k, v in options.items() if k not in OPTIONS}
+    unknown = sorted(k for k in xla if not compiler.is_option(k))
     if unknown:
         raise RuntimeError(
-            f"torch.compile(backend='tpu') got unknown options {unknown}; it takes {sorted(OPTIONS)}"
+            f"torch.compile(backend='tpu') got unknown options {unknown}; it takes "
+            f"{sorted(OPTIONS)} and torch.tpu.compiler's options: {compiler.known_names()}"
         )
+    try:
+        compiler.check(xla, per_call=True)
+    except ValueError as error:
+        raise RuntimeError(f"torch.compile(backend='tpu'): {error}") from None
     bounded = options.get("bounded_dynamism", OPTIONS["bounded_dynamism"])
     if not isinstance(bounded, bool):
         raise TypeError(f"options['bounded_dynamism'] must be a bool, got {type(bounded).__name__}")
-    return bounded
+    return bounded, xla
 
 
 # ----------------------------------------------------------------------------- static shapes

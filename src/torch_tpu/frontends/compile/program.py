@@ -32,7 +32,7 @@ from jax.extend.core import jaxpr_as_fun
 from ... import config
 from ...distributed import traced as collectives
 from ...execution import fused, modes, tracing
-from ...runtime import buffer, checks, memory, platform, precision, random, tensor, transfer
+from ...runtime import buffer, checks, compiler, memory, platform, precision, random, tensor, transfer
 from ...runtime.context import compiling, context
 from ...runtime.lru import LRU
 from . import stored
@@ -211,6 +211,8 @@ class Program:
         self.name = name
         #: run symbolic sizes through size buckets (``options={"bounded_dynamism": False}``: not)
         self.bounded_dynamism = True
+        #: this program's torch.tpu.compiler options (``torch.compile``'s ``options=``)
+        self.compiler_options: dict = {}
         self._traces = LRU()  # (layout, matmul precision) -> _Trace
         self._executables = LRU()  # (layout, matmul precision), donated inputs -> _Executable
         self._last_layout: tuple | None = None
@@ -233,7 +235,7 @@ class Program:
     def __reduce__(self) -> tuple:
         """Pickled as its graph (PyTorch's AOTAutograd cache stores it), node for node: the
         executables are not, a process finds them in :mod:`.stored` under the graph's code."""
-        state = (self.name, self._host_outputs, self.symbolic, self.bounded_dynamism)
+        state = (self.name, self._host_outputs, self.symbolic, self.bounded_dynamism, self.compiler_options)
         return _unpickle, (*_graph_state(self.graph_module), *state)
 
     @property
@@ -352,7 +354,8 @@ class Program:
     def _compile(
         self, traced_key: tuple, trace: _Trace, values: list, donated: tuple[int, ...]
     ) -> _Executable:
-        run = stored.load_executable(trace.stored, donated, traced_key[0][2])
+        chosen = compiler.program_options(self.compiler_options)  # (the user's: stored apart)
+        run = stored.load_executable(trace.stored, donated, traced_key[0][2], chosen)
         if run is None:
             if trace.staged is None:  # the findings were stored, this variant was not
                 trace = self._traces[traced_key] = self._staged(traced_key[0], values, trace.stored)
@@ -362,10 +365,10 @@ class Program:
                 args = trace.traced.spmd.arguments(args) if trace.traced.spmd else args
                 lowered = _lower(trace.staged, args, donated)
                 with compiling():
-                    run = lowered.compile(platform.optimized())
+                    run = lowered.compile(platform.optimized(self.compiler_options))
             fused.stats.compile_seconds += time.perf_counter() - started
             if compiled():
-                stored.save_executable(trace.stored, donated, run)
+                stored.save_executable(trace.stored, donated, run, chosen)
         fused.stats.compiled_graphs += 1
         return _Executable(run, trace.traced)
 
@@ -382,11 +385,10 @@ class Program:
             trace = self._traces[traced_key] = self._trace(key, values, args)
         traced = trace.traced
         donated = _donatable(values, traced.written)
-        executable = self._executables.get((traced_key, donated))
+        compiled_as = (traced_key, donated, compiler.token())
+        executable = self._executables.get(compiled_as)
         if executable is None:
-            executable = self._executables[(traced_key, donated)] = self._compile(
-                traced_key, trace, values, donated
-            )
+            executable = self._executables[compiled_as] = self._compile(traced_key, trace, values, donated)
         fused.stats.donated_buffers += len(donated)
         # The random key as raw key data, not a typed key: an executable read back from the
         # store carries its argument types unpickled, and a typed key's copy of the PRNG
@@ -503,6 +505,7 @@ def _unpickle(
     host_outputs: list,
     symbolic: Symbolic | None = None,
     bounded_dynamism: bool = True,
+    compiler_options: dict | None = None,
 ) -> Program:
     graph = torch.fx.Graph()
     made: list[torch.fx.Node] = []
@@ -519,6 +522,7 @@ def _unpickle(
         torch.fx.GraphModule(attributes, graph), name, host_outputs, symbolic or Symbolic({}, {}, True)
     )
     program.bounded_dynamism = bounded_dynamism
+    program.compiler_options = compiler_options or {}
     return program
 
 

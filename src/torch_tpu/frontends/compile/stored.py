@@ -158,10 +158,19 @@ def save_findings(graph: str | None, findings: Any) -> None:
     _put(graph, "findings", lambda: findings)
 
 
-def load_executable(graph: str | None, donated: tuple[int, ...], index: int) -> jax.stages.Compiled | None:
-    """The executable stored for ``graph`` with inputs ``donated``, if any, loaded for ``tpu:index``
-    (the device it was compiled for: ``graph``'s key includes it)."""
-    stored = _get(graph, f"executable donating {donated}")
+def _executable_part(donated: tuple[int, ...], options: dict | None) -> str:
+    """The stored executable's name in its graph's entry: one per donation, and per set of the
+    user's compiler options (``torch.tpu.compiler``)."""
+    part = f"executable donating {donated}"
+    return f"{part} compiled with {sorted(options.items())}" if options else part
+
+
+def load_executable(
+    graph: str | None, donated: tuple[int, ...], index: int, options: dict | None = None
+) -> jax.stages.Compiled | None:
+    """The executable stored for ``graph`` with inputs ``donated`` (and compiler ``options``), if
+    any, loaded for ``tpu:index`` (the device it was compiled for: ``graph``'s key includes it)."""
+    stored = _get(graph, _executable_part(donated, options))
     if stored is None:
         return None
     from jax.experimental.serialize_executable import deserialize_and_load
@@ -197,7 +206,9 @@ def compiling(graph: str | None) -> Iterator[Callable[[], bool]]:
         yield lambda: platform.compile_events["disk_hits"] == hits
 
 
-def save_executable(graph: str | None, donated: tuple[int, ...], run: jax.stages.Compiled) -> None:
+def save_executable(
+    graph: str | None, donated: tuple[int, ...], run: jax.stages.Compiled, options: dict | None = None
+) -> None:
     from jax.experimental.serialize_executable import serialize
 
-    _put(graph, f"executable donating {donated}", lambda: serialize(run))
+    _put(graph, _executable_part(donated, options), lambda: serialize(run))

@@ -140,7 +140,7 @@ def resize_(self, size, memory_format=None):
 
 def _host_to_device(host: torch.Tensor, dtype: torch.dtype, index: int) -> jax.Array:
     """A CPU tensor on ``tpu:index``, for a tpu tensor of ``dtype`` (unsupported ``dtype``: the
-    clear TypeError). A source dtype the device lacks (float64 is fine, float8 is not) is
+    clear TypeError). A source dtype the device lacks (float64 is fine, complex32 is not) is
     cast on the host first, as CUDA's copy would on the device."""
     to_jax(dtype)
     if host.dtype not in TORCH_TO_JAX:

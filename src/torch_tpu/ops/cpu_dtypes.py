@@ -20,11 +20,13 @@ Only overloads with something to refuse get a check (``guard``), so the others p
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 
 import torch
 
-from ..runtime.dtypes import to_jax, to_torch, type_name
+from ..runtime.dtypes import FLOAT8, to_jax, to_torch, type_name
 from ._cpu_refusals import REFUSED
 
 #: Refusals of CPU's kernels that CUDA's kernels do not share and that code written for
@@ -49,7 +51,6 @@ BEYOND_PROBE: dict[str, tuple[str, str, Callable[[dict], bool]]] = {
 }
 
 UNSIGNED = frozenset({torch.uint16, torch.uint32, torch.uint64})
-_UNSIGNED_JAX = frozenset(to_jax(d) for d in UNSIGNED)
 
 #: Overloads whose CPU kernels take uint16/32/64 tensors: elementwise ops (whose check is on the
 #: dtype they compute in; ops promoting integers to float need no entry) and the others (whose
@@ -168,6 +169,94 @@ FACTORIES = frozenset(
 )
 
 
+#: Overloads whose CPU kernels take float8 tensors (PyTorch's float8 dtypes are barebones on CPU
+#: too: creation, copies, views, comparisons, selection), each checked against CPU by
+#: tests/test_float8.py. ``_scaled_mm`` is the float8 matmul.
+FLOAT8_OPS = frozenset(
+    {
+        # elementwise, in the float8 dtype
+        "abs.default",
+        "eq.Scalar",
+        "eq.Tensor",
+        "isnan.default",
+        "ne.Scalar",
+        "ne.Tensor",
+        "where.self",
+        # the others
+        "_local_scalar_dense.default",
+        "_scaled_mm.default",
+        "_to_copy.default",
+        "cat.default",
+        "clone.default",
+        "constant_pad_nd.default",
+        "copy_.default",
+        "equal.default",
+        "fill.Scalar",
+        "fill_.Scalar",
+        "flip.default",
+        "full_like.default",
+        "index.Tensor",
+        "index_put.default",
+        "index_put_.default",
+        "index_select.default",
+        "masked_select.default",
+        "narrow_copy.default",
+        "new_full.default",
+        "new_ones.default",
+        "new_zeros.default",
+        "ones_like.default",
+        "repeat.default",
+        "roll.default",
+        "select_scatter.default",
+        "slice_scatter.default",
+        "stack.default",
+        "zero_.default",
+        "zeros_like.default",
+    }
+)
+#: Overloads CPU runs on float8 that tpu does not yet (arithmetic that rounds to float8: XLA's
+#: rounding of an overflow differs from c10's saturation); they raise saying so.
+FLOAT8_NOT_YET = frozenset({"mm.default", "addmm.default"})
+FLOAT8_FACTORIES = frozenset(
+    {
+        "_scaled_mm.default",  # (its out_dtype)
+        "_to_copy.default",
+        "empty.memory_format",
+        "empty_strided.default",
+        "eye.default",
+        "eye.m",
+        "full.default",
+        "full_like.default",
+        "new_empty.default",
+        "new_full.default",
+        "new_ones.default",
+        "new_zeros.default",
+        "ones.default",
+        "ones_like.default",
+        "scalar_tensor.default",
+        "zeros.default",
+        "zeros_like.default",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Barebones:
+    """A family of dtypes CPU's kernels run in a few overloads only: the overloads that take
+    them (``ops``; elementwise ones by the dtype they compute in) and those whose ``dtype=``
+    may be one (``factories``); the rest refuse them with CPU's error, and ``not_yet`` with
+    tpu's own (CPU runs them, tpu does not yet)."""
+
+    dtypes: frozenset
+    ops: frozenset
+    factories: frozenset
+    not_yet: frozenset = frozenset()
+
+    @functools.cached_property
+    def jax_dtypes(self) -> frozenset:
+        return frozenset(to_jax(d) for d in self.dtypes)
+
+
 def _refusal(op: torch._ops.OpOverload, dtype, positions) -> NotImplementedError:
     """CPU's error, carrying what the dispatcher needs to replay the call on meta tensors, those
     at ``positions`` as a dtype the kernel takes, for the argument checks CPU makes before its
@@ -204,21 +293,25 @@ def guard(
     ``common_dtype(values, types)``: for elementwise ops, the dtype CPU's TensorIterator
     dispatches on (the promotion of the operands at ``operand_pos``, before any integer-to-float
     step)."""
-    checks = [
-        table_guard(op, names, operand_pos, common_dtype),
-        _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, operand_pos if common_dtype else None),
-    ]
+    checks = [table_guard(op, names, operand_pos, common_dtype)]
+    for family in BAREBONES:
+        checks.append(
+            _barebones_guard(
+                family, op, tensor_pos, list_pos, dtype_pos, operand_pos if common_dtype else None
+            )
+        )
     checks = [c for c in checks if c is not None]
     if len(checks) < 2:
         return checks[0] if checks else None
-    first, second = checks
 
-    def both(values, types):
-        consulted = first(values, types)
-        return second(values, types) or consulted
+    def every(values, types):
+        consulted = False
+        for check in checks:
+            consulted = check(values, types) or consulted
+        return consulted
 
-    both.types_only = getattr(first, "types_only", False) and getattr(second, "types_only", False)
-    return both
+    every.types_only = all(getattr(c, "types_only", False) for c in checks)
+    return every
 
 
 def _ALWAYS(values) -> bool:
@@ -285,37 +378,54 @@ def table_guard(op, names, operand_pos=None, common_dtype=None) -> Callable | No
     return check
 
 
-def _unsigned_guard(op, tensor_pos, list_pos, dtype_pos, operand_pos) -> Callable | None:
+def _barebones_guard(family: Barebones, op, tensor_pos, list_pos, dtype_pos, operand_pos) -> Callable | None:
     name = str(op).removeprefix("aten.")
-    dtype_pos = () if name in FACTORIES else tuple(dtype_pos)
+    refuse = _not_yet if name in family.not_yet else _refusal
+    dtype_pos = () if name in family.factories else tuple(dtype_pos)
     if operand_pos is not None:
-        if name in OPS:
+        if name in family.ops:
             return None
 
         def check_promoted(values, types):
-            if types.compute in _UNSIGNED_JAX:
-                raise _refusal(op, types.compute, operand_pos)
+            if types.compute in family.jax_dtypes:
+                raise refuse(op, types.compute, operand_pos)
 
         check_promoted.types_only = True  # (its verdict holds for every call with these types)
         return check_promoted
-    tensor_pos = () if name in OPS else tuple(tensor_pos)
-    list_pos = () if name in OPS else tuple(list_pos)
+    tensor_pos = () if name in family.ops else tuple(tensor_pos)
+    list_pos = () if name in family.ops else tuple(list_pos)
     if not (tensor_pos or list_pos or dtype_pos):
         return None
+    dtypes = family.dtypes
 
     def check(values, types):
         for i in dtype_pos:
-            if values[i] in UNSIGNED:
-                raise _refusal(op, values[i], (i,))
+            if values[i] in dtypes:
+                raise refuse(op, values[i], (i,))
         for i in tensor_pos:
-            if isinstance(values[i], torch.Tensor) and values[i].dtype in UNSIGNED:
-                raise _refusal(op, values[i].dtype, (i,))
+            if isinstance(values[i], torch.Tensor) and values[i].dtype in dtypes:
+                raise refuse(op, values[i].dtype, (i,))
         for i in list_pos:
             for t in values[i] or ():
-                if isinstance(t, torch.Tensor) and t.dtype in UNSIGNED:
-                    raise _refusal(op, t.dtype, (i,))
+                if isinstance(t, torch.Tensor) and t.dtype in dtypes:
+                    raise refuse(op, t.dtype, (i,))
 
     return check
+
+
+def _not_yet(op: torch._ops.OpOverload, dtype, positions) -> NotImplementedError:
+    """tpu's refusal of a float8 op CPU runs (no stand-in replay: CPU's checks would pass)."""
+    name = op._schema.name.removeprefix("aten::")
+    return NotImplementedError(
+        f"\"{name}\" on tpu does not support '{type_name(dtype)}' yet (CPU runs it): compute in "
+        "bfloat16 or float32, or use torch._scaled_mm for float8 matrix products"
+    )
+
+
+BAREBONES = (
+    Barebones(UNSIGNED, OPS, FACTORIES),
+    Barebones(FLOAT8, FLOAT8_OPS, FLOAT8_FACTORIES, FLOAT8_NOT_YET),
+)
 
 
 # ----------------------------------------------------------------------------- features

@@ -37,7 +37,14 @@ from ..runtime import (
 )
 from ..runtime.buffer import Deferred, Padded
 from ..runtime.context import context
-from ..runtime.dtypes import JAX_TO_TORCH, UnsupportedDtypeError, check_scalar, sure_fits, to_jax, type_name
+from ..runtime.dtypes import (
+    JAX_TO_TORCH,
+    UnsupportedDtypeError,
+    check_scalar,
+    sure_fits,
+    to_jax,
+    type_name,
+)
 from . import cpu_dtypes, layout
 from . import padding as padding_rules
 from ._helpers import warn
@@ -761,6 +768,8 @@ def _compute_fn(entry: Lowering) -> _Compute:
             # program's trace reaching an op that needs values (the program names it)
             raise
         except (TypeError, ValueError) as e:
+            if getattr(e, "torchs_own", False):  # (the lowering raised CPU's own: dtypes.torchs_own)
+                raise
             if "incompatible devices" in str(e):  # JAX refuses arrays of two devices
                 raise _mixed_devices(args, kwargs) or e from None
             raise _translate(op, e, args, kwargs, elementwise=promote_pos is not None) from e

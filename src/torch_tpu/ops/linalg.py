@@ -13,13 +13,14 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 from jax._src.lax.linalg import geqrf as _lapack_geqrf  # not re-exported by jax.lax.linalg
 
 from ..runtime import overlap, tensor
 from ..runtime.buffer import apply
-from ..runtime.dtypes import to_jax, to_torch
+from ..runtime.dtypes import to_jax, to_torch, torchs_own
 from ..runtime.precision import matmul_precision
 from . import layout
 from ._helpers import accumulator, type_name
@@ -1059,3 +1060,65 @@ def linalg_ldl_solve(packed, pivots, b, hermitian=False):
     flat_b = jnp.broadcast_to(b, batch + b.shape[-2:]).reshape((count,) + b.shape[-2:])
     solve = functools.partial(_ldl_solve_one, hermitian=hermitian and jnp.iscomplexobj(packed))
     return jax.vmap(solve)(packed, pivots, flat_b).reshape(batch + b.shape[-2:])
+
+
+# ----------------------------------------------------------------------------- float8 products
+def _scaling_error(a, b, scale_a, scale_b) -> ValueError:
+    """CPU's ValueError for scales that fit no scaling (the meta kernel's checks are CUDA's)."""
+    m, n = a.shape[0], b.shape[1]
+
+    def described(name, x) -> str:
+        strides = [int(s) for s in np.cumprod((1, *x.shape[:0:-1]))[::-1]] if x.ndim else []
+        return (
+            f"{name}.dtype()={type_name(x.dtype)}, {name}.size()={list(x.shape)}",
+            f"{name}.stride()={strides}",
+        )
+
+    (a_dtype, a_stride), (b_dtype, b_stride) = described("scale_a", scale_a), described("scale_b", scale_b)
+    return torchs_own(
+        ValueError(
+            "Invalid scaling configuration.\n"
+            "- For TensorWise scaling, a and b should be float8, scales should be float and singletons.\n"
+            "- For RowWise scaling, a and b should be float8, scales should be float, "
+            f"scale_a should be ({m}, 1) and scale_b should be (1, {n}), and both should be contiguous.\n"
+            f"Got mat_a.dtype()={type_name(a.dtype)}, {a_dtype}, {a_stride}, "
+            f"mat_b.dtype()={type_name(b.dtype)}, {b_dtype} and {b_stride}"
+        )
+    )
+
+
+def _check_scaled_mm(a, b, scale_a, scale_b) -> None:
+    if a.ndim != 2:
+        raise RuntimeError("mat1 must be a matrix")
+    if b.ndim != 2:
+        raise RuntimeError("mat2 must be a matrix")
+    if a.shape[1] != b.shape[0]:
+        raise RuntimeError(
+            f"mat_a and mat_b shapes cannot be multiplied ({_sizes(a.shape)} and {_sizes(b.shape)})"
+        )
+    float8 = all(to_torch(x.dtype).is_floating_point and x.dtype.itemsize == 1 for x in (a, b))
+    floats = scale_a.dtype == jnp.float32 and scale_b.dtype == jnp.float32
+    tensorwise = scale_a.size == 1 and scale_b.size == 1
+    rowwise = tuple(scale_a.shape) == (a.shape[0], 1) and tuple(scale_b.shape) == (1, b.shape[1])
+    if not (float8 and floats and (tensorwise or rowwise)):
+        raise _scaling_error(a, b, scale_a, scale_b)
+
+
+@lower(aten._scaled_mm.default)
+def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+    """``torch._scaled_mm`` as CPU computes it: the float8 operands' product in float32, times
+    the scales (tensor-wise: one each; row-wise: ``[m, 1]`` and ``[1, n]``), plus ``bias``,
+    divided by ``scale_result``, then converted to ``out_dtype`` (the operands' by default; into
+    float8 saturating, as c10 does). ``use_fast_accum`` changes nothing here (CPU's neither)."""
+    from ..runtime.dtypes import cast
+
+    _check_scaled_mm(a, b, scale_a, scale_b)
+    product = jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32), precision=lax.Precision.HIGHEST)
+    scale_a = scale_a.reshape(()) if scale_a.size == 1 else scale_a
+    scale_b = scale_b.reshape(()) if scale_b.size == 1 else scale_b
+    out = product * scale_a * scale_b
+    if bias is not None:
+        out = out + bias.astype(jnp.float32)
+    if scale_result is not None:
+        out = out / scale_result.astype(jnp.float32).reshape(())
+    return cast(out, a.dtype if out_dtype is None else out_dtype)

@@ -28,8 +28,21 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.float64: np.dtype(jnp.float64),
     torch.complex64: np.dtype(jnp.complex64),
     torch.complex128: np.dtype(jnp.complex128),
+    torch.float8_e4m3fn: np.dtype(jnp.float8_e4m3fn),
+    torch.float8_e5m2: np.dtype(jnp.float8_e5m2),
+    torch.float8_e4m3fnuz: np.dtype(jnp.float8_e4m3fnuz),
+    torch.float8_e5m2fnuz: np.dtype(jnp.float8_e5m2fnuz),
 }
+#: The float8 dtypes: PyTorch's CPU kernels run them in a few ops only (``ops.cpu_dtypes``).
+FLOAT8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz})
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
+
+
+def torchs_own(error: Exception) -> Exception:
+    """Mark ``error``, which a lowering raises, as PyTorch CPU's own (type and message): the
+    dispatcher raises it as is instead of asking the meta kernel for PyTorch's."""
+    error.torchs_own = True
+    return error
 
 
 class UnsupportedDtypeError(TypeError):
@@ -72,6 +85,10 @@ _SCALAR_TYPE_NAMES = {
     torch.float64: "Double",
     torch.complex64: "ComplexFloat",
     torch.complex128: "ComplexDouble",
+    torch.float8_e4m3fn: "Float8_e4m3fn",
+    torch.float8_e5m2: "Float8_e5m2",
+    torch.float8_e4m3fnuz: "Float8_e4m3fnuz",
+    torch.float8_e5m2fnuz: "Float8_e5m2fnuz",
 }
 
 
@@ -83,6 +100,10 @@ _CPP_FLOATING = {
     torch.float64: "double",
     torch.complex64: "c10::complex<float>",
     torch.complex128: "c10::complex<double>",
+    torch.float8_e4m3fn: "c10::Float8_e4m3fn",
+    torch.float8_e5m2: "c10::Float8_e5m2",
+    torch.float8_e4m3fnuz: "c10::Float8_e4m3fnuz",
+    torch.float8_e5m2fnuz: "c10::Float8_e5m2fnuz",
 }
 
 #: The C++ element types' names, as PyTorch's structured kernels word a wrong out= dtype.
@@ -151,8 +172,12 @@ def cast(value, dtype) -> jax.Array:
     value = jnp.asarray(value)
     if jnp.issubdtype(value.dtype, jnp.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
         value = jnp.real(value)
+    if dtype in _FLOAT8_JAX:
+        return _to_float8(value, dtype)
     if not (jnp.issubdtype(value.dtype, jnp.floating) and jnp.issubdtype(dtype, jnp.integer)):
         return value.astype(dtype)
+    if value.dtype in _FNUZ:  # (CPU converts their NaN to integer 0)
+        value = jnp.where(jnp.isnan(value), 0, value)
     if value.dtype.itemsize < 4:  # half types: compare with the limits exactly
         value = value.astype(jnp.float32)
     if dtype == _UINT64:
@@ -162,6 +187,24 @@ def cast(value, dtype) -> jax.Array:
     wide = np.dtype(jnp.int64 if dtype in _THROUGH_INT64 else jnp.int32)
     whole = _truncated(value, wide)
     return whole if wide == dtype else _low_bits(whole, dtype)
+
+
+_FLOAT8_JAX = frozenset(TORCH_TO_JAX[d] for d in FLOAT8)
+_E4M3FN = np.dtype(jnp.float8_e4m3fn)
+_FNUZ = frozenset({np.dtype(jnp.float8_e4m3fnuz), np.dtype(jnp.float8_e5m2fnuz)})
+
+
+def _to_float8(value, dtype: np.dtype) -> jax.Array:
+    """A conversion to float8 as PyTorch's: through float32 (a float64 rounds twice, as c10's
+    conversion from double does; integers convert to float32 first), and into
+    ``float8_e4m3fn`` saturating (c10 clamps finite and infinite values past 448 to +-448; XLA
+    makes them NaN). NaN stays NaN."""
+    if not jnp.issubdtype(value.dtype, jnp.floating) or value.dtype.itemsize > 4:
+        value = value.astype(jnp.float32)  # (integers and bool too: c10 converts them so)
+    if dtype == _E4M3FN:
+        limit = float(jnp.finfo(_E4M3FN).max)
+        value = jnp.clip(value, -limit, limit)
+    return value.astype(dtype)
 
 
 #: The C++ names PyTorch's overflow message uses.

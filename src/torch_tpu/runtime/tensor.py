@@ -584,7 +584,13 @@ def _host_view(host: np.ndarray, t: torch.Tensor) -> np.ndarray | None:
     if 0 not in shape and offset + sum((n - 1) * s for n, s in zip(shape, strides)) >= host.size:
         return None
     flat = host.reshape(-1)[offset:]
-    return np.lib.stride_tricks.as_strided(flat, shape, [s * host.itemsize for s in strides], writeable=False)
+    # (numpy's as_strided reads float8's array interface as "<f1", which it does not know: the
+    # bits are strided, then viewed back)
+    bits = flat.view(np.uint8) if host.dtype.itemsize == 1 and host.dtype.kind in "Vf" else flat
+    strided = np.lib.stride_tricks.as_strided(
+        bits, shape, [s * host.itemsize for s in strides], writeable=False
+    )
+    return strided if bits is flat else strided.view(host.dtype)
 
 
 def host_value(t: torch.Tensor) -> np.ndarray | None:

@@ -1,0 +1,236 @@
+"""float8 tensors on tpu: casts with PyTorch's rounding and saturation, copies, the ops CPU runs
+on them (each allowed overload checked against CPU), CPU's refusals elsewhere, and
+``torch._scaled_mm``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu.ops import cpu_dtypes
+
+FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
+SPECIAL = [
+    0.0,
+    -0.0,
+    1.0,
+    1.0625,
+    448.0,
+    449.0,
+    500.0,
+    57344.0,
+    1e6,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+]
+SPECIAL += [-3.3, 1e-9, 2.0**-10, 2.0**-17, 0.3]
+
+
+def _bits_equal(tpu: torch.Tensor, cpu: torch.Tensor) -> None:
+    """Equal values (every NaN alike: XLA and c10 spell NaN with other bits)."""
+    assert tpu.device.type == "tpu" and tpu.dtype == cpu.dtype and tpu.shape == cpu.shape
+    got, expected = tpu.cpu(), cpu
+    if cpu.dtype in FLOAT8:
+        got, expected = got.float(), expected.float()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", FLOAT8, ids=str)
+@pytest.mark.parametrize("source", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_casts_into_float8_round_and_saturate_as_cpu(dtype, source):
+    values = torch.tensor(SPECIAL, dtype=source)
+    _bits_equal(values.to("tpu").to(dtype), values.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOAT8, ids=str)
+def test_integers_and_bools_cast_into_float8_as_cpu(dtype):
+    for source in (torch.int32, torch.int64, torch.uint8, torch.bool):
+        values = torch.tensor([0, 1, 3, 200, 500, 1000, 70000]).to(source)
+        _bits_equal(values.to("tpu").to(dtype), values.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", FLOAT8, ids=str)
+def test_casts_out_of_float8_and_copies_as_cpu(dtype):
+    cpu = torch.tensor(SPECIAL).to(dtype)
+    tpu = cpu.to("tpu")
+    assert torch.equal(tpu.cpu().view(torch.uint8), cpu.view(torch.uint8))  # (the bits travel)
+    for target in (
+        torch.float32,
+        torch.bfloat16,
+        torch.float64,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+    ):
+        _bits_equal(tpu.to(target), cpu.to(target))
+    _bits_equal(torch.empty(len(SPECIAL), dtype=dtype, device="tpu").copy_(cpu), cpu)
+    assert tpu[2].item() == cpu[2].item() and tpu.tolist()[:3] == cpu.tolist()[:3]
+
+
+def _operands(dtype):
+    torch.manual_seed(0)
+    return (torch.randn(4, 6) * 4).to(dtype), (torch.randn(4, 6) * 4).to(dtype)
+
+
+#: a call of each overload in ``cpu_dtypes.FLOAT8_OPS`` (and the factories): CPU runs each
+RUNS = {
+    "abs": lambda a, b: a.abs(),
+    "eq.Tensor": lambda a, b: a == b,
+    "eq.Scalar": lambda a, b: a == 1.0,
+    "ne.Tensor": lambda a, b: a != b,
+    "ne.Scalar": lambda a, b: a != 1.0,
+    "isnan": lambda a, b: a.isnan(),
+    "where": lambda a, b: torch.where(a.float() > 0, a, b),
+    "cat": lambda a, b: torch.cat([a, b], 1),
+    "stack": lambda a, b: torch.stack([a, b]),
+    "clone": lambda a, b: a.clone(),
+    "contiguous": lambda a, b: a.t().contiguous(),
+    "views": lambda a, b: a.reshape(6, 4)[1:].permute(1, 0).clone(),
+    "pad": lambda a, b: torch.nn.functional.pad(a, (1, 2)),
+    "copy_": lambda a, b: a.clone().copy_(b),
+    "fill_": lambda a, b: a.clone().fill_(2.5),
+    "zero_": lambda a, b: a.clone().zero_(),
+    "flip": lambda a, b: a.flip(0),
+    "roll": lambda a, b: a.roll(1, 1),
+    "repeat": lambda a, b: a.repeat(2, 1),
+    "index": lambda a, b: a[torch.tensor([0, 3]).to(a.device)],
+    "index_select": lambda a, b: a.index_select(1, torch.tensor([1, 4]).to(a.device)),
+    "index_put": lambda a, b: a.index_put((torch.tensor([1]).to(a.device),), b[:1]),
+    "masked_select": lambda a, b: a.masked_select(a.float() > 0),
+    "slice_scatter": lambda a, b: a.slice_scatter(b[:2], 0, 0, 2),
+    "select_scatter": lambda a, b: a.select_scatter(b[0], 0, 1),
+    "like": lambda a, b: torch.stack([torch.zeros_like(a), torch.ones_like(a), torch.full_like(a, 3.0)]),
+    "new": lambda a, b: torch.stack([a.new_zeros(2, 6), a.new_ones(2, 6), a.new_full((2, 6), 7.0)]),
+    "factories": lambda a, b: torch.cat(
+        [
+            torch.zeros(1, 6, dtype=a.dtype, device=a.device),
+            torch.ones(1, 6, dtype=a.dtype, device=a.device),
+            torch.full((1, 6), 0.75, dtype=a.dtype, device=a.device),
+            torch.eye(1, 6, dtype=a.dtype, device=a.device),
+        ]
+    ),
+}
+
+
+@pytest.mark.parametrize("dtype", FLOAT8[:2], ids=str)
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_ops_cpu_runs_on_float8_run_alike(dtype, name):
+    a, b = _operands(dtype)
+    expected = RUNS[name](a, b)
+    got = RUNS[name](a.to("tpu"), b.to("tpu"))
+    _bits_equal(got, expected)
+
+
+def test_equal_and_item():
+    a, b = _operands(torch.float8_e4m3fn)
+    assert torch.equal(a.to("tpu"), a.to("tpu").clone()) and not torch.equal(a.to("tpu"), b.to("tpu"))
+    assert a.to("tpu")[1, 2].item() == a[1, 2].item()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [lambda a: a + a, lambda a: a.sum(), lambda a: -a, lambda a: a * 2, lambda a: a > a, lambda a: a.exp()],
+)
+def test_ops_cpu_refuses_on_float8_refuse_alike(call):
+    a, _ = _operands(torch.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match="not implemented for 'Float8_e4m3fn'"):
+        call(a)
+    with pytest.raises(NotImplementedError, match="not implemented for 'Float8_e4m3fn'"):
+        call(a.to("tpu"))
+    assert a.to("tpu").float().sum().item() == pytest.approx(a.float().sum().item())  # (still usable)
+
+
+def test_matmuls_cpu_runs_in_float8_are_refused_naming_scaled_mm():
+    a, b = _operands(torch.float8_e4m3fn)
+    assert (a @ b.t()).dtype == torch.float8_e4m3fn  # (CPU runs it)
+    with pytest.raises(
+        NotImplementedError, match=r"\"mm\" on tpu does not support 'Float8_e4m3fn' yet.*_scaled_mm"
+    ):
+        a.to("tpu") @ b.t().to("tpu")
+    assert cpu_dtypes.FLOAT8_NOT_YET == {"mm.default", "addmm.default"}
+
+
+# ----------------------------------------------------------------------------- _scaled_mm
+def _scaled_case(rows=8, inner=32, cols=16):
+    torch.manual_seed(1)
+    a = (torch.randn(rows, inner) * 3).to(torch.float8_e4m3fn)
+    b = (torch.randn(cols, inner) * 3).to(torch.float8_e4m3fn).t()  # (column-major, as CUDA wants)
+    return a, b
+
+
+def _both(a, b, scale_a, scale_b, **kwargs):
+    tpu_kwargs = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    expected = torch._scaled_mm(a, b, scale_a, scale_b, **kwargs)
+    got = torch._scaled_mm(a.to("tpu"), b.to("tpu"), scale_a.to("tpu"), scale_b.to("tpu"), **tpu_kwargs)
+    return got, expected
+
+
+@pytest.mark.parametrize(
+    "out_dtype", [None, torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2], ids=str
+)
+def test_scaled_mm_tensorwise_equals_cpu(out_dtype):
+    a, b = _scaled_case()
+    kwargs = {} if out_dtype is None else {"out_dtype": out_dtype}
+    got, expected = _both(a, b, torch.tensor(0.7), torch.tensor(1.3), **kwargs)
+    # float32 results: the same products of exact float8 values, summed in another order
+    tolerance = {"rtol": 1e-5, "atol": 1e-4} if expected.dtype == torch.float32 else {"rtol": 0, "atol": 0}
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got.cpu().float(), expected.float(), **tolerance)
+
+
+def test_scaled_mm_rowwise_with_bias_and_scale_result():
+    a, b = _scaled_case()
+    rows, cols = torch.rand(8, 1) + 0.5, torch.rand(1, 16) + 0.5
+    got, expected = _both(a, b, rows, cols, bias=torch.randn(16).bfloat16(), out_dtype=torch.bfloat16)
+    torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+    got, expected = _both(
+        a,
+        b,
+        torch.tensor(0.5),
+        torch.tensor(2.0),
+        scale_result=torch.tensor(4.0),
+        out_dtype=torch.float8_e4m3fn,
+    )
+    torch.testing.assert_close(got.cpu().float(), expected.float(), rtol=0, atol=0)
+
+
+def test_scaled_mm_saturates_a_float8_result():
+    a, b = _scaled_case()
+    got, expected = _both(a, b, torch.tensor(100.0), torch.tensor(100.0))
+    assert expected.float().abs().max() == 448.0
+    torch.testing.assert_close(got.cpu().float(), expected.float(), rtol=0, atol=0)
+
+
+def test_scaled_mm_in_fused_and_compiled_code():
+    a, b = _scaled_case()
+    sa, sb = torch.tensor(0.25), torch.tensor(0.5)
+    expected = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float32).relu()
+
+    def f(x, y, s, t):
+        return torch._scaled_mm(x.to(torch.float8_e4m3fn), y, s, t, out_dtype=torch.float32).relu()
+
+    args = (a.float().to("tpu"), b.to("tpu"), sa.to("tpu"), sb.to("tpu"))
+    with torch_tpu.eager_mode("fused"):
+        fused = f(*args).cpu()
+    compiled = torch.compile(f, backend="tpu")(*args).cpu()
+    for got in (fused, compiled):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_scaled_mm_bad_scales_raise_cpu_error():
+    a, b = _scaled_case()
+    errors = []
+    for device in ("cpu", "tpu"):
+        with pytest.raises(ValueError, match="Invalid scaling configuration") as raised:
+            torch._scaled_mm(
+                a.to(device), b.to(device), torch.rand(8, device=device), torch.tensor(1.0, device=device)
+            )
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1]
+    with pytest.raises(RuntimeError, match="mat_a and mat_b shapes cannot be multiplied"):
+        torch._scaled_mm(
+            a.to("tpu"), b[:16].to("tpu"), torch.tensor(1.0, device="tpu"), torch.tensor(1.0, device="tpu")
+        )

@@ -71,6 +71,8 @@ def test_strict_device_events_are_linked_to_their_op(tmp_path):
     assert kernels and all(e["pid"] == 0 and e["dur"] >= 0 for e in kernels)
     launched_by = {ops.get(e["args"].get("External id")) for e in kernels}
     assert COMPUTING <= launched_by, sorted(map(str, launched_by))
+    linked = [e for e in kernels if "External id" in e["args"]]
+    assert all(e["args"]["op"] == ops[e["args"]["External id"]] for e in linked)  # (named on the event)
     names = {e["args"]["name"] for e in trace if e.get("ph") == "M" and e.get("name") == "process_name"}
     assert "tpu:0" in names
 

@@ -195,6 +195,9 @@ class Session final : public libkineto::IActivityProfilerSession {
       activity.flow.start = 0;
       if (linked) {
         activity.linked = linked(static_cast<int32_t>(correlation));
+        if (activity.linked != nullptr) {  // (the trace names the op on the program's own event)
+          activity.addMetadataQuoted("op", activity.linked->name());
+        }
       }
     }
     for (auto item : record[7].cast<py::dict>()) {

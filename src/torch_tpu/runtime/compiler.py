@@ -72,15 +72,17 @@ KNOWN = {
 
 
 class _Options:
-    """The process's compiler options (one owner: this object)."""
+    """The process's compiler options (one owner: this object), and :attr:`token`, the same as a
+    key that in-process caches of programs compiled with them include (kept, not computed per
+    call: fused graphs and compiled programs read it on every run)."""
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}
+        self.token: tuple = ()
 
-    @property
-    def token(self) -> tuple:
-        """The options as a key: in-process caches of programs compiled with them include it."""
-        return tuple(sorted(self.values.items()))
+    def replace(self, values: dict[str, Any]) -> None:
+        self.values = dict(values)
+        self.token = tuple(sorted(self.values.items()))
 
 
 _process = _Options()
@@ -160,7 +162,7 @@ def set_options(**options: Any) -> None:
     programs compiled from now on (fused graphs and ``torch.compile``'s; the efforts to every
     program). Programs already compiled keep theirs."""
     check(options)
-    _process.values.update(options)
+    _process.replace({**_process.values, **options})
     _apply_jax_settings()
 
 
@@ -171,7 +173,7 @@ def get_options() -> dict[str, Any]:
 
 def reset_options() -> None:
     """Back to XLA's defaults."""
-    _process.values.clear()
+    _process.replace({})
     _apply_jax_settings()
 
 
@@ -184,7 +186,7 @@ def options(**values: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        _process.values = before
+        _process.replace(before)
         _apply_jax_settings()
 
 

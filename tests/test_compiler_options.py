@@ -72,11 +72,22 @@ def test_fused_graphs_compile_with_the_process_options(options_seen):
     torch.testing.assert_close(got, expected)
 
 
-def test_torch_compile_options_reach_its_programs(options_seen):
-    fn = torch.compile(lambda x: (x @ x.T).relu(), backend="tpu", options={"optimization_level": 0})
+def test_torch_compile_options_reach_its_programs(options_seen, tmp_path, monkeypatch):
+    from torch_tpu import config
+    from torch_tpu.frontends.compile import stored
+
+    # (empty caches: a program stored by an earlier run would load instead of compiling)
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    stored._cache.cache_clear()
     x = torch.randn(4, 3)
-    torch.testing.assert_close(fn(x.to("tpu")).cpu(), (x @ x.T).relu())
-    assert options_seen and options_seen[-1]["xla_backend_optimization_level"] == 0
+    for level in (0, 1):  # (the same graph: each call's options give its own programs)
+        torch._dynamo.reset()
+        fn = torch.compile(lambda x: (x @ x.T).relu(), backend="tpu", options={"optimization_level": level})
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), (x @ x.T).relu())
+        assert options_seen and options_seen[-1]["xla_backend_optimization_level"] == level
+    stored._cache.cache_clear()
+    torch._dynamo.reset()
 
 
 def test_torch_compile_refuses_unknown_and_process_wide_options():

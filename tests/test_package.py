@@ -7,7 +7,7 @@ import pathlib
 import torch_tpu
 
 PACKAGE = pathlib.Path(torch_tpu.__file__).parent
-DATA = {"demo/data/tiny_tales.txt"}  # package data declared in pyproject.toml
+DATA = {"demo/data/tiny_tales.txt", "agent/SKILL.md"}  # package data declared in pyproject.toml
 EXTENSION = "_C.*.so"  # the C++ runtime core, built from csrc/runtime by setup.py
 
 

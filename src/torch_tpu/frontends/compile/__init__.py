@@ -112,14 +112,16 @@ def _compiler(name: str, kind: str, bounded: bool, xla: dict) -> Callable:
 
 
 @contextlib.contextmanager
-def _aot_cache() -> Iterator[None]:
+def _aot_cache(options: dict) -> Iterator[None]:
     """AOTAutograd's cache, set up for our graphs: entries that hold the graphs themselves
     ("bundled"; unbundled ones point into Inductor's FX graph cache), the backward compiled
     with the forward (so the entry is written while these settings hold), and keys that also
-    cover what our programs depend on (:func:`cache_key`)."""
+    cover what our programs depend on (:func:`cache_key`) and this call's compiler ``options``
+    (an entry holds its programs with the options they were made with)."""
+    tag = f"{torch.compiler.config.cache_key_tag}|{cache_key()}|{sorted(options.items())}"
     with (
         torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True),
-        torch.compiler.config.patch(cache_key_tag=f"{torch.compiler.config.cache_key_tag}|{cache_key()}"),
+        torch.compiler.config.patch(cache_key_tag=tag),
     ):
         yield
 
@@ -210,7 +212,7 @@ def backend(
         inference_compiler=_compiler(name, "inference", bounded, xla),
         keep_inference_input_mutations=True,
     )
-    with _compiling(name), _aot_cache() if config.cache_dir else contextlib.nullcontext():
+    with _compiling(name), _aot_cache(xla) if config.cache_dir else contextlib.nullcontext():
         return compile_graphs(graph_module, example_inputs)
 
 

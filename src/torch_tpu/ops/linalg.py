@@ -13,7 +13,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 from jax import lax
 from jax._src.lax.linalg import geqrf as _lapack_geqrf  # not re-exported by jax.lax.linalg
@@ -1068,7 +1067,7 @@ def _scaling_error(a, b, scale_a, scale_b) -> ValueError:
     m, n = a.shape[0], b.shape[1]
 
     def described(name, x) -> str:
-        strides = [int(s) for s in np.cumprod((1, *x.shape[:0:-1]))[::-1]] if x.ndim else []
+        strides = list(torch._prims_common.make_contiguous_strides_for(x.shape)) if x.ndim else []
         return (
             f"{name}.dtype()={type_name(x.dtype)}, {name}.size()={list(x.shape)}",
             f"{name}.stride()={strides}",

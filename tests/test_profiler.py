@@ -111,7 +111,10 @@ def test_compiled_step_runs_its_program_on_the_device():
 
 
 def test_a_new_shape_compiles_as_a_host_event_with_its_reason(tmp_path):
-    x = torch.ones(3, 37, 11, device="tpu")  # (a shape no other test compiles)
+    import time
+
+    # (a shape no other test, nor an earlier run, compiled: not in the disk cache either)
+    x = torch.ones(3, 37, 1000 + time.time_ns() % 9973, device="tpu")
     with profile(activities=ACTIVITIES) as prof:
         (x * 5).sum().item()
     compiles = [e for e in prof.events() if e.name == profiling.COMPILE]
@@ -209,3 +212,14 @@ def test_with_stack_names_the_user_line():
     (add,) = [e for e in prof.events() if e.name == "aten::add"]
     assert any("test_profiler.py" in frame for frame in add.stack), add.stack
     assert add.device_time_total > 0
+
+
+def test_an_executable_loaded_from_the_disk_cache_is_not_called_a_compile():
+    from torch_tpu.runtime import profiling as p
+
+    with profile(activities=ACTIVITIES) as prof:
+        p._on_jax_event(p._DISK_HIT)  # (as JAX tells a load: the hit, then its duration)
+        p._on_duration(p._COMPILED, 0.002)
+        p._on_duration(p._COMPILED, 0.003)
+    names = [e.name for e in prof.events() if e.name in (p.COMPILE, p.CACHE_LOAD)]
+    assert names.count(p.CACHE_LOAD) == 1 and names.count(p.COMPILE) == 1

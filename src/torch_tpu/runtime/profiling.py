@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import threading
 import time
 from typing import Any
 
@@ -45,9 +46,10 @@ active: bool = False
 DEVICE, HOST = 0, 1
 
 _COMPILED = "/jax/core/compile/backend_compile_duration"
+_DISK_HIT = "/jax/compilation_cache/cache_hits"
 #: the names of torch_tpu's events in the trace: a fused graph's run (on the host, and its
-#: program on the device) and an XLA compile
-FUSED_GRAPH, COMPILE = "tpu::fused_graph", "tpu::compile"
+#: program on the device), an XLA compile, and an executable loaded from the disk cache instead
+FUSED_GRAPH, COMPILE, CACHE_LOAD = "tpu::fused_graph", "tpu::compile", "tpu::cache_load"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +133,7 @@ def start() -> None:
     except Exception as error:  # (another JAX profiler session is active: no device events)
         _recording.errors.append(f"JAX's profiler could not start ({error}); no tpu device events")
     jax.monitoring.register_event_duration_secs_listener(_on_duration)
+    jax.monitoring.register_event_listener(_on_jax_event)
     events.listen(_on_event)
     active = True
 
@@ -166,6 +169,7 @@ def stop() -> None:
     finally:
         active = False
         events.unlisten(_on_event)
+        jax.monitoring.unregister_event_listener(_on_jax_event)
         jax.monitoring.unregister_event_duration_listener(_on_duration)
         if _recording.session is not None:
             _recording.trace = _recording.session.stop()
@@ -191,8 +195,6 @@ def save_xla_trace(trace: bytes, directory: str) -> str:
 def note(name: str, started: int, metadata: dict[str, str]) -> None:
     """Tell the trace of a span of host time that began at ``started`` (``time.time_ns()``)
     and ends now (call only while :data:`active`)."""
-    import threading
-
     _recording.notes.append(Note(name, started, time.time_ns(), threading.get_native_id(), metadata))
 
 
@@ -201,11 +203,27 @@ def _on_event(event: Any) -> None:
         _recording.reasons.append(event.detail.strip())
 
 
+#: whether this thread's program being compiled was loaded from the disk cache instead (JAX
+#: tells the hit before the duration, which it measures for loads too)
+_loaded = threading.local()
+
+
+def _on_jax_event(event: str, **_: Any) -> None:
+    if event == _DISK_HIT:
+        _loaded.hit = True
+
+
 def _on_duration(event: str, duration: float, **_: Any) -> None:
-    if event == _COMPILED:
-        reasons, _recording.reasons = _recording.reasons, []
-        reason = "; ".join(reasons) or "a program not compiled before in this process"
-        note(COMPILE, time.time_ns() - int(duration * 1e9), {"reason": reason})
+    if event != _COMPILED:
+        return
+    started = time.time_ns() - int(duration * 1e9)
+    if getattr(_loaded, "hit", False):
+        _loaded.hit = False
+        note(CACHE_LOAD, started, {})
+        return
+    reasons, _recording.reasons = _recording.reasons, []
+    reason = "; ".join(reasons) or "a program not compiled before in this process"
+    note(COMPILE, started, {"reason": reason})
 
 
 # ----------------------------------------------------------------------------- the trace

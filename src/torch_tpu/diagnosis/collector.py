@@ -33,8 +33,7 @@ from .report import Report, Site
 
 aten = torch.ops.aten
 
-_COMPILED = "/jax/core/compile/backend_compile_duration"
-_DISK_HIT = "/jax/compilation_cache/cache_hits"
+_COMPILED, _DISK_HIT = events.JAX_COMPILED, events.JAX_DISK_HIT
 _TO_HOST = (
     aten._to_copy.default,
     aten.copy_.default,

@@ -25,6 +25,11 @@ from .. import config
 
 _log = logging.getLogger("torch_tpu")
 
+#: JAX's monitoring events torch_tpu watches: an executable built (JAX measures one it loads
+#: from the disk cache too, after telling the hit) and a hit of the persistent cache
+JAX_COMPILED = "/jax/core/compile/backend_compile_duration"
+JAX_DISK_HIT = "/jax/compilation_cache/cache_hits"
+
 
 @dataclasses.dataclass(frozen=True)
 class Event:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import config
-from . import executable_budget
+from . import events, executable_budget
 
 _PLATFORM_ALIASES = {"gpu": "cuda", "cuda": "cuda", "tpu": "tpu", "cpu": "cpu"}
 _lock = threading.Lock()
@@ -195,12 +195,12 @@ def optimized(per_call: dict | None = None) -> dict | None:
 
 
 def _count_disk_hit(event: str, **_: object) -> None:
-    if event == "/jax/compilation_cache/cache_hits":
+    if event == events.JAX_DISK_HIT:
         compile_events["disk_hits"] += 1
 
 
 def _count_executable(event: str, duration: float, **_: object) -> None:
-    if event == "/jax/core/compile/backend_compile_duration":
+    if event == events.JAX_COMPILED:
         compile_events["executables_built"] += 1
         if executable_budget.executable_loaded():
             request_trim()

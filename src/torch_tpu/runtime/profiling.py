@@ -38,6 +38,7 @@ import time
 from typing import Any
 
 from .. import config
+from . import events
 
 #: Whether a profiler session records now (fused eager's flushes note their ops while it does).
 active: bool = False
@@ -45,8 +46,7 @@ active: bool = False
 #: ``Activity.kind``: a program run on the device, or an event on the host (a compile, a flush)
 DEVICE, HOST = 0, 1
 
-_COMPILED = "/jax/core/compile/backend_compile_duration"
-_DISK_HIT = "/jax/compilation_cache/cache_hits"
+_COMPILED, _DISK_HIT = events.JAX_COMPILED, events.JAX_DISK_HIT
 #: the names of torch_tpu's events in the trace: a fused graph's run (on the host, and its
 #: program on the device), an XLA compile, and an executable loaded from the disk cache instead
 FUSED_GRAPH, COMPILE, CACHE_LOAD = "tpu::fused_graph", "tpu::compile", "tpu::cache_load"
@@ -112,7 +112,6 @@ class _Recording:
     trace: bytes | None = None
     notes: list[Note] = dataclasses.field(default_factory=list)
     reasons: list[str] = dataclasses.field(default_factory=list)
-    errors: list[str] = dataclasses.field(default_factory=list)
 
 
 _recording = _Recording()
@@ -125,13 +124,17 @@ def start() -> None:
     import jax
     from jax._src.lib import _profiler
 
-    from . import events
-
     _recording = _Recording(started=time.time_ns())
     try:
         _recording.session = _profiler.ProfilerSession(_options())
     except Exception as error:  # (another JAX profiler session is active: no device events)
-        _recording.errors.append(f"JAX's profiler could not start ({error}); no tpu device events")
+        import warnings
+
+        warnings.warn(
+            f"torch_tpu: JAX's profiler could not start ({error}); this profile has no tpu device events",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     jax.monitoring.register_event_duration_secs_listener(_on_duration)
     jax.monitoring.register_event_listener(_on_jax_event)
     events.listen(_on_event)
@@ -159,7 +162,7 @@ def stop() -> None:
     global active
     import jax
 
-    from . import events, platform
+    from . import platform
 
     try:
         if platform.is_initialized():

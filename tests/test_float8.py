@@ -1,6 +1,6 @@
 """float8 tensors on tpu: casts with PyTorch's rounding and saturation, copies, the ops CPU runs
 on them (each allowed overload checked against CPU), CPU's refusals elsewhere, and
-``torch._scaled_mm``."""
+``torch._scaled_mm`` and ``torch._scaled_grouped_mm``."""
 
 from __future__ import annotations
 
@@ -234,3 +234,112 @@ def test_scaled_mm_bad_scales_raise_cpu_error():
         torch._scaled_mm(
             a.to("tpu"), b[:16].to("tpu"), torch.tensor(1.0, device="tpu"), torch.tensor(1.0, device="tpu")
         )
+
+
+# ----------------------------------------------------------------------------- _scaled_grouped_mm
+# PyTorch has no CPU kernel: the reference is CPU's ``_scaled_mm`` of each group, row-wise scaled
+# into bfloat16. tpu sums the same exact float8 products in float32 in another order, so a bfloat16
+# result may round one ulp apart.
+ENDS = [3, 3, 9, 12]  # 4 groups, one empty, 4 rows (or columns) past the last end
+GROUPS, M, K, N = len(ENDS), 16, 32, 24
+ONE_ULP = {"rtol": 2.0**-8, "atol": 0}
+
+
+def _float8(*shape):
+    return (torch.randn(*shape) * 3).to(torch.float8_e4m3fn)
+
+
+def _scales(*shape):
+    return torch.rand(*shape) + 0.5
+
+
+def _groups():
+    return list(zip([0, *ENDS[:-1]], ENDS))
+
+
+def _rowwise(a, b, scale_a, scale_b):
+    """CPU's ``_scaled_mm`` of one group (empty groups give an empty product)."""
+    if a.shape[0] == 0 or b.shape[1] == 0 or a.shape[1] == 0:
+        return torch.zeros(a.shape[0], b.shape[1], dtype=torch.bfloat16)
+    return torch._scaled_mm(
+        a.contiguous(), b.t().contiguous().t(), scale_a[:, None], scale_b[None, :], out_dtype=torch.bfloat16
+    )
+
+
+def _grouped_case(layout: str):
+    """Operands, scales and offsets of one of the four layouts, and CPU's result."""
+    torch.manual_seed(2)
+    offs = torch.tensor(ENDS, dtype=torch.int32)
+    if layout == "2d-3d":  # groups of rows of a, each times its own matrix of b (MoE experts)
+        a, b = _float8(M, K), _float8(GROUPS, N, K).transpose(-2, -1)
+        scale_a, scale_b = _scales(M), _scales(GROUPS, N)
+        expected = torch.zeros(M, N, dtype=torch.bfloat16)
+        for g, (s, e) in enumerate(_groups()):
+            expected[s:e] = _rowwise(a[s:e], b[g], scale_a[s:e], scale_b[g])
+    elif layout == "3d-3d":
+        a, b = _float8(GROUPS, M, K), _float8(GROUPS, N, K).transpose(-2, -1)
+        scale_a, scale_b, offs = _scales(GROUPS, M), _scales(GROUPS, N), None
+        expected = torch.stack([_rowwise(a[g], b[g], scale_a[g], scale_b[g]) for g in range(GROUPS)])
+    elif layout == "3d-2d":  # groups of columns of b, each times its own matrix of a
+        a, b = _float8(GROUPS, M, K), _float8(N, K).t()
+        scale_a, scale_b = _scales(GROUPS, M), _scales(N)
+        expected = torch.zeros(M, N, dtype=torch.bfloat16)
+        for g, (s, e) in enumerate(_groups()):
+            expected[:, s:e] = _rowwise(a[g], b[:, s:e], scale_a[g], scale_b[s:e])
+    else:  # "2d-2d": groups along the contraction (the weight gradient), each with its own scales
+        a, b = _float8(M, K), _float8(N, K).t()
+        scale_a, scale_b = _scales(GROUPS * M), _scales(GROUPS * N)
+        expected = torch.zeros(GROUPS, M, N, dtype=torch.bfloat16)
+        for g, (s, e) in enumerate(_groups()):
+            rows, cols = scale_a[g * M : (g + 1) * M], scale_b[g * N : (g + 1) * N]
+            expected[g] = _rowwise(a[:, s:e], b[s:e], rows, cols)
+    return (a, b, scale_a, scale_b), offs, expected
+
+
+def _on_tpu(args, offs):
+    return [x.to("tpu") for x in args], None if offs is None else offs.to("tpu")
+
+
+@pytest.mark.parametrize("layout", ["2d-3d", "3d-3d", "3d-2d", "2d-2d"])
+def test_scaled_grouped_mm_equals_cpus_scaled_mm_per_group(layout):
+    args, offs, expected = _grouped_case(layout)
+    tpu_args, tpu_offs = _on_tpu(args, offs)
+    got = torch._scaled_grouped_mm(*tpu_args, offs=tpu_offs)
+    assert got.dtype == torch.bfloat16 and got.shape == expected.shape
+    torch.testing.assert_close(got.cpu(), expected, **ONE_ULP)
+
+
+def test_scaled_grouped_mm_in_fused_and_compiled_code():
+    args, offs, expected = _grouped_case("2d-3d")
+    tpu_args, tpu_offs = _on_tpu(args, offs)
+
+    def f(a, b, scale_a, scale_b, offs):
+        return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=torch.bfloat16).relu()
+
+    with torch_tpu.eager_mode("fused"):
+        fused = f(*tpu_args, tpu_offs).cpu()
+    compiled = torch.compile(f, backend="tpu")(*tpu_args, tpu_offs).cpu()
+    for got in (fused, compiled):
+        torch.testing.assert_close(got, expected.relu(), **ONE_ULP)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a, b, sa, sb, offs: (a.float(), b, sa, sb, offs), "Expected inputs of E4M3 FP8 type"),
+        (lambda a, b, sa, sb, offs: (a, b, sa[:-1], sb, offs), "Expected scale_a to have 16 elements"),
+        (lambda a, b, sa, sb, offs: (a, b, sa, sb[:, :-1], offs), "scale_b non-batch dimension to be 24"),
+        (lambda a, b, sa, sb, offs: (a, b, sa.double(), sb, offs), "scales must both be float32"),
+        (lambda a, b, sa, sb, offs: (a, b, sa, sb, None), "Offsets tensor not provided"),
+        (lambda a, b, sa, sb, offs: (a, b, sa, sb, offs.long()), r"must be integer \(int32\)"),
+    ],
+)
+def test_scaled_grouped_mm_bad_arguments_raise_pytorchs_error(change, message):
+    """The meta kernel's errors (CUDA's checks; CPU has no kernel), in its words."""
+    args, offs, _ = _grouped_case("2d-3d")
+    for device in ("meta", "tpu"):
+        a, b, sa, sb, o = change(*[x.to(device) for x in args], offs.to(device))
+        with pytest.raises(RuntimeError, match=message):
+            torch._scaled_grouped_mm(a, b, sa, sb, offs=o)
+    a, b, sa, sb = _on_tpu(args, offs)[0]
+    assert torch._scaled_grouped_mm(a, b, sa, sb, offs=offs.to("tpu")).isfinite().all()  # (still usable)

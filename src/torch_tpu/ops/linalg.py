@@ -1121,3 +1121,107 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     if scale_result is not None:
         out = out / scale_result.astype(jnp.float32).reshape(())
     return cast(out, a.dtype if out_dtype is None else out_dtype)
+
+
+# ``_scaled_grouped_mm`` (float8 MoE experts, torchao's float8 MoE training): ``_grouped_mm``'s
+# layouts on float8_e4m3fn operands with row-wise float32 scales, the products in float32, the
+# result bfloat16. PyTorch has only a CUDA kernel; its checks (the meta kernel's) are followed
+# here but for the memory layout ones (row-major ``a``, column-major ``b``, 16-byte strides),
+# which tpu, with no layout constraints, does not need. MXFP8 (float8_e8m0fnu scales) is not
+# supported.
+def _check_scaled_grouped(a, b, scale_a, scale_b, offs, bias, scale_result, out_dtype) -> None:
+    def check(ok: bool, message: str) -> None:
+        if not ok:
+            raise RuntimeError(message)
+
+    check(
+        a.dtype == b.dtype == jnp.float8_e4m3fn,
+        "Expected inputs of E4M3 FP8 type but got "
+        f"mat_a.dtype={to_torch(a.dtype)} and mat_b.dtype={to_torch(b.dtype)}.",
+    )
+    check(
+        a.ndim in (2, 3) and b.ndim in (2, 3),
+        f"Multiplicands must be 2D or 3D but got mat_a.dim()={a.ndim} and mat_b.dim()={b.ndim}",
+    )
+    check(
+        a.ndim == b.ndim == 2 or a.shape[-1] == b.shape[-2],
+        "contraction dimension of mat_a and mat_b must match",
+    )
+    check(
+        scale_a.dtype == scale_b.dtype == jnp.float32,
+        "For FP8 scales must both be float32, or for MXFP8 both scales must be float8_e8m0fnu. "
+        f"Got scale_a.dtype={to_torch(scale_a.dtype)} and scale_b.dtype={to_torch(scale_b.dtype)}.",
+    )
+    groups = offs.shape[0] if offs is not None and a.ndim == b.ndim == 2 else 1
+    _check_group_scale("scale_a", scale_a, a, 0, groups, check)
+    _check_group_scale("scale_b", scale_b, b, 1, groups, check)
+    check(scale_result is None, "Scale result tensor provided, but it is not supported yet.")
+    if a.ndim == 2 or b.ndim == 2:
+        check(
+            offs is not None,
+            f"Offsets tensor not provided, but is needed for {a.ndim}D/{b.ndim}D multiplicand layouts.",
+        )
+        check(offs.ndim == 1, f"Offsets tensor must be 1D, but got offs.dim()={offs.ndim}.")
+        check(
+            offs.dtype == jnp.int32,
+            f"Offsets tensor must be integer (int32) tensor, but got {to_torch(offs.dtype)}.",
+        )
+    else:
+        check(offs is None, "Offsets tensor provided, but is not needed for 3D/3D multiplicand layouts.")
+    check(bias is None, "Bias tensor provided, but it is not supported yet.")
+    check(
+        out_dtype is None or out_dtype == jnp.bfloat16, "If output dtype provided, it must be torch.bfloat16."
+    )
+
+
+def _check_group_scale(name, scale, mat, scaled_dim, groups, check) -> None:
+    """A row-wise scale: one per row of ``a`` (``scaled_dim`` 0) or column of ``b`` (1), per group."""
+    if mat.ndim == 2:
+        check(scale.ndim == 1, f"Expected {name} to be 1D tensor, but got {scale.ndim}D tensor.")
+        expected = mat.shape[scaled_dim] * groups
+        check(
+            scale.shape[0] == expected,
+            f"Expected {name} to have {expected} elements, got {scale.shape[0]} elements.",
+        )
+        return
+    check(
+        scale.ndim >= 1 and scale.shape[0] == mat.shape[0],
+        f"Expected {name} batch dimension to be {mat.shape[0]}, got {scale.shape[0] if scale.ndim else 0}.",
+    )
+    check(scale.ndim == 2, f"Expected {name} to be 2D tensor, but got {scale.ndim}D tensor.")
+    expected = mat.shape[1 + scaled_dim]
+    check(
+        scale.shape[1] == expected,
+        f"Expected {name} non-batch dimension to be {expected}, got {scale.shape[1]}.",
+    )
+
+
+def _group_of(positions: int, offs) -> jax.Array:
+    """The group of each of ``positions`` rows (or columns) given groups' end offsets (the last
+    group for those past ``offs[-1]``, whose products are 0)."""
+    group = jnp.searchsorted(offs, jnp.arange(positions, dtype=offs.dtype), side="right")
+    return jnp.minimum(group, offs.shape[0] - 1)
+
+
+def _grouped_scales(a, b, scale_a, scale_b, offs):
+    """``scale_a`` and ``scale_b`` broadcast against the grouped product's result."""
+    if a.ndim == 3 and b.ndim == 3:  # (g, m, n): a scale per group and row, per group and column
+        return scale_a[:, :, None], scale_b[:, None, :]
+    if b.ndim == 3:  # (m, n): a row's scale of b is its group's
+        return scale_a[:, None], scale_b[_group_of(a.shape[0], offs)]
+    if a.ndim == 3:  # (m, n): a column's scale of a is its group's
+        return scale_a[_group_of(b.shape[1], offs)].T, scale_b[None, :]
+    groups = offs.shape[0]  # (g, m, n): groups along the contraction, each with its own scales
+    return scale_a.reshape(groups, -1)[:, :, None], scale_b.reshape(groups, -1)[:, None, :]
+
+
+@lower(aten._scaled_grouped_mm.default)
+def scaled_grouped_mm(
+    a, b, scale_a, scale_b, offs=None, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False
+):
+    """``torch._scaled_grouped_mm``: each group's float8 product in float32 (exact products of
+    float8 values, float32 sums), times its row-wise scales, rounded to bfloat16."""
+    _check_scaled_grouped(a, b, scale_a, scale_b, offs, bias, scale_result, out_dtype)
+    product = _grouped_product(a.astype(jnp.float32), b.astype(jnp.float32), offs)
+    row_scale, column_scale = _grouped_scales(a, b, scale_a, scale_b, offs)
+    return (product * row_scale * column_scale).astype(jnp.bfloat16)

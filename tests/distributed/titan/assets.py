@@ -45,13 +45,20 @@ def build_dataset(folder: Path) -> Path:
 STEPS = 4
 
 
+#: TorchTitan's float8 converter (torchao's ``Float8Linear``, tensor-wise scales). TorchTitan
+#: 0.2.2 allows it off CUDA SM89 only as ``emulate``: operands cast to float8 as on hardware, the
+#: matmul of the dequantized values in float32.
+FLOAT8 = {"model": {"converters": ["quantize.linear.float8"]}, "quantize.linear.float8": {"emulate": True}}
+
+
 def jobs(folder: Path) -> dict[str, Path]:
-    """The tokenizer and dataset under ``folder``, and three jobs' tomls: ``seed`` (one process
-    writes the initial weights: TorchTitan's seed checkpoint, so that both runs start from the
+    """The tokenizer and dataset under ``folder``, and the jobs' tomls: ``seed`` (one process
+    writes the initial weights: TorchTitan's seed checkpoint, so that all runs start from the
     same weights, which tpu's and CPU's random generators would not draw alike), then ``cpu``
     and ``tpu``: the llama3 debugmodel, FSDP over 2 ranks (``dp_shard=2``), float32 throughout,
     ``STEPS`` AdamW steps of 2 x 64 tokens per rank, no compile, no activation checkpointing,
-    the seed loaded and nothing saved, metrics to TensorBoard every step."""
+    the seed loaded and nothing saved, metrics to TensorBoard every step; ``cpu_float8`` and
+    ``tpu_float8``: the same with :data:`FLOAT8`."""
     tokenizer, data = build_tokenizer(folder / "tokenizer"), build_dataset(folder / "data")
     common = {
         "metrics": {"log_freq": 1, "enable_tensorboard": True, "disable_color_printing": True},
@@ -74,9 +81,10 @@ def jobs(folder: Path) -> dict[str, Path]:
     seed = folder / "seed"
     configs = {"seed": {"parallelism": {"data_parallel_shard_degree": 1}}}
     configs["seed"]["checkpoint"] = {"enable": True, "create_seed_checkpoint": True}
+    load = {"enable": True, "initial_load_path": str(seed / "checkpoint" / "step-0"), "load_only": True}
     for run in ("cpu", "tpu"):
-        load = {"enable": True, "initial_load_path": str(seed / "checkpoint" / "step-0"), "load_only": True}
         configs[run] = {"checkpoint": load}
+        configs[f"{run}_float8"] = {"checkpoint": load, **FLOAT8}
     paths = {}
     for run, overrides in configs.items():
         sections = {"job": {"dump_folder": str(folder / run)}}

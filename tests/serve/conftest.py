@@ -40,20 +40,14 @@ def model_path(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def new_engine(plugin_path, model_path):
-    """Starts a vLLM engine on the tiny model (float32, a 16 MiB KV cache, seed 0), with the
-    given options on top."""
+    """Starts a vLLM engine on the tiny model (or ``model``: another checkpoint; float32, a 16 MiB
+    KV cache, seed 0), with the given options on top."""
 
-    def start(**options):
+    def start(model: str | None = None, **options):
         import vllm
 
-        return vllm.LLM(
-            model=model_path,
-            dtype="float32",
-            max_model_len=256,
-            kv_cache_memory_bytes=16 << 20,
-            seed=0,
-            **options,
-        )
+        defaults = {"dtype": "float32", "max_model_len": 256, "kv_cache_memory_bytes": 16 << 20, "seed": 0}
+        return vllm.LLM(model=model or model_path, **{**defaults, **options})
 
     return start
 

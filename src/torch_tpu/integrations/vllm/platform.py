@@ -43,6 +43,10 @@ class TpuPlatform(Platform):
     dist_backend: str = "tpu_dist"
     # Standalone functions vLLM compiles on its own (outside the model) go to XLA too.
     simple_compile_backend: str = "tpu"
+    # Quantized checkpoints vLLM serves on tpu: torchao's (int8 / float8 weights as torchao's
+    # tensor subclasses, whose ops tpu lowers). vLLM refuses the others by name; its own "fp8"
+    # picks a scaled-matmul kernel per platform and has none for out-of-tree ones.
+    supported_quantization: list[str] = ["torchao"]
 
     @classmethod
     def support_static_graph_mode(cls) -> bool:

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import torch_tpu
-from torch_tpu.ops import cpu_dtypes
 
 FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
 SPECIAL = [
@@ -143,14 +142,60 @@ def test_ops_cpu_refuses_on_float8_refuse_alike(call):
     assert a.to("tpu").float().sum().item() == pytest.approx(a.float().sum().item())  # (still usable)
 
 
-def test_matmuls_cpu_runs_in_float8_are_refused_naming_scaled_mm():
-    a, b = _operands(torch.float8_e4m3fn)
-    assert (a @ b.t()).dtype == torch.float8_e4m3fn  # (CPU runs it)
-    with pytest.raises(
-        NotImplementedError, match=r"\"mm\" on tpu does not support 'Float8_e4m3fn' yet.*_scaled_mm"
-    ):
-        a.to("tpu") @ b.t().to("tpu")
-    assert cpu_dtypes.FLOAT8_NOT_YET == {"mm.default", "addmm.default"}
+#: CPU's products in float8: computed in float32, rounded to float8 (into e4m3fn saturating)
+PRODUCTS = {
+    "mm": lambda a, b, c: a @ b,
+    "addmm": lambda a, b, c: torch.addmm(c, a, b, beta=0.5, alpha=2),
+    "mul": lambda a, b, c: a[:, :4] * c,
+    "mul by a row": lambda a, b, c: a * a[:1],
+    "mul by a column": lambda a, b, c: c * c[:, :1],
+    "mul_": lambda a, b, c: c.clone().mul_(c),
+}
+
+
+@pytest.mark.parametrize("dtype", FLOAT8, ids=str)
+@pytest.mark.parametrize("name", sorted(PRODUCTS))
+def test_products_cpu_runs_in_float8_round_and_saturate_alike(dtype, name):
+    torch.manual_seed(0)
+    operands = [(torch.randn(*shape) * 20).to(dtype) for shape in ((8, 16), (16, 4), (8, 4))]
+    expected = PRODUCTS[name](*operands)
+    assert expected.dtype == dtype  # (e4m3fn results past 448 saturate, the fnuz ones become NaN)
+    _bits_equal(PRODUCTS[name](*[x.to("tpu") for x in operands]), expected)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [lambda a: a * 2, lambda a: a * a[0, 0], lambda a: a * a[:1, :1], lambda a: a.clone().mul_(2)],
+    ids=["number", "0-dim", "one element", "in place"],
+)
+def test_float8_mul_by_one_element_is_cpus_refusal(call):
+    """CPU's kernel sends a one-element ``other`` to a loop for the half types only."""
+    a, _ = _operands(torch.float8_e4m3fn)
+    for x in (a, a.to("tpu")):
+        with pytest.raises(
+            NotImplementedError, match="\"mul_cpu_reduced_float\" not implemented for 'Float8_e4m3fn'"
+        ):
+            call(x)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a: a == a.float(),
+        lambda a: a * a.to(torch.float8_e5m2),
+        lambda a: torch.where(a.float() > 0, a, a.float()),
+    ],
+    ids=["float32", "another float8", "where"],
+)
+def test_promoting_float8_with_another_dtype_is_cpus_error(call):
+    a, _ = _operands(torch.float8_e4m3fn)
+    errors = []
+    for x in (a, a.to("tpu")):
+        with pytest.raises(RuntimeError, match="Promotion for Float8 Types is not supported") as raised:
+            call(x)
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1]
+    assert (a.to("tpu") == a[0, 0].float().to("tpu")).shape == a.shape  # (a 0-dim float32: no promotion)
 
 
 # ----------------------------------------------------------------------------- _scaled_mm

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -214,11 +214,25 @@ FLOAT8_OPS = frozenset(
         "stack.default",
         "zero_.default",
         "zeros_like.default",
+        # products in float32 rounded to float8 (saturating, as c10)
+        "addmm.default",
+        "mm.default",
+        "mul.Tensor",
+        "mul_.Tensor",
     }
 )
-#: Overloads CPU runs on float8 that tpu does not yet (arithmetic that rounds to float8: XLA's
-#: rounding of an overflow differs from c10's saturation); they raise saying so.
-FLOAT8_NOT_YET = frozenset({"mm.default", "addmm.default"})
+
+
+def _float8_mul(values, dtype) -> NotImplementedError | None:
+    """CPU multiplies float8 tensors but not by a single element (a number, a 0-dim or one-element
+    tensor): its kernel sends those to a loop for the half types only."""
+    other = values[1]
+    if isinstance(other, torch.Tensor) and other.numel() != 1:
+        return None
+    return NotImplementedError(f"\"mul_cpu_reduced_float\" not implemented for '{type_name(dtype)}'")
+
+
+FLOAT8_RULES = {"mul.Tensor": _float8_mul, "mul_.Tensor": _float8_mul}
 FLOAT8_FACTORIES = frozenset(
     {
         "_scaled_mm.default",  # (its out_dtype)
@@ -246,13 +260,14 @@ FLOAT8_FACTORIES = frozenset(
 class Barebones:
     """A family of dtypes CPU's kernels run in a few overloads only: the overloads that take
     them (``ops``; elementwise ones by the dtype they compute in) and those whose ``dtype=``
-    may be one (``factories``); the rest refuse them with CPU's error, and ``not_yet`` with
-    tpu's own (CPU runs them, tpu does not yet)."""
+    may be one (``factories``); the rest refuse them with CPU's error."""
 
     dtypes: frozenset
     ops: frozenset
     factories: frozenset
-    not_yet: frozenset = frozenset()
+    #: overloads of ``ops`` CPU runs only for some calls: ``rule(values, dtype)`` gives CPU's
+    #: error for the others (None: the call runs)
+    rules: Mapping[str, Callable] = dataclasses.field(default_factory=dict)
 
     @functools.cached_property
     def jax_dtypes(self) -> frozenset:
@@ -382,17 +397,21 @@ def table_guard(op, names, operand_pos=None, common_dtype=None) -> Callable | No
 
 def _barebones_guard(family: Barebones, op, tensor_pos, list_pos, dtype_pos, operand_pos) -> Callable | None:
     name = str(op).removeprefix("aten.")
-    refuse = _not_yet if name in family.not_yet else _refusal
     dtype_pos = () if name in family.factories else tuple(dtype_pos)
     if operand_pos is not None:
-        if name in family.ops:
+        rule = family.rules.get(name)
+        if name in family.ops and rule is None:
             return None
 
         def check_promoted(values, types):
-            if types.compute in family.jax_dtypes:
-                raise refuse(op, types.compute, operand_pos)
+            if types.compute not in family.jax_dtypes:
+                return False
+            error = _refusal(op, types.compute, operand_pos) if rule is None else rule(values, types.compute)
+            if error is not None:
+                raise error
+            return True
 
-        check_promoted.types_only = True  # (its verdict holds for every call with these types)
+        check_promoted.types_only = rule is None  # (its verdict holds for every call with these types)
         return check_promoted
     tensor_pos = () if name in family.ops else tuple(tensor_pos)
     list_pos = () if name in family.ops else tuple(list_pos)
@@ -403,30 +422,21 @@ def _barebones_guard(family: Barebones, op, tensor_pos, list_pos, dtype_pos, ope
     def check(values, types):
         for i in dtype_pos:
             if values[i] in dtypes:
-                raise refuse(op, values[i], (i,))
+                raise _refusal(op, values[i], (i,))
         for i in tensor_pos:
             if isinstance(values[i], torch.Tensor) and values[i].dtype in dtypes:
-                raise refuse(op, values[i].dtype, (i,))
+                raise _refusal(op, values[i].dtype, (i,))
         for i in list_pos:
             for t in values[i] or ():
                 if isinstance(t, torch.Tensor) and t.dtype in dtypes:
-                    raise refuse(op, t.dtype, (i,))
+                    raise _refusal(op, t.dtype, (i,))
 
     return check
 
 
-def _not_yet(op: torch._ops.OpOverload, dtype, positions) -> NotImplementedError:
-    """tpu's refusal of a float8 op CPU runs (no stand-in replay: CPU's checks would pass)."""
-    name = op._schema.name.removeprefix("aten::")
-    return NotImplementedError(
-        f"\"{name}\" on tpu does not support '{type_name(dtype)}' yet (CPU runs it): compute in "
-        "bfloat16 or float32, or use torch._scaled_mm for float8 matrix products"
-    )
-
-
 BAREBONES = (
     Barebones(UNSIGNED, OPS, FACTORIES),
-    Barebones(FLOAT8, FLOAT8_OPS, FLOAT8_FACTORIES, FLOAT8_NOT_YET),
+    Barebones(FLOAT8, FLOAT8_OPS, FLOAT8_FACTORIES, FLOAT8_RULES),
 )
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 
 from ..runtime.buffer import apply
-from ..runtime.dtypes import check_scalar, overflow_error, to_jax
+from ..runtime.dtypes import cast, check_scalar, overflow_error, to_jax
 from ._helpers import (
     accumulator,
     binary,
@@ -474,9 +474,17 @@ def _tensor_binaries(name: str):
             yield op
 
 
+def _multiply(x, y):
+    """``x * y``; float8 ones as CPU's kernel: the product of the widened values, rounded to
+    float8 saturating (``cast``; XLA's own rounding makes an overflow NaN)."""
+    if x.dtype.itemsize == 1 and jnp.issubdtype(x.dtype, jnp.floating):
+        return cast(x.astype(jnp.float32) * y.astype(jnp.float32), x.dtype)
+    return jnp.multiply(x, y)
+
+
 # the shift operators (``x << 2``) share the bitwise shifts' CPU kernel
 for _names, _fn in [
-    (("mul",), jnp.multiply),
+    (("mul",), _multiply),
     (("maximum",), jnp.maximum),
     (("minimum",), jnp.minimum),
     (("fmax",), jnp.fmax),

@@ -19,7 +19,7 @@ from jax._src.lax.linalg import geqrf as _lapack_geqrf  # not re-exported by jax
 
 from ..runtime import overlap, tensor
 from ..runtime.buffer import apply
-from ..runtime.dtypes import to_jax, to_torch, torchs_own
+from ..runtime.dtypes import FLOAT8, TORCH_TO_JAX, cast, to_jax, to_torch, torchs_own
 from ..runtime.precision import matmul_precision
 from . import layout
 from ._helpers import accumulator, type_name
@@ -54,11 +54,23 @@ def _check_dtypes(name: str, *arrays) -> None:
 
 
 # ----------------------------------------------------------------------------- products
+_FLOAT8_JAX = frozenset(TORCH_TO_JAX[d] for d in FLOAT8)
+
+
 def _product(spec: str, a, b):
-    """``einsum(spec, a, b)`` accumulated in torch's opmath dtype (result not yet rounded)."""
+    """``einsum(spec, a, b)`` accumulated in torch's opmath dtype (result not yet rounded; float8
+    operands widened to float32 first, exactly, as CPU's kernel reads them)."""
+    if a.dtype in _FLOAT8_JAX:
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
     return jnp.einsum(
         spec, a, b, precision=matmul_precision(a.dtype), preferred_element_type=accumulator(a.dtype)
     )
+
+
+def _rounded(value, dtype):
+    """A product's rounding to the operands' ``dtype``: into float8 saturating, as c10 does
+    (``cast``); into the others as XLA converts."""
+    return cast(value, dtype) if dtype in _FLOAT8_JAX else value.astype(dtype)
 
 
 def _scaled_sum(bias, product, beta, alpha, dtype):
@@ -66,7 +78,7 @@ def _scaled_sum(bias, product, beta, alpha, dtype):
     The scalars take the product's dtype first, as in torch (``alpha=0.6`` is 0 for ints)."""
     beta, alpha = jnp.asarray(beta, product.dtype), jnp.asarray(alpha, product.dtype)
     bias = jnp.where(beta == 0, jnp.zeros((), product.dtype), bias.astype(product.dtype) * beta)
-    return jnp.broadcast_to(bias + product * alpha, product.shape).astype(dtype)
+    return _rounded(jnp.broadcast_to(bias + product * alpha, product.shape), dtype)
 
 
 def _check_operands(name: str, ranks: tuple[int, int], a, b, bias=None) -> None:
@@ -122,7 +134,7 @@ def _matmul_op(name: str, spec: str, ranks: tuple[int, int], check_sizes):
     def product(a, b):
         _check_operands(name, ranks, a, b)
         check_sizes(a, b)
-        return _product(spec, a, b).astype(a.dtype)
+        return _rounded(_product(spec, a, b), a.dtype)
 
     return product
 
@@ -1109,8 +1121,6 @@ def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=No
     the scales (tensor-wise: one each; row-wise: ``[m, 1]`` and ``[1, n]``), plus ``bias``,
     divided by ``scale_result``, then converted to ``out_dtype`` (the operands' by default; into
     float8 saturating, as c10 does). ``use_fast_accum`` changes nothing here (CPU's neither)."""
-    from ..runtime.dtypes import cast
-
     _check_scaled_mm(a, b, scale_a, scale_b)
     product = jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32), precision=lax.Precision.HIGHEST)
     scale_a = scale_a.reshape(()) if scale_a.size == 1 else scale_a

@@ -22,8 +22,20 @@ from torch._prims_common import (
     is_integer_dtype,
 )
 
+from ..runtime.dtypes import FLOAT8, type_name
+
 #: An operand: (its dtype, is 0-dim) for a tensor, (bool/int/float/complex, True) for a number.
 Signature = tuple[tuple[torch.dtype | type, bool], ...]
+
+
+def _higher(highest: torch.dtype | None, dtype: torch.dtype) -> torch.dtype:
+    """``get_higher_dtype``, refusing to promote a float8 dtype with another as c10 does."""
+    if highest is not None and highest != dtype and (highest in FLOAT8 or dtype in FLOAT8):
+        raise RuntimeError(
+            "Promotion for Float8 Types is not supported, attempted to promote "
+            f"{type_name(highest)} and {type_name(dtype)}"
+        )
+    return get_higher_dtype(highest, dtype)
 
 
 def _highest_tensor_dtype(signature: Signature, wanted, as_complex: bool = False) -> torch.dtype | None:
@@ -33,7 +45,7 @@ def _highest_tensor_dtype(signature: Signature, wanted, as_complex: bool = False
         if isinstance(dtype, torch.dtype) and wanted(dtype):
             if as_complex and is_float_dtype(dtype):
                 dtype = corresponding_complex_dtype(dtype)
-            highest[zero_dim] = get_higher_dtype(highest[zero_dim], dtype)
+            highest[zero_dim] = _higher(highest[zero_dim], dtype)
     return highest[True] if highest[False] is None else highest[False]
 
 

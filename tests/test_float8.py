@@ -10,6 +10,8 @@ import torch
 import torch_tpu
 
 FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
+#: MX formats' scales: powers of two only, no sign, no zero (casts take the exponent, rounded)
+E8M0 = torch.float8_e8m0fnu
 SPECIAL = [
     0.0,
     -0.0,
@@ -31,26 +33,26 @@ def _bits_equal(tpu: torch.Tensor, cpu: torch.Tensor) -> None:
     """Equal values (every NaN alike: XLA and c10 spell NaN with other bits)."""
     assert tpu.device.type == "tpu" and tpu.dtype == cpu.dtype and tpu.shape == cpu.shape
     got, expected = tpu.cpu(), cpu
-    if cpu.dtype in FLOAT8:
+    if cpu.dtype in FLOAT8 or cpu.dtype == E8M0:
         got, expected = got.float(), expected.float()
     torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("dtype", FLOAT8, ids=str)
+@pytest.mark.parametrize("dtype", [*FLOAT8, E8M0], ids=str)
 @pytest.mark.parametrize("source", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 def test_casts_into_float8_round_and_saturate_as_cpu(dtype, source):
     values = torch.tensor(SPECIAL, dtype=source)
     _bits_equal(values.to("tpu").to(dtype), values.to(dtype))
 
 
-@pytest.mark.parametrize("dtype", FLOAT8, ids=str)
+@pytest.mark.parametrize("dtype", [*FLOAT8, E8M0], ids=str)
 def test_integers_and_bools_cast_into_float8_as_cpu(dtype):
     for source in (torch.int32, torch.int64, torch.uint8, torch.bool):
         values = torch.tensor([0, 1, 3, 200, 500, 1000, 70000]).to(source)
         _bits_equal(values.to("tpu").to(dtype), values.to(dtype))
 
 
-@pytest.mark.parametrize("dtype", FLOAT8, ids=str)
+@pytest.mark.parametrize("dtype", [*FLOAT8, E8M0], ids=str)
 def test_casts_out_of_float8_and_copies_as_cpu(dtype):
     cpu = torch.tensor(SPECIAL).to(dtype)
     tpu = cpu.to("tpu")
@@ -121,6 +123,40 @@ def test_ops_cpu_runs_on_float8_run_alike(dtype, name):
     expected = RUNS[name](a, b)
     got = RUNS[name](a.to("tpu"), b.to("tpu"))
     _bits_equal(got, expected)
+
+
+#: what CPU's kernels lack for e8m0 (``pad``'s default value, 0, is not an e8m0 value: CPU's
+#: overflow error)
+E8M0_REFUSED = {"abs": NotImplementedError, "index_put": NotImplementedError, "pad": RuntimeError}
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_ops_on_e8m0_run_or_refuse_as_cpu(name):
+    torch.manual_seed(0)
+    a, b = ((torch.rand(4, 6) * 8 + 0.1).to(E8M0) for _ in range(2))
+    if name in E8M0_REFUSED:
+        for x, y in ((a, b), (a.to("tpu"), b.to("tpu"))):
+            with pytest.raises(
+                E8M0_REFUSED[name], match="not implemented for 'Float8_e8m0fnu'|without overflow"
+            ):
+                RUNS[name](x, y)
+        return
+    _bits_equal(RUNS[name](a.to("tpu"), b.to("tpu")), RUNS[name](a, b))
+
+
+def test_e8m0_scalars_convert_as_cpu():
+    """A number meeting e8m0 takes its exponent (-1 is 1), and a fill checks e8m0's range: from
+    2**-127 (no zero) to 2**127."""
+    cpu = torch.tensor([1.0, 2.0, 4.0]).to(E8M0)
+    tpu = cpu.to("tpu")
+    for call in (lambda x: x != -1, lambda x: x == 3, lambda x: x * x[:2].repeat(2)[:3]):
+        _bits_equal(call(tpu), call(cpu))
+    for value in (0.0, -1.0, 2.0**-128, 1e39):
+        for device in ("cpu", "tpu"):
+            with pytest.raises(RuntimeError, match="c10::Float8_e8m0fnu without overflow"):
+                torch.full((2,), value, dtype=E8M0, device=device)
+    for value in (0, -1, 3.0, float("nan")):  # (an integer's magnitude; NaN is e8m0's)
+        _bits_equal(torch.full((2,), value, dtype=E8M0, device="tpu"), torch.full((2,), value, dtype=E8M0))
 
 
 def test_equal_and_item():

@@ -64,22 +64,12 @@ def test_float8_training_matches_cpu(recipe, compiled):
 
 
 def _llama() -> nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from torch_tpu.testing.hf_zoo import build
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    return LlamaForCausalLM(config).eval()
+    return build("llama").eval()  # (2 layers, hidden 32, grouped-query attention, vocab 128)
 
 
-PROMPT = torch.tensor([[1, 5, 9, 17, 33, 65, 3, 200]])
+PROMPT = torch.tensor([[1, 5, 9, 17, 33, 65, 3, 100]])
 QUANTIZATIONS = {
     "int8_weight_only": Int8WeightOnlyConfig,
     "float8_weight_only": Float8WeightOnlyConfig,

@@ -712,12 +712,12 @@ def test_dtype_round_trips_exactly(dtype):
     assert_same(torch.empty(cpu.shape, dtype=dtype, device=TPU).copy_(cpu), cpu)
 
 
-@pytest.mark.parametrize("dtype", [torch.complex32, torch.float8_e8m0fnu], ids=str)
+@pytest.mark.parametrize("dtype", [torch.complex32, torch.float4_e2m1fn_x2, torch.bits8], ids=str)
 def test_unsupported_dtype_is_a_clear_error(dtype):
     with pytest.raises(TypeError, match=f"tpu does not support dtype {dtype}"):
         torch.empty(3, dtype=dtype, device=TPU)
     with pytest.raises(TypeError, match=f"tpu does not support dtype {dtype}"):
-        torch.zeros(3).to(dtype).to(TPU)
+        torch.zeros(3 * dtype.itemsize, dtype=torch.uint8).view(dtype).to(TPU)  # (CPU casts to none)
     with pytest.raises(TypeError, match=f"tpu does not support dtype {dtype}"):
         torch.ones(3, device=TPU).to(dtype)
 

@@ -81,13 +81,15 @@ def _dtypes_markdown() -> list[str]:
 
     unsigned_ops = sorted(cpu_dtypes.OPS | cpu_dtypes.FACTORIES)
     float8_ops = sorted(cpu_dtypes.FLOAT8_OPS | cpu_dtypes.FLOAT8_FACTORIES)
+    e8m0_lacks = sorted(cpu_dtypes.FLOAT8_OPS - cpu_dtypes.E8M0_OPS)
     return [
-        f"**dtypes:** {names(TORCH_TO_JAX)}. Others (`complex32`, `float8_e8m0fnu`, the quantized "
-        "and bit types) raise `UnsupportedDtypeError` (a `TypeError`) naming the dtype. "
+        f"**dtypes:** {names(TORCH_TO_JAX)}. Others (`complex32`, `float4_e2m1fn_x2`, the bit "
+        "types) raise `UnsupportedDtypeError` (a `TypeError`) naming the dtype; the quantized ones the "
+        "dispatcher's `NotImplementedError`. "
         f"The float8 types run the overloads CPU's kernels run them in "
-        f"{', '.join(f'`{n}`' for n in float8_ops)} (casts round and saturate as CPU's), "
-        "elsewhere CPU's `NotImplementedError`; `mm` and `addmm`, which CPU runs in float8, raise "
-        "tpu's own (`torch._scaled_mm` is the float8 matrix product). "
+        f"{', '.join(f'`{n}`' for n in float8_ops)} (casts round and saturate as CPU's; "
+        f"`float8_e8m0fnu` all but {', '.join(f'`{n}`' for n in e8m0_lacks)}), "
+        "elsewhere CPU's `NotImplementedError`. "
         f"{names(sorted(cpu_dtypes.UNSIGNED, key=str))} run exactly where CPU's kernels do: the "
         f"overloads {', '.join(f'`{n}`' for n in unsigned_ops)}, and elementwise ops that promote "
         "them to a float or wider type; anything else raises CPU's `NotImplementedError` (and "

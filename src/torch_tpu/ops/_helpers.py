@@ -18,7 +18,7 @@ from ..execution.fused import check_key
 from ..runtime import checks
 from ..runtime.buffer import apply, host_copy, host_range
 from ..runtime.context import context
-from ..runtime.dtypes import check_scalar, item_name, to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
+from ..runtime.dtypes import FLOAT8_JAX, cast, check_scalar, item_name, to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
 from ..runtime.transfer import number_of
 from .padding import POINTWISE
 from .registry import OutDtype, Promote, lower
@@ -75,12 +75,18 @@ def unary(op, fn: Callable, promote: Promote = Promote.DEFAULT, **options) -> No
     )
 
 
+def converted(value, dtype) -> jax.Array:
+    """An operand (or a Python number) in the dtype an op computes in: into a float8 dtype with
+    c10's rounding (``cast``: e4m3fn saturating, e8m0 by its exponent), else as XLA converts."""
+    return cast(value, dtype) if dtype in FLOAT8_JAX else jnp.asarray(value, dtype)
+
+
 def binary(op, fn: Callable, promote: Promote = Promote.DEFAULT, **options) -> None:
     """``op(self, other)`` with PyTorch's type promotion (scalars and 0-dim tensors included)."""
     operands = tuple(a.name for a in op._schema.arguments[:2])
     options.setdefault("pad", POINTWISE)
     lower(op, promote=promote, promote_args=operands, **options)(
-        lambda x, y, *, types: fn(jnp.asarray(x, types.compute), jnp.asarray(y, types.compute)).astype(
+        lambda x, y, *, types: fn(converted(x, types.compute), converted(y, types.compute)).astype(
             types.result
         )
     )

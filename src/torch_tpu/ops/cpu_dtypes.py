@@ -233,6 +233,14 @@ def _float8_mul(values, dtype) -> NotImplementedError | None:
 
 
 FLOAT8_RULES = {"mul.Tensor": _float8_mul, "mul_.Tensor": _float8_mul}
+#: ``float8_e8m0fnu`` (MX scales): the float8 overloads but those CPU's kernels lack for it
+E8M0_OPS = FLOAT8_OPS - {
+    "abs.default",
+    "addmm.default",
+    "index_put.default",
+    "index_put_.default",
+    "mm.default",
+}
 FLOAT8_FACTORIES = frozenset(
     {
         "_scaled_mm.default",  # (its out_dtype)
@@ -436,7 +444,8 @@ def _barebones_guard(family: Barebones, op, tensor_pos, list_pos, dtype_pos, ope
 
 BAREBONES = (
     Barebones(UNSIGNED, OPS, FACTORIES),
-    Barebones(FLOAT8, FLOAT8_OPS, FLOAT8_FACTORIES, FLOAT8_RULES),
+    Barebones(FLOAT8 - {torch.float8_e8m0fnu}, FLOAT8_OPS, FLOAT8_FACTORIES, FLOAT8_RULES),
+    Barebones(frozenset({torch.float8_e8m0fnu}), E8M0_OPS, FLOAT8_FACTORIES, FLOAT8_RULES),
 )
 
 

@@ -25,7 +25,7 @@ from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
 from ..runtime.lru import LRU, cached
 from ..runtime.tensor import fill
 from ..runtime.transfer import INT64_RANGE, device_scalar, first_fill_on_host
-from ._helpers import accumulator, check_number_fits
+from ._helpers import accumulator, check_number_fits, converted
 from .padding import UNREAD
 from .registry import Layout, Runs, lower, runtime
 
@@ -281,7 +281,7 @@ def _check_full_like(x, fill_value, dtype=None, *_):
 
 @lower(aten.full_like.default, layout=Layout.LIKE, check=_check_full_like)
 def full_like(x, fill_value, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return jnp.full(x.shape, fill_value, x.dtype if dtype is None else dtype)
+    return jnp.full(x.shape, converted(fill_value, x.dtype if dtype is None else dtype))
 
 
 def _constant_like(value):
@@ -304,7 +304,7 @@ def _check_new_full(x, size, fill_value, dtype=None, *_):
 
 @lower(aten.new_full.default, check=_check_new_full)
 def new_full(x, size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
-    return jnp.full(size, fill_value, x.dtype if dtype is None else dtype)
+    return jnp.full(size, converted(fill_value, x.dtype if dtype is None else dtype))
 
 
 def _constant_new(value):
@@ -519,7 +519,7 @@ def eye_m(n, m, dtype=None, layout=None, device=None, pin_memory=None):
     for name, size in (("n", n), ("m", m)):
         if size < 0:
             raise RuntimeError(f"{name} must be greater or equal to 0, got {size}")
-    return jnp.eye(n, m, dtype=_float_or_default(dtype))
+    return cast(jnp.eye(n, m, dtype=jnp.bool_), _float_or_default(dtype))  # (e8m0's 0 is 2**-127)
 
 
 def _factory_out(out_op, functional) -> None:

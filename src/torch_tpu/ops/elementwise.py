@@ -17,6 +17,7 @@ from ._helpers import (
     accumulator,
     binary,
     check_nonzero,
+    converted,
     host_number,
     predicate,
     type_name,
@@ -155,7 +156,7 @@ def ldexp(x, other, *, types):
 @lower(aten.fill.Scalar, aten.fill.Tensor)
 def fill(x, value):
     require(jnp.ndim(value) == 0)
-    return jnp.full(x.shape, value, x.dtype)
+    return jnp.full(x.shape, converted(value, x.dtype))
 
 
 @lower(aten.gelu.default, promote=INT_TO_FLOAT, promote_args=("self",))
@@ -710,7 +711,7 @@ def pow_scalar(base, exponent, *, types):
 # ----------------------------------------------------------------------------- ternary
 @lower(aten.where.self, promote=Promote.DEFAULT, promote_args=("self", "other"))
 def where(condition, x, y, *, types):
-    return jnp.where(condition, jnp.asarray(x, types.result), jnp.asarray(y, types.result))
+    return jnp.where(condition, converted(x, types.result), converted(y, types.result))
 
 
 def _check_clamp(x, min=None, max=None):

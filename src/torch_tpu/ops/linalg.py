@@ -19,7 +19,7 @@ from jax._src.lax.linalg import geqrf as _lapack_geqrf  # not re-exported by jax
 
 from ..runtime import overlap, tensor
 from ..runtime.buffer import apply
-from ..runtime.dtypes import FLOAT8, TORCH_TO_JAX, cast, to_jax, to_torch, torchs_own
+from ..runtime.dtypes import FLOAT8_JAX, cast, to_jax, to_torch, torchs_own
 from ..runtime.precision import matmul_precision
 from . import layout
 from ._helpers import accumulator, type_name
@@ -54,13 +54,10 @@ def _check_dtypes(name: str, *arrays) -> None:
 
 
 # ----------------------------------------------------------------------------- products
-_FLOAT8_JAX = frozenset(TORCH_TO_JAX[d] for d in FLOAT8)
-
-
 def _product(spec: str, a, b):
     """``einsum(spec, a, b)`` accumulated in torch's opmath dtype (result not yet rounded; float8
     operands widened to float32 first, exactly, as CPU's kernel reads them)."""
-    if a.dtype in _FLOAT8_JAX:
+    if a.dtype in FLOAT8_JAX:
         a, b = a.astype(jnp.float32), b.astype(jnp.float32)
     return jnp.einsum(
         spec, a, b, precision=matmul_precision(a.dtype), preferred_element_type=accumulator(a.dtype)
@@ -70,7 +67,7 @@ def _product(spec: str, a, b):
 def _rounded(value, dtype):
     """A product's rounding to the operands' ``dtype``: into float8 saturating, as c10 does
     (``cast``); into the others as XLA converts."""
-    return cast(value, dtype) if dtype in _FLOAT8_JAX else value.astype(dtype)
+    return cast(value, dtype) if dtype in FLOAT8_JAX else value.astype(dtype)
 
 
 def _scaled_sum(bias, product, beta, alpha, dtype):

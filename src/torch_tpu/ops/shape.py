@@ -23,7 +23,7 @@ from jax import lax
 from ..runtime import tensor
 from ..runtime.context import context
 from . import indexing
-from ._helpers import result_dtype
+from ._helpers import check_number_fits, converted, result_dtype
 from ._nn_helpers import wrap_dim
 from .padding import CAT, CONSTANT_PAD, SELECT_BACKWARD, SLICE_BACKWARD, TRIANGLE
 from .registry import Layout, Runs, lower
@@ -162,10 +162,16 @@ def _pad_widths(ndim: int, padding) -> list[tuple[int, int]]:
     return [(0, 0)] * (ndim - len(pairs)) + pairs[::-1]
 
 
-@lower(aten.constant_pad_nd.default, layout=Layout.META, pad=CONSTANT_PAD)
+def _check_pad_value(x, pad, value=0):
+    """CPU fills the padded result with ``value``: one its dtype cannot hold is refused."""
+    widths = _pad_widths(x.ndim, pad)
+    check_number_fits(value, x.dtype, math.prod(max(n + lo + hi, 0) for n, (lo, hi) in zip(x.shape, widths)))
+
+
+@lower(aten.constant_pad_nd.default, layout=Layout.META, pad=CONSTANT_PAD, check=_check_pad_value)
 def constant_pad_nd(x, pad, value=0):
     config = [(lo, hi, 0) for lo, hi in _pad_widths(x.ndim, pad)]  # negative widths crop
-    return lax.pad(x, jnp.asarray(value, x.dtype), config)
+    return lax.pad(x, converted(value, x.dtype), config)
 
 
 def _padding_family(mode: str, forward_ops, backward_ops) -> None:

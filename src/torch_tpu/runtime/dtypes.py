@@ -32,10 +32,21 @@ TORCH_TO_JAX: dict[torch.dtype, np.dtype] = {
     torch.float8_e5m2: np.dtype(jnp.float8_e5m2),
     torch.float8_e4m3fnuz: np.dtype(jnp.float8_e4m3fnuz),
     torch.float8_e5m2fnuz: np.dtype(jnp.float8_e5m2fnuz),
+    torch.float8_e8m0fnu: np.dtype(jnp.float8_e8m0fnu),
 }
 #: The float8 dtypes: PyTorch's CPU kernels run them in a few ops only (``ops.cpu_dtypes``).
-FLOAT8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz})
+#: ``float8_e8m0fnu`` (MX formats' scales) holds powers of two only, no sign and no zero.
+FLOAT8 = frozenset(
+    {
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+        torch.float8_e4m3fnuz,
+        torch.float8_e5m2fnuz,
+        torch.float8_e8m0fnu,
+    }
+)
 JAX_TO_TORCH: dict[np.dtype, torch.dtype] = {v: k for k, v in TORCH_TO_JAX.items()}
+FLOAT8_JAX = frozenset(TORCH_TO_JAX[d] for d in FLOAT8)
 
 
 def torchs_own(error: Exception) -> Exception:
@@ -89,6 +100,7 @@ _SCALAR_TYPE_NAMES = {
     torch.float8_e5m2: "Float8_e5m2",
     torch.float8_e4m3fnuz: "Float8_e4m3fnuz",
     torch.float8_e5m2fnuz: "Float8_e5m2fnuz",
+    torch.float8_e8m0fnu: "Float8_e8m0fnu",
 }
 
 
@@ -104,6 +116,7 @@ _CPP_FLOATING = {
     torch.float8_e5m2: "c10::Float8_e5m2",
     torch.float8_e4m3fnuz: "c10::Float8_e4m3fnuz",
     torch.float8_e5m2fnuz: "c10::Float8_e5m2fnuz",
+    torch.float8_e8m0fnu: "c10::Float8_e8m0fnu",
 }
 
 #: The C++ element types' names, as PyTorch's structured kernels word a wrong out= dtype.
@@ -170,9 +183,13 @@ def cast(value, dtype) -> jax.Array:
     """
     dtype = np.dtype(dtype)
     value = jnp.asarray(value)
+    if value.dtype == dtype:
+        return value
+    if value.dtype == _E8M0:
+        return _from_e8m0(value, dtype)
     if jnp.issubdtype(value.dtype, jnp.complexfloating) and not jnp.issubdtype(dtype, jnp.complexfloating):
         value = jnp.real(value)
-    if dtype in _FLOAT8_JAX:
+    if dtype in FLOAT8_JAX:
         return _to_float8(value, dtype)
     if not (jnp.issubdtype(value.dtype, jnp.floating) and jnp.issubdtype(dtype, jnp.integer)):
         return value.astype(dtype)
@@ -189,22 +206,59 @@ def cast(value, dtype) -> jax.Array:
     return whole if wide == dtype else _low_bits(whole, dtype)
 
 
-_FLOAT8_JAX = frozenset(TORCH_TO_JAX[d] for d in FLOAT8)
 _E4M3FN = np.dtype(jnp.float8_e4m3fn)
+_E8M0 = np.dtype(jnp.float8_e8m0fnu)
 _FNUZ = frozenset({np.dtype(jnp.float8_e4m3fnuz), np.dtype(jnp.float8_e5m2fnuz)})
 
 
 def _to_float8(value, dtype: np.dtype) -> jax.Array:
     """A conversion to float8 as PyTorch's: through float32 (a float64 rounds twice, as c10's
-    conversion from double does; integers convert to float32 first), and into
-    ``float8_e4m3fn`` saturating (c10 clamps finite and infinite values past 448 to +-448; XLA
-    makes them NaN). NaN stays NaN."""
-    if not jnp.issubdtype(value.dtype, jnp.floating) or value.dtype.itemsize > 4:
+    conversion from double does; integers and other float8 types convert to float32 first), and
+    into ``float8_e4m3fn`` saturating (c10 clamps finite and infinite values past 448 to +-448;
+    XLA makes them NaN). NaN stays NaN."""
+    if not jnp.issubdtype(value.dtype, jnp.floating) or value.dtype.itemsize in (1, 8):
         value = value.astype(jnp.float32)  # (integers and bool too: c10 converts them so)
+    if dtype == _E8M0:
+        return _to_e8m0(value.astype(jnp.float32))
     if dtype == _E4M3FN:
         limit = float(jnp.finfo(_E4M3FN).max)
         value = jnp.clip(value, -limit, limit)
     return value.astype(dtype)
+
+
+def _from_e8m0(value: jax.Array, dtype: np.dtype) -> jax.Array:
+    """A conversion out of ``float8_e8m0fnu`` as c10's: ``2 ** (bits - 127)``, bits 255 NaN
+    (NaN is 0 as an integer). Built from the bits: XLA:CPU flushes the smallest value, 2**-127
+    (a float32 subnormal), to 0 when converting it."""
+    bits = lax.bitcast_convert_type(value, jnp.uint8).astype(jnp.uint32)
+    if dtype == jnp.bool_:  # (no e8m0 value is 0)
+        return jnp.ones(value.shape, jnp.bool_)
+    if dtype == jnp.float64:  # (2**-127 is normal there)
+        wide = (bits.astype(jnp.uint64) + (1023 - 127)) << 52
+        return lax.bitcast_convert_type(
+            jnp.where(bits == 0xFF, np.uint64(0x7FF8000000000000), wide), jnp.float64
+        )
+    single_bits = jnp.where(
+        bits == 0, np.uint32(0x00400000), jnp.where(bits == 0xFF, np.uint32(0x7FC00000), bits << 23)
+    )
+    if dtype == jnp.bfloat16:  # (a float32's upper half: every e8m0 value is exact there)
+        return lax.bitcast_convert_type((single_bits >> 16).astype(jnp.uint16), jnp.bfloat16)
+    single = lax.bitcast_convert_type(single_bits, jnp.float32)
+    if jnp.issubdtype(dtype, jnp.integer):
+        single = jnp.where(bits == 0xFF, 0, single)
+    return cast(single, dtype)
+
+
+def _to_e8m0(value: jax.Array) -> jax.Array:
+    """c10's ``fp8e8m0fnu_from_fp32_value``: the float32's exponent field, rounded up by its
+    mantissa to nearest (ties to even, the implied bit the tie breaker); the sign is dropped,
+    0 and subnormals below 2**-127 are 2**-127 (no zero), NaN and infinities NaN. (XLA's own
+    conversion makes 0 and negative values NaN.)"""
+    bits = lax.bitcast_convert_type(value, jnp.uint32)
+    exponent = (bits >> 23) & 0xFF
+    guard, round_bit, sticky = (bits & 0x400000) != 0, (bits & 0x200000) != 0, (bits & 0x1FFFFF) != 0
+    round_up = guard & (round_bit | sticky | (exponent > 0)) & (exponent != 0xFF)
+    return lax.bitcast_convert_type((exponent + round_up).astype(jnp.uint8), _E8M0)
 
 
 #: The C++ names PyTorch's overflow message uses.
@@ -236,9 +290,20 @@ def _overflows(value, dtype: np.dtype, numel: int) -> bool:
             return value > info.max or (-value > info.max if info.min == 0 else value < info.min)
         # a float compares with the limits as doubles (so 2.0**63 passes for int64), NaN fails
         return not float(info.min) <= value <= float(info.max)
-    if dtype in (jnp.float16, jnp.bfloat16) and numel == 1:
-        return False  # CPU fills one half-precision element without the check (rounding to inf)
-    return dtype != jnp.float64 and math.isfinite(value) and abs(value) > float(jnp.finfo(dtype).max)
+    if dtype.itemsize <= 2 and numel == 1:
+        return False  # CPU fills one half or float8 element without the check (rounding instead)
+    if dtype == jnp.float64 or math.isnan(value) or (math.isinf(value) and _has_infinity(dtype)):
+        return False
+    info = jnp.finfo(dtype)
+    if isinstance(value, int):  # (an integer's magnitude only, as c10's ``overflows``)
+        return abs(value) > float(info.max)
+    return not float(info.min) <= value <= float(info.max)  # (e8m0's min: 2**-127, no zero)
+
+
+@functools.cache
+def _has_infinity(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` holds infinities (the float8 types but e5m2 do not)."""
+    return bool(np.isinf(np.array(np.inf, np.float32).astype(dtype)))
 
 
 @functools.cache
@@ -253,8 +318,9 @@ def sure_fits(dtype) -> tuple[int | float, int | float, float, float]:
         info = jnp.iinfo(dtype)
         low, high = int(info.min), int(info.max)
         return (-high if low == 0 else low), high, float(low), float(high)
-    limit = float(jnp.finfo(dtype).max)
-    return -limit, limit, -limit, limit
+    info = jnp.finfo(dtype)
+    low, high = float(info.min), float(info.max)
+    return -high, high, low, high  # (an integer's magnitude counts; e8m0's float low is 2**-127)
 
 
 def check_scalar(value, dtype, numel: int) -> None:

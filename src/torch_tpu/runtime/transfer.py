@@ -17,10 +17,8 @@ from jax._src.lax import lax as lax_internal
 from . import checks, platform
 from .buffer import keep_host_copy
 from .context import context
-from .dtypes import FLOAT8, JAX_TO_TORCH, TORCH_TO_JAX
+from .dtypes import FLOAT8, FLOAT8_JAX, JAX_TO_TORCH, TORCH_TO_JAX
 from .lru import LRU
-
-_FLOAT8_JAX = frozenset(TORCH_TO_JAX[d] for d in FLOAT8)
 
 _scalar_arrays = LRU()  # tpu:0's
 _other_scalar_arrays: dict[int, LRU] = {}  # other devices'
@@ -202,7 +200,7 @@ def _host_view(value: jax.Array | np.ndarray) -> torch.Tensor:
         warnings.simplefilter("ignore", UserWarning)
         if value.dtype == jnp.bfloat16:  # torch reads no numpy bfloat16: its bits, viewed back
             return torch.from_numpy(value.view(np.int16)).view(torch.bfloat16)
-        if value.dtype in _FLOAT8_JAX:  # (nor float8)
+        if value.dtype in FLOAT8_JAX:  # (nor float8)
             return torch.from_numpy(value.view(np.uint8)).view(JAX_TO_TORCH[value.dtype])
         return torch.from_numpy(value)
 

@@ -1,12 +1,12 @@
 """torchao 0.18.0 on tpu, unmodified: float8 training (``convert_to_float8_training``, eager and
-``torch.compile``) and weight-quantized inference (int8 and float8 weight-only, int8 dynamic) of
-a tiny Llama with ``generate()``, each against the same run on CPU.
+``torch.compile``) of the demo GPT, and weight-quantized inference (int8 and float8 weight-only,
+int8 dynamic) of a tiny Llama with ``generate()``, each against the same run on CPU.
 
 Tolerances come from the float64 reference: quantization's own error ``E`` (the CPU run against
 the unquantized model in float64). tpu and CPU cast to float8 and int8 with the same rounding, so
-the runs differ only by float32 sums taken in another order: far below ``E`` (measured: 1e-7
-against 1e-3). A tpu that skipped the quantization would be ``E`` away from CPU; one that
-quantized with wrong scales, further still."""
+the runs differ by float32 sums taken in another order, far below ``E`` until one moves a value
+across a rounding boundary. A tpu that skipped the quantization would be ``E`` away from CPU;
+one that quantized with wrong scales, further still."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import torch_tpu  # noqa: F401
+from torch_tpu.demo.model import GPT, GPTConfig
 
 torchao = pytest.importorskip("torchao")
 from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: E402
@@ -25,26 +26,28 @@ from torchao.quantization import (  # noqa: E402
     quantize_,
 )
 
+CONFIG = GPTConfig(vocab_size=96, block_size=32, n_layer=2, n_head=4, n_embd=64)  # (dims: 16k)
 
-def _mlp() -> nn.Module:
+
+def _gpt(recipe: str | None = None) -> nn.Module:
+    """The demo GPT (2 transformer blocks), its linears Float8Linear for ``recipe``."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))
-
-
-def _float8(recipe: str) -> nn.Module:
-    return convert_to_float8_training(_mlp(), config=Float8LinearConfig.from_recipe_name(recipe))
+    model = GPT(CONFIG)
+    if recipe is not None:
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe))
+    return model
 
 
 def _losses(model: nn.Module, device: str, dtype=torch.float32, compiled=False, steps=4) -> torch.Tensor:
-    """``steps`` AdamW steps of a regression; the losses, in float64."""
+    """``steps`` AdamW steps of next-token prediction on one batch; the losses, in float64."""
     model = model.to(device, dtype)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(1)
-    x, y = (torch.randn(32, 64, generator=generator).to(device, dtype) for _ in range(2))
+    idx, targets = (torch.randint(0, 96, (8, 32), generator=generator).to(device) for _ in range(2))
     step = torch.compile(model, backend="tpu") if compiled else model
     losses = []
     for _ in range(steps):
-        loss = (step(x) - y).pow(2).mean()
+        _, loss = step(idx, targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -54,13 +57,21 @@ def _losses(model: nn.Module, device: str, dtype=torch.float32, compiled=False, 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-def test_float8_training_matches_cpu(recipe, compiled):
-    exact = _losses(_mlp(), "cpu", torch.float64)
-    cpu = _losses(_float8(recipe), "cpu")
-    tpu = _losses(_float8(recipe), "tpu", compiled=compiled)
-    error = (cpu - exact).abs()  # float8's own error: measured 1e-4 to 2e-3
+def test_float8_training_of_a_transformer_matches_cpu(recipe, compiled):
+    exact = _losses(_gpt(), "cpu", torch.float64)
+    cpu = _losses(_gpt(recipe), "cpu")
+    tpu = _losses(_gpt(recipe), "tpu", compiled=compiled)
+    error = (cpu - exact).abs()  # float8's own error: measured 2e-4 to 3e-3
     assert torch.all(error > 1e-5), error
-    assert torch.all((tpu - cpu).abs() <= error / 10), (tpu, cpu, error)
+    # The first loss (one forward of the same weights): float32 sums in another order only
+    # (measured: 1e-6 to 1e-5).
+    assert abs(tpu[0] - cpu[0]) <= error[0] / 10, (tpu, cpu, error)
+    # Later steps: a float32 sum taken in another order can move a value across a float8
+    # rounding boundary, after which the runs part by a fraction of float8's error. The bound:
+    # tpu no further from the float64 run than twice the CPU float8 run is (measured: up to
+    # 1.4 times), and truly in float8 (a quarter of float8's error away from float64).
+    assert torch.all((tpu - exact).abs() <= 2 * error), (tpu, cpu, exact)
+    assert float((tpu - exact).abs().max()) >= float(error.max()) / 4, (tpu, exact)
 
 
 def _llama() -> nn.Module:

@@ -25,6 +25,14 @@ CASES = {
         ["sentence_embeddings.py"],
         ["cosine similarities on tpu:0", "min cosine(tpu, cpu)", "[ok]"],
     ),
+    "diffusion": (
+        ["diffusion.py", "--steps", "6", "--size", "8", "--batch-size", "4", "--sampling-steps", "3"],
+        ["parameters on tpu", "images on tpu", "samples equal to CPU's", "[ok]"],
+    ),
+    "lora sft": (
+        ["lora_sft.py", "--steps", "8", "--batch-size", "4", "--max-length", "32"],
+        ["adapter parameters on tpu:0", "merged model on tpu:0", "[ok]"],
+    ),
     # (sets XLA_FLAGS for two host devices itself; the fused run is in tests/runtime/test_devices.py)
     "model parallel": (
         ["model_parallel.py", "--steps", "5"],

@@ -4,7 +4,8 @@ them imports JAX): ``autocast`` (per-op casting on AutocastPrivateUse1), ``modul
 safetensors), ``pin_memory`` (``DataLoader(pin_memory=True)``), ``accelerate`` (Accelerate's
 default device), ``generation`` (Hugging Face ``generate()`` with a static cache), ``dynamo``
 (Dynamo never traces the runtime), ``printing`` (a printed tensor is formatted on the host),
-``inductor`` (``torch.compile``'s default backend compiles tpu graphs with the "tpu" backend)."""
+``inductor`` (``torch.compile``'s default backend compiles tpu graphs with the "tpu" backend),
+``fbgemm`` (TorchRec's sparse ops, once fbgemm is imported)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ def install() -> None:
         accelerate,
         autocast,
         dynamo,
+        fbgemm,
         generation,
         inductor,
         modules,
@@ -32,5 +34,6 @@ def install() -> None:
         dynamo,
         printing,
         inductor,
+        fbgemm,
     ):
         integration.install()

@@ -1,0 +1,135 @@
+"""fbgemm's sparse ops on tpu, the ones TorchRec's jagged tensors and embedding modules call.
+
+fbgemm (``fbgemm_gpu``, TorchRec's kernel library; its CPU build ``fbgemm-gpu-cpu``) defines its
+ops when it is imported, so their tpu lowerings are registered then (``install`` waits for the
+import; nothing here imports fbgemm). Each lowering gives what fbgemm's CPU kernel gives:
+``tests/rec`` checks them against it. fbgemm's own Autograd kernels wrap them, as they wrap the
+CPU ones.
+
+- ``asynchronous_complete_cumsum`` / ``_inclusive_`` / ``_exclusive_``: lengths to offsets.
+- ``offsets_range``: each position's index within its segment.
+- ``permute_1D_sparse_data``, ``permute_2D_sparse_data``: a jagged tensor's features reordered
+  (or picked, or repeated): lengths, values and weights. The values' count depends on the
+  lengths, so without ``permuted_lengths_sum`` the op reads the lengths on the host.
+- ``permute_pooled_embs`` (and ``_auto_grad``): blocks of columns of pooled embeddings
+  reordered (``KeyedTensor.regroup``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+import torch
+
+from .import_hooks import after_import
+
+#: The ops registered (their lowerings below), with how each runs.
+_LOWERINGS: dict = {}
+
+
+def _lowering(name: str, **options):
+    def register(fn):
+        _LOWERINGS[name] = (fn, options)
+        return fn
+
+    return register
+
+
+def _exclusive(lengths):
+    return jnp.cumsum(lengths) - lengths
+
+
+@_lowering("asynchronous_complete_cumsum")
+def complete_cumsum(lengths):
+    return jnp.concatenate([jnp.zeros((1,), lengths.dtype), jnp.cumsum(lengths)])
+
+
+@_lowering("asynchronous_inclusive_cumsum")
+def inclusive_cumsum(lengths):
+    return jnp.cumsum(lengths).astype(lengths.dtype)
+
+
+@_lowering("asynchronous_exclusive_cumsum")
+def exclusive_cumsum(lengths):
+    return _exclusive(lengths).astype(lengths.dtype)
+
+
+def _segment_of(starts, positions):
+    """The segment each position falls in, given the segments' (sorted) start offsets."""
+    return jnp.searchsorted(starts, positions, side="right") - 1
+
+
+@_lowering("offsets_range")
+def offsets_range(offsets, range_size):
+    positions = jnp.arange(range_size, dtype=offsets.dtype)
+    return positions - offsets[_segment_of(offsets, positions)]
+
+
+def _permute_segments(permute, lengths, values, weights, total):
+    """Rows of a jagged tensor (``lengths``: ``[rows, batch]``) reordered as ``permute`` says: the
+    new lengths, and ``values``/``weights`` regathered into ``total`` positions."""
+    row_lengths = lengths.reshape(lengths.shape[0], -1).sum(1)
+    row_starts = _exclusive(row_lengths)
+    new_row_lengths = row_lengths[permute]
+    new_starts = _exclusive(new_row_lengths)
+    positions = jnp.arange(total, dtype=new_starts.dtype)
+    segment = _segment_of(new_starts, positions)
+    source = row_starts[permute][segment] + positions - new_starts[segment]
+    return lengths[permute], values[source], None if weights is None else weights[source]
+
+
+def _permuted_total(permute, lengths, total) -> int:
+    """The permuted values' count: given, or summed on the host (the op runs there then)."""
+    if total is not None:
+        return int(total)
+    return int(lengths.reshape(lengths.shape[0], -1)[permute].sum())
+
+
+@_lowering("permute_2D_sparse_data", runs="host")
+def permute_2d_sparse_data(permute, lengths, values, weights=None, permuted_lengths_sum=None):
+    total = _permuted_total(permute, lengths, permuted_lengths_sum)
+    return _permute_segments(permute, lengths, values, weights, total)
+
+
+@_lowering("permute_1D_sparse_data", runs="host")
+def permute_1d_sparse_data(permute, lengths, values, weights=None, permuted_lengths_sum=None):
+    total = _permuted_total(permute, lengths, permuted_lengths_sum)
+    return _permute_segments(permute, lengths, values, weights, total)
+
+
+def permute_pooled_embs(pooled, offset_dim_list, permute_list, inv_offset_dim_list, inv_permute_list):
+    """Output block ``i`` (columns from ``inv_offset_dim_list[i]``) is input block
+    ``permute_list[i]`` (columns from ``offset_dim_list[permute_list[i]]``)."""
+    columns = jnp.arange(pooled.shape[-1], dtype=inv_offset_dim_list.dtype)
+    block = _segment_of(inv_offset_dim_list[:-1], columns)
+    source = offset_dim_list[permute_list[block]] + columns - inv_offset_dim_list[block]
+    return pooled[..., source]
+
+
+_lowering("permute_pooled_embs")(permute_pooled_embs)
+_lowering("permute_pooled_embs_auto_grad")(permute_pooled_embs)
+
+
+@functools.cache
+def register(module=None) -> None:
+    """Register the lowerings as the ops' tpu kernels (once fbgemm has defined the ops)."""
+    import torch_tpu
+
+    torch_tpu._initialize()  # (the dispatcher's machinery)
+    from ..ops import dispatch
+    from ..ops.registry import Lowering, Runs
+
+    library = torch.library.Library("fbgemm", "IMPL")
+    dispatch._libraries.append(library)
+    for name, (fn, options) in _LOWERINGS.items():
+        packet = getattr(torch.ops.fbgemm, name, None)
+        if packet is None:  # (an fbgemm without this op)
+            continue
+        runs = Runs.HOST if options.get("runs") == "host" else Runs.TRACED
+        entry = Lowering(packet.default, fn, runs=runs, custom=True, family="fbgemm")
+        library.impl(packet.default, dispatch.kernel_of(entry), "PrivateUse1")
+
+
+def install() -> None:
+    after_import("fbgemm_gpu", register)

@@ -1,0 +1,93 @@
+"""fbgemm's sparse ops on tpu (``integrations.fbgemm``) against fbgemm's CPU kernels: the
+jagged-tensor ops TorchRec calls, int32 and int64, with weights and without, permutations that
+reorder, repeat and drop features. Runs where fbgemm is installed (scripts/install_rec.sh)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_tpu  # noqa: F401
+
+pytest.importorskip("fbgemm_gpu", reason="fbgemm is not installed (scripts/install_rec.sh)")
+fbgemm = torch.ops.fbgemm
+
+
+def _flat(result):
+    return result if isinstance(result, (tuple, list)) else (result,)
+
+
+def _alike(op, *args):
+    """``op`` on tpu gives fbgemm's CPU results, dtype and shape included (exactly: these ops
+    move and add integers, or gather floats)."""
+    expected = op(*args)
+    got = op(*[a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args])
+    for e, g in zip(_flat(expected), _flat(got), strict=True):
+        if e is None:
+            assert g is None
+            continue
+        assert g.device.type == "tpu" and g.dtype == e.dtype and g.shape == e.shape
+        torch.testing.assert_close(g.cpu(), e, rtol=0, atol=0)
+
+
+INTS = [torch.int32, torch.int64]
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=str)
+@pytest.mark.parametrize("name", ["complete", "inclusive", "exclusive"])
+def test_cumsums(name, dtype):
+    lengths = torch.tensor([2, 0, 3, 1, 0], dtype=dtype)
+    _alike(getattr(fbgemm, f"asynchronous_{name}_cumsum"), lengths)
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=str)
+def test_offsets_range(dtype):
+    _alike(fbgemm.offsets_range, torch.tensor([0, 2, 2, 5], dtype=dtype), 7)
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=str)
+@pytest.mark.parametrize("permute", [[2, 0, 1], [1, 1, 0], [2], [0, 1, 2]], ids=str)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_permute_2d_sparse_data(permute, dtype, weighted):
+    lengths = torch.tensor([[2, 1, 0], [1, 2, 3], [0, 1, 1]], dtype=dtype)
+    values = torch.arange(11, dtype=dtype) * 7
+    weights = torch.rand(11) if weighted else None
+    order = torch.tensor(permute, dtype=torch.int32)
+    _alike(fbgemm.permute_2D_sparse_data, order, lengths, values, weights, None)
+    total = int(lengths[order.long()].sum())  # (given: no host read of the lengths)
+    _alike(fbgemm.permute_2D_sparse_data, order, lengths, values, weights, total)
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=str)
+def test_permute_1d_sparse_data(dtype):
+    lengths = torch.tensor([2, 0, 3, 1], dtype=dtype)
+    values = torch.arange(6, dtype=dtype)
+    _alike(
+        fbgemm.permute_1D_sparse_data,
+        torch.tensor([3, 0, 2, 2], dtype=torch.int32),
+        lengths,
+        values,
+        torch.rand(6),
+    )
+
+
+@pytest.mark.parametrize("name", ["permute_pooled_embs", "permute_pooled_embs_auto_grad"])
+def test_permute_pooled_embs(name):
+    pooled = torch.randn(3, 10)
+    offsets, permute = torch.tensor([0, 4, 6, 10]), torch.tensor([2, 0, 1])
+    inverse_offsets, inverse = torch.tensor([0, 4, 8, 10]), torch.tensor([1, 2, 0])
+    _alike(getattr(fbgemm, name), pooled, offsets, permute, inverse_offsets, inverse)
+
+
+def test_permute_pooled_embs_backward_is_fbgemms():
+    """fbgemm's Autograd kernel wraps the tpu one: the gradient is the inverse permutation."""
+    offsets, permute = torch.tensor([0, 4, 6, 10]), torch.tensor([2, 0, 1])
+    inverse_offsets, inverse = torch.tensor([0, 4, 8, 10]), torch.tensor([1, 2, 0])
+    grads = []
+    for device in ("cpu", "tpu"):
+        pooled = torch.randn(3, 10, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_()
+        lists = [x.to(device) for x in (offsets, permute, inverse_offsets, inverse)]
+        out = fbgemm.permute_pooled_embs_auto_grad(pooled, *lists)
+        (out * torch.arange(10.0, device=device)).sum().backward()
+        grads.append(pooled.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)

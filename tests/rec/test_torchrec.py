@@ -1,0 +1,99 @@
+"""TorchRec 1.9.2 on tpu, unmodified modules: ``EmbeddingBagCollection`` forward and backward,
+``EmbeddingCollection``, ``KeyedJaggedTensor.permute`` and ``KeyedTensor.regroup`` (fbgemm's ops
+lowered by ``integrations.fbgemm``), against the same calls on CPU. Runs where TorchRec is
+installed (scripts/install_rec.sh).
+
+TorchRec's ``KeyedJaggedTensor.to`` copies a cached per-key split (``to_dict``'s) without moving
+it, on any device: each test builds its tpu KJT from tensors, as a data loader does."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import torch_tpu  # noqa: F401
+
+torchrec = pytest.importorskip("torchrec", reason="TorchRec is not installed (scripts/install_rec.sh)")
+from torchrec import (  # noqa: E402
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+    KeyedJaggedTensor,
+    KeyedTensor,
+)
+
+TPU = torch.device("tpu")
+KEYS = ["f1", "f2", "f3"]
+VALUES = [1, 2, 3, 4, 5, 6, 19]
+LENGTHS = [2, 1, 1, 2, 0, 1]  # 3 features x a batch of 2, one bag empty
+
+
+def _kjt(device, keys=KEYS) -> KeyedJaggedTensor:
+    """The first ``keys`` of the batch (2 samples per key)."""
+    lengths = LENGTHS[: 2 * len(keys)]
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=keys,
+        values=torch.tensor(VALUES[: sum(lengths)], device=device),
+        lengths=torch.tensor(lengths, device=device),
+    )
+
+
+def _ebc(pooling: str) -> EmbeddingBagCollection:
+    torch.manual_seed(0)
+    tables = [
+        EmbeddingBagConfig(
+            name="t1", embedding_dim=8, num_embeddings=20, feature_names=["f1"], pooling=pooling
+        ),
+        EmbeddingBagConfig(
+            name="t2", embedding_dim=4, num_embeddings=30, feature_names=["f2", "f3"], pooling=pooling
+        ),
+    ]
+    return EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+
+
+def _exact(got: torch.Tensor, expected: torch.Tensor) -> None:
+    assert got.device.type == "tpu"
+    torch.testing.assert_close(got.detach().cpu(), expected.detach(), rtol=1.3e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("pooling", [torchrec.PoolingType.SUM, torchrec.PoolingType.MEAN], ids=str)
+def test_embedding_bag_collection_forward_regroup_and_backward(pooling):
+    cpu_module = _ebc(pooling)
+    tpu_module = copy.deepcopy(cpu_module).to("tpu")
+    outputs = {}
+    for device, module in (("cpu", cpu_module), ("tpu", tpu_module)):
+        pooled = module(_kjt(device))
+        groups = KeyedTensor.regroup([pooled], [["f1", "f3"], ["f2"]])
+        sum(g.pow(2).sum() for g in groups).backward()
+        outputs[device] = (pooled.values(), groups)
+    _exact(outputs["tpu"][0], outputs["cpu"][0])
+    for got, expected in zip(outputs["tpu"][1], outputs["cpu"][1], strict=True):
+        _exact(got, expected)
+    for expected, got in zip(cpu_module.parameters(), tpu_module.parameters()):
+        _exact(got.grad, expected.grad)
+
+
+def test_embedding_collection_looks_up_each_id():
+    torch.manual_seed(0)
+    config = EmbeddingConfig(name="t1", embedding_dim=8, num_embeddings=20, feature_names=["f1", "f2"])
+    cpu_module = EmbeddingCollection(tables=[config], device=torch.device("cpu"))
+    tpu_module = copy.deepcopy(cpu_module).to("tpu")
+    expected, got = cpu_module(_kjt("cpu", KEYS[:2])), tpu_module(_kjt(TPU, KEYS[:2]))
+    for key in KEYS[:2]:
+        _exact(got[key].values(), expected[key].values())
+        assert torch.equal(got[key].lengths().cpu(), expected[key].lengths())
+
+
+def test_keyed_jagged_tensor_permute_and_split():
+    cpu, tpu = _kjt("cpu"), _kjt(TPU)
+    for order in ([2, 0, 1], [1, 1], [0]):
+        expected, got = cpu.permute(order), tpu.permute(order)
+        assert got.keys() == expected.keys() and got.values().device.type == "tpu"
+        assert torch.equal(got.values().cpu(), expected.values())
+        assert torch.equal(got.lengths().cpu(), expected.lengths())
+        assert torch.equal(got.offsets().cpu(), expected.offsets())
+    for got, expected in zip(tpu.split([1, 2]), cpu.split([1, 2])):
+        assert torch.equal(got.values().cpu(), expected.values())

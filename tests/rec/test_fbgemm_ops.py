@@ -91,3 +91,50 @@ def test_permute_pooled_embs_backward_is_fbgemms():
         (out * torch.arange(10.0, device=device)).sum().backward()
         grads.append(pooled.grad.cpu())
     torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- jagged <-> dense
+OFFSETS = torch.tensor([0, 2, 2, 6, 7])  # 4 rows: 2, 0, 4 (cut at 3 below) and 1 values
+
+
+def _on(device, x):
+    if isinstance(x, list):
+        return [_on(device, a) for a in x]
+    return x.to(device) if isinstance(x, torch.Tensor) else x
+
+
+def _backward_alike(op, values, *args):
+    """``op``'s result and its gradient wrt ``values`` (fbgemm's Autograd kernel, the tpu
+    lowerings of its backward) equal CPU's."""
+    results = []
+    for device in ("cpu", "tpu"):
+        leaf = values.detach().to(device).requires_grad_()
+        out = op(leaf, *_on(device, list(args)))
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        weights = torch.arange(out.numel(), dtype=out.dtype).reshape(out.shape).to(device)
+        (out * weights).sum().backward()
+        results.append((out.detach().cpu(), leaf.grad.cpu()))
+    for got, expected in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_jagged_to_padded_dense_and_back():
+    values = torch.randn(7, 3)
+    _backward_alike(fbgemm.jagged_to_padded_dense, values, [OFFSETS], [3], -1.5)
+    _backward_alike(fbgemm.jagged_2d_to_dense, values, OFFSETS, 3)
+    _alike(fbgemm.jagged_1d_to_dense, torch.arange(7), OFFSETS, 3, -1)
+
+
+def test_dense_to_jagged():
+    dense = torch.randn(4, 5, 2)
+    _backward_alike(fbgemm.dense_to_jagged, dense, [OFFSETS])
+    _backward_alike(fbgemm.dense_to_jagged, dense, [OFFSETS], 7)
+
+
+def test_nested_jagged_dimensions_are_refused_by_name():
+    values = torch.randn(7, 3, device="tpu")
+    inner = torch.tensor([0, 1, 3], device="tpu")
+    with pytest.raises(
+        NotImplementedError, match="jagged_to_padded_dense_forward on tpu: one jagged dimension only"
+    ):
+        fbgemm.jagged_to_padded_dense(values, [inner, OFFSETS.to("tpu")], [2, 3])

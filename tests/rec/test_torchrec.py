@@ -97,3 +97,45 @@ def test_keyed_jagged_tensor_permute_and_split():
         assert torch.equal(got.offsets().cpu(), expected.offsets())
     for got, expected in zip(tpu.split([1, 2]), cpu.split([1, 2])):
         assert torch.equal(got.values().cpu(), expected.values())
+
+
+def _dlrm_losses(device, dtype=torch.float32, steps=3) -> torch.Tensor:
+    """TorchRec's DLRM (3 tables, dense and over arches) trained with SGD on one random batch."""
+    from torchrec.models.dlrm import DLRM
+
+    torch.manual_seed(0)
+    tables = [
+        EmbeddingBagConfig(name=f"t{i}", embedding_dim=8, num_embeddings=50, feature_names=[f"f{i}"])
+        for i in range(3)
+    ]
+    model = DLRM(
+        embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("cpu")),
+        dense_in_features=4,
+        dense_arch_layer_sizes=[16, 8],
+        over_arch_layer_sizes=[16, 1],
+    ).to(device, dtype)
+    generator = torch.Generator().manual_seed(1)
+    lengths = torch.randint(0, 3, (3 * 4,), generator=generator)
+    values = torch.randint(0, 50, (int(lengths.sum()),), generator=generator)
+    dense, labels = torch.randn(4, 4, generator=generator), torch.randint(0, 2, (4,), generator=generator)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(steps):
+        features = KeyedJaggedTensor.from_lengths_sync(
+            keys=["f0", "f1", "f2"], values=values.to(device), lengths=lengths.to(device)
+        )
+        logits = model(dense.to(device, dtype), features).squeeze(-1)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels.to(device, dtype))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.detach().cpu())
+    return torch.stack(losses)
+
+
+def test_dlrm_trains_as_on_cpu():
+    from torch_tpu.testing.reference import assert_matches_cpu
+
+    tpu, cpu, reference = _dlrm_losses(TPU), _dlrm_losses("cpu"), _dlrm_losses("cpu", torch.float64)
+    assert_matches_cpu(tpu, cpu, reference, "DLRM losses")
+    assert cpu[-1] < cpu[0]

@@ -13,6 +13,9 @@ CPU ones.
   lengths, so without ``permuted_lengths_sum`` the op reads the lengths on the host.
 - ``permute_pooled_embs`` (and ``_auto_grad``): blocks of columns of pooled embeddings
   reordered (``KeyedTensor.regroup``).
+- jagged <-> dense, one jagged dimension: ``jagged_to_padded_dense_forward`` (and its backward),
+  ``jagged_2d_to_dense``, ``jagged_1d_to_dense``, ``dense_to_jagged_forward`` (which reads the
+  offsets on the host unless ``total_L`` is given).
 """
 
 from __future__ import annotations
@@ -109,6 +112,63 @@ def permute_pooled_embs(pooled, offset_dim_list, permute_list, inv_offset_dim_li
 
 _lowering("permute_pooled_embs")(permute_pooled_embs)
 _lowering("permute_pooled_embs_auto_grad")(permute_pooled_embs)
+
+
+def _one_level(name: str, offsets: list):
+    if len(offsets) != 1:
+        raise NotImplementedError(f"fbgemm::{name} on tpu: one jagged dimension only, got {len(offsets)}")
+    return offsets[0]
+
+
+def _padded(values, offsets, length: int, padding):
+    """``[batch, length, ...]``: row ``b`` holds segment ``b`` of ``values`` (``offsets[b]`` to
+    ``offsets[b + 1]``), cut at ``length``, then ``padding``."""
+    starts, ends = offsets[:-1], offsets[1:]
+    positions = jnp.arange(length, dtype=offsets.dtype)
+    valid = positions[None, :] < (ends - starts)[:, None]
+    gathered = values[jnp.where(valid, starts[:, None] + positions[None, :], 0)]
+    valid = valid.reshape(valid.shape + (1,) * (values.ndim - 1))
+    return jnp.where(valid, gathered, jnp.asarray(padding, values.dtype))
+
+
+def _jagged(dense, offsets, total: int):
+    """The inverse: ``total`` values, value ``j`` from row ``b`` (its segment) at ``j -
+    offsets[b]``; 0 past the dense row's length."""
+    positions = jnp.arange(total, dtype=offsets.dtype)
+    row = jnp.clip(_segment_of(offsets[:-1], positions), 0, dense.shape[0] - 1)
+    within = positions - offsets[row]
+    valid = within < dense.shape[1]
+    taken = dense[row, jnp.minimum(within, dense.shape[1] - 1)]
+    valid = valid.reshape(valid.shape + (1,) * (dense.ndim - 2))
+    return jnp.where(valid, taken, jnp.zeros((), dense.dtype))
+
+
+@_lowering("jagged_to_padded_dense_forward")
+def jagged_to_padded_dense(values, offsets, max_lengths, padding_value=0.0):
+    return _padded(
+        values, _one_level("jagged_to_padded_dense_forward", offsets), max_lengths[0], padding_value
+    )
+
+
+@_lowering("jagged_to_padded_dense_backward")
+def jagged_to_padded_dense_backward(grad_output, offsets, total_L):
+    return _jagged(grad_output, _one_level("jagged_to_padded_dense_backward", offsets), total_L)
+
+
+@_lowering("dense_to_jagged_forward", runs="host")
+def dense_to_jagged(dense, x_offsets, total_L=None):
+    offsets = _one_level("dense_to_jagged_forward", x_offsets)
+    return _jagged(dense, offsets, int(offsets[-1]) if total_L is None else int(total_L))
+
+
+@_lowering("jagged_2d_to_dense")
+def jagged_2d_to_dense(values, offsets, max_sequence_length):
+    return _padded(values, offsets, max_sequence_length, 0)
+
+
+@_lowering("jagged_1d_to_dense")
+def jagged_1d_to_dense(values, offsets, max_sequence_length, padding_value):
+    return _padded(values, offsets, max_sequence_length, padding_value)
 
 
 @functools.cache

@@ -163,7 +163,8 @@ def _pad_widths(ndim: int, padding) -> list[tuple[int, int]]:
 
 
 def _check_pad_value(x, pad, value=0):
-    """CPU fills the padded result with ``value``: one its dtype cannot hold is refused."""
+    """CPU fills the padded result with ``value``: one its dtype cannot hold is refused (the
+    check reads shapes only: the padding rule keeps serving, ``CONSTANT_PAD.check_fills``)."""
     widths = _pad_widths(x.ndim, pad)
     check_number_fits(value, x.dtype, math.prod(max(n + lo + hi, 0) for n, (lo, hi) in zip(x.shape, widths)))
 

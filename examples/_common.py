@@ -7,7 +7,9 @@ as ``python examples/<name>.py``).
 
 from __future__ import annotations
 
+import argparse
 import importlib.resources
+from collections.abc import Sequence
 
 import transformers
 
@@ -48,6 +50,21 @@ def tiny_llama(
         bos_token_id=tokenizer.cls_token_id,
         eos_token_id=tokenizer.sep_token_id,
     )
+
+
+def parse_training_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser``'s arguments from ``argv``; its ``--steps`` must be at least 2."""
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error("--steps must be at least 2 (the loss has to fall from somewhere)")
+    return args
+
+
+def loss_fell(losses: Sequence[float], window: int = 1) -> int:
+    """Report whether the mean of the last ``window`` losses is below that of the first."""
+    first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
+    mean = f" (mean of {window} steps)" if window > 1 else ""
+    return report(last < first, f"loss {first:.4f} -> {last:.4f}{mean}")
 
 
 def report(ok: bool, what: str) -> int:

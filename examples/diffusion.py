@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import diffusers
 import torch
 import torch.nn.functional as F
-from _common import report
+from _common import loss_fell, parse_training_args, report
 
 DEVICE = "tpu"
 
@@ -88,10 +88,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16, help="images per step (16)")
     parser.add_argument("--lr", type=float, default=2e-3, help="AdamW learning rate (2e-3)")
     parser.add_argument("--sampling-steps", type=int, default=10, help="DDPM sampling steps (10)")
-    args = parser.parse_args(argv)
-    if args.steps < 2:
-        parser.error("--steps must be at least 2 (the loss has to fall from somewhere)")
-    return args
+    return parse_training_args(parser, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,9 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = unet(args.size).to(DEVICE).train()
     print(f"training {sum(p.numel() for p in model.parameters()):,} parameters on {DEVICE}")
     losses = train(model, scheduler, args)
-    window = max(len(losses) // 5, 1)  # (single steps are noisy: compare the first and last fifths)
-    first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
-    learned = report(last < first, f"loss {first:.4f} -> {last:.4f} (mean of {window} steps)")
+    learned = loss_fell(losses, max(len(losses) // 5, 1))  # (steps are noisy: the first and last fifths)
     on_cpu = copy.deepcopy(model).cpu()
     tpu, cpu = (
         sample(model, scheduler, DEVICE, args.sampling_steps),

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 import transformers
-from _common import corpus_text, minilm_tokenizer, report, tiny_llama
+from _common import corpus_text, loss_fell, minilm_tokenizer, parse_training_args, tiny_llama
 
 
 class TokenBlocks(torch.utils.data.Dataset):
@@ -61,10 +61,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--bf16", action="store_true", help="bfloat16 mixed precision (TrainingArguments(bf16=True))"
     )
-    args = parser.parse_args(argv)
-    if args.steps < 2:
-        parser.error("--steps must be at least 2 (the loss has to fall from somewhere)")
-    return args
+    return parse_training_args(parser, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -97,8 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{trainer.accelerator.mixed_precision})"
         )
         trainer.train()
-    first, last = progress.losses[0], progress.losses[-1]
-    return report(last < first, f"loss {first:.4f} -> {last:.4f}")
+    return loss_fell(progress.losses)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import peft
 import torch
 import transformers
 import trl
-from _common import corpus_text, report
+from _common import corpus_text, loss_fell, parse_training_args
 from datasets import Dataset
 from transformers import AutoTokenizer
 
@@ -38,10 +38,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=8, help="samples per step (8)")
     parser.add_argument("--max-length", type=int, default=64, help="tokens per sample (64)")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
-    args = parser.parse_args(argv)
-    if args.steps < 2:
-        parser.error("--steps must be at least 2 (the loss has to fall from somewhere)")
-    return args
+    return parse_training_args(parser, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,9 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with torch.no_grad():
             out = merged.generate(prompt, max_new_tokens=16, do_sample=False)
         print(f"merged model on {merged.device}: {tokenizer.decode(out[0], skip_special_tokens=True)!r}")
-    window = max(len(losses) // 4, 1)  # (batches differ: compare the first and last quarters)
-    first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
-    return report(last < first, f"loss {first:.4f} -> {last:.4f} (mean of {window} steps)")
+    return loss_fell(losses, max(len(losses) // 4, 1))  # (batches differ: first and last quarters)
 
 
 if __name__ == "__main__":

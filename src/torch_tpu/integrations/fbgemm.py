@@ -1,174 +1,16 @@
-"""fbgemm's sparse ops on tpu, the ones TorchRec's jagged tensors and embedding modules call.
+"""fbgemm's sparse ops on tpu (their lowerings: ``ops.fbgemm``).
 
 fbgemm (``fbgemm_gpu``, TorchRec's kernel library; its CPU build ``fbgemm-gpu-cpu``) defines its
-ops when it is imported, so their tpu lowerings are registered then (``install`` waits for the
-import; nothing here imports fbgemm). Each lowering gives what fbgemm's CPU kernel gives:
-``tests/rec`` checks them against it. fbgemm's own Autograd kernels wrap them, as they wrap the
-CPU ones.
-
-- ``asynchronous_complete_cumsum`` / ``_inclusive_`` / ``_exclusive_``: lengths to offsets.
-- ``offsets_range``: each position's index within its segment.
-- ``permute_1D_sparse_data``, ``permute_2D_sparse_data``: a jagged tensor's features reordered
-  (or picked, or repeated): lengths, values and weights. The values' count depends on the
-  lengths, so without ``permuted_lengths_sum`` the op reads the lengths on the host.
-- ``permute_pooled_embs`` (and ``_auto_grad``): blocks of columns of pooled embeddings
-  reordered (``KeyedTensor.regroup``).
-- jagged <-> dense, one jagged dimension: ``jagged_to_padded_dense_forward`` (and its backward),
-  ``jagged_2d_to_dense``, ``jagged_1d_to_dense``, ``dense_to_jagged_forward`` (which reads the
-  offsets on the host unless ``total_L`` is given).
-"""
+ops when it is imported, so their tpu kernels are registered then: ``install`` waits for that
+import, and nothing here imports fbgemm or JAX before it."""
 
 from __future__ import annotations
 
 import functools
 
-import jax.numpy as jnp
 import torch
 
 from .import_hooks import after_import
-
-#: The ops registered (their lowerings below), with how each runs.
-_LOWERINGS: dict = {}
-
-
-def _lowering(name: str, **options):
-    def register(fn):
-        _LOWERINGS[name] = (fn, options)
-        return fn
-
-    return register
-
-
-def _exclusive(lengths):
-    return jnp.cumsum(lengths) - lengths
-
-
-@_lowering("asynchronous_complete_cumsum")
-def complete_cumsum(lengths):
-    return jnp.concatenate([jnp.zeros((1,), lengths.dtype), jnp.cumsum(lengths)])
-
-
-@_lowering("asynchronous_inclusive_cumsum")
-def inclusive_cumsum(lengths):
-    return jnp.cumsum(lengths).astype(lengths.dtype)
-
-
-@_lowering("asynchronous_exclusive_cumsum")
-def exclusive_cumsum(lengths):
-    return _exclusive(lengths).astype(lengths.dtype)
-
-
-def _segment_of(starts, positions):
-    """The segment each position falls in, given the segments' (sorted) start offsets."""
-    return jnp.searchsorted(starts, positions, side="right") - 1
-
-
-@_lowering("offsets_range")
-def offsets_range(offsets, range_size):
-    positions = jnp.arange(range_size, dtype=offsets.dtype)
-    return positions - offsets[_segment_of(offsets, positions)]
-
-
-def _permute_segments(permute, lengths, values, weights, total):
-    """Rows of a jagged tensor (``lengths``: ``[rows, batch]``) reordered as ``permute`` says: the
-    new lengths, and ``values``/``weights`` regathered into ``total`` positions."""
-    row_lengths = lengths.reshape(lengths.shape[0], -1).sum(1)
-    row_starts = _exclusive(row_lengths)
-    new_row_lengths = row_lengths[permute]
-    new_starts = _exclusive(new_row_lengths)
-    positions = jnp.arange(total, dtype=new_starts.dtype)
-    segment = _segment_of(new_starts, positions)
-    source = row_starts[permute][segment] + positions - new_starts[segment]
-    return lengths[permute], values[source], None if weights is None else weights[source]
-
-
-def _permuted_total(permute, lengths, total) -> int:
-    """The permuted values' count: given, or summed on the host (the op runs there then)."""
-    if total is not None:
-        return int(total)
-    return int(lengths.reshape(lengths.shape[0], -1)[permute].sum())
-
-
-@_lowering("permute_2D_sparse_data", runs="host")
-def permute_2d_sparse_data(permute, lengths, values, weights=None, permuted_lengths_sum=None):
-    total = _permuted_total(permute, lengths, permuted_lengths_sum)
-    return _permute_segments(permute, lengths, values, weights, total)
-
-
-@_lowering("permute_1D_sparse_data", runs="host")
-def permute_1d_sparse_data(permute, lengths, values, weights=None, permuted_lengths_sum=None):
-    total = _permuted_total(permute, lengths, permuted_lengths_sum)
-    return _permute_segments(permute, lengths, values, weights, total)
-
-
-def permute_pooled_embs(pooled, offset_dim_list, permute_list, inv_offset_dim_list, inv_permute_list):
-    """Output block ``i`` (columns from ``inv_offset_dim_list[i]``) is input block
-    ``permute_list[i]`` (columns from ``offset_dim_list[permute_list[i]]``)."""
-    columns = jnp.arange(pooled.shape[-1], dtype=inv_offset_dim_list.dtype)
-    block = _segment_of(inv_offset_dim_list[:-1], columns)
-    source = offset_dim_list[permute_list[block]] + columns - inv_offset_dim_list[block]
-    return pooled[..., source]
-
-
-_lowering("permute_pooled_embs")(permute_pooled_embs)
-_lowering("permute_pooled_embs_auto_grad")(permute_pooled_embs)
-
-
-def _one_level(name: str, offsets: list):
-    if len(offsets) != 1:
-        raise NotImplementedError(f"fbgemm::{name} on tpu: one jagged dimension only, got {len(offsets)}")
-    return offsets[0]
-
-
-def _padded(values, offsets, length: int, padding):
-    """``[batch, length, ...]``: row ``b`` holds segment ``b`` of ``values`` (``offsets[b]`` to
-    ``offsets[b + 1]``), cut at ``length``, then ``padding``."""
-    starts, ends = offsets[:-1], offsets[1:]
-    positions = jnp.arange(length, dtype=offsets.dtype)
-    valid = positions[None, :] < (ends - starts)[:, None]
-    gathered = values[jnp.where(valid, starts[:, None] + positions[None, :], 0)]
-    valid = valid.reshape(valid.shape + (1,) * (values.ndim - 1))
-    return jnp.where(valid, gathered, jnp.asarray(padding, values.dtype))
-
-
-def _jagged(dense, offsets, total: int):
-    """The inverse: ``total`` values, value ``j`` from row ``b`` (its segment) at ``j -
-    offsets[b]``; 0 past the dense row's length."""
-    positions = jnp.arange(total, dtype=offsets.dtype)
-    row = jnp.clip(_segment_of(offsets[:-1], positions), 0, dense.shape[0] - 1)
-    within = positions - offsets[row]
-    valid = within < dense.shape[1]
-    taken = dense[row, jnp.minimum(within, dense.shape[1] - 1)]
-    valid = valid.reshape(valid.shape + (1,) * (dense.ndim - 2))
-    return jnp.where(valid, taken, jnp.zeros((), dense.dtype))
-
-
-@_lowering("jagged_to_padded_dense_forward")
-def jagged_to_padded_dense(values, offsets, max_lengths, padding_value=0.0):
-    return _padded(
-        values, _one_level("jagged_to_padded_dense_forward", offsets), max_lengths[0], padding_value
-    )
-
-
-@_lowering("jagged_to_padded_dense_backward")
-def jagged_to_padded_dense_backward(grad_output, offsets, total_L):
-    return _jagged(grad_output, _one_level("jagged_to_padded_dense_backward", offsets), total_L)
-
-
-@_lowering("dense_to_jagged_forward", runs="host")
-def dense_to_jagged(dense, x_offsets, total_L=None):
-    offsets = _one_level("dense_to_jagged_forward", x_offsets)
-    return _jagged(dense, offsets, int(offsets[-1]) if total_L is None else int(total_L))
-
-
-@_lowering("jagged_2d_to_dense")
-def jagged_2d_to_dense(values, offsets, max_sequence_length):
-    return _padded(values, offsets, max_sequence_length, 0)
-
-
-@_lowering("jagged_1d_to_dense")
-def jagged_1d_to_dense(values, offsets, max_sequence_length, padding_value):
-    return _padded(values, offsets, max_sequence_length, padding_value)
 
 
 @functools.cache
@@ -178,11 +20,12 @@ def register(module=None) -> None:
 
     torch_tpu._initialize()  # (the dispatcher's machinery)
     from ..ops import dispatch
+    from ..ops.fbgemm import LOWERINGS
     from ..ops.registry import Lowering, Runs
 
     library = torch.library.Library("fbgemm", "IMPL")
     dispatch._libraries.append(library)
-    for name, (fn, options) in _LOWERINGS.items():
+    for name, (fn, options) in LOWERINGS.items():
         packet = getattr(torch.ops.fbgemm, name, None)
         if packet is None:  # (an fbgemm without this op)
             continue

@@ -4,6 +4,7 @@ from the same checkpoint; quantization methods tpu lacks are vLLM's own error.""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -12,7 +13,24 @@ import torch
 from .test_vllm import MAX_TOKENS, PROMPTS, hf_greedy
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[serve]', docs/serving.md)")
-pytest.importorskip("torchao", reason="torchao is not installed (pip install -e '.[quant]')")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("torchao") is None, reason="torchao is not installed (pip install -e '.[quant]')"
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def inductor_options_as_before_torchao():
+    """torchao's import turns on Inductor options (``coordinate_descent_tuning``,
+    ``force_fuse_int_mm_with_mul``) that vLLM hashes into its compile cache key: imported here,
+    not at collection, and undone after this module, so the other tests' engines key their
+    compiled model as a fresh ``vllm serve`` does."""
+    from torch._inductor import config
+
+    saved = config.save_config()
+    import torchao  # noqa: F401
+
+    yield
+    config.load_config(saved)
 
 
 def _quantized(model_path: str, folder, config) -> str:

@@ -1,5 +1,6 @@
-"""Pieces shared by the examples: the bundled MiniLM checkpoint, the shipped text corpus, a tiny
-Llama sized for the MiniLM tokenizer, and how an example reports a failed check.
+"""Pieces shared by the examples: the bundled MiniLM checkpoint, the shipped text corpus, tiny
+causal LMs sized for the MiniLM tokenizer, and how an example reports a check (a falling loss, a
+result equal to CPU's).
 
 Not an example itself; the scripts next to it import it (their folder is on ``sys.path`` when run
 as ``python examples/<name>.py``).
@@ -11,11 +12,13 @@ import argparse
 import importlib.resources
 from collections.abc import Sequence
 
+import torch
 import transformers
 
 import torch_tpu  # noqa: F401  (registers the tpu device)
 from torch_tpu.demo import CORPUS
 from torch_tpu.testing import hf_zoo
+from torch_tpu.testing.reference import derived_tolerance
 
 
 def minilm_dir() -> str:
@@ -37,13 +40,13 @@ def corpus_text() -> str:
     return importlib.resources.files("torch_tpu.demo").joinpath("data", CORPUS).read_text("ascii")
 
 
-def tiny_llama(
-    tokenizer: transformers.PreTrainedTokenizerBase, seed: int = 0
+def tiny_causal_lm(
+    tokenizer: transformers.PreTrainedTokenizerBase, model_type: str = "llama", seed: int = 0
 ) -> transformers.PreTrainedModel:
-    """The test zoo's tiny Llama (random weights from ``seed``, on CPU) with an embedding table
-    that covers ``tokenizer`` and its special tokens."""
+    """The test zoo's tiny ``model_type`` (``llama``, ``qwen2``, ...: random weights from
+    ``seed``, on CPU) with an embedding table that covers ``tokenizer`` and its special tokens."""
     return hf_zoo.build(
-        "llama",
+        model_type,
         seed=seed,
         vocab_size=tokenizer.vocab_size,
         pad_token_id=tokenizer.pad_token_id,
@@ -65,6 +68,18 @@ def loss_fell(losses: Sequence[float], window: int = 1) -> int:
     first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
     mean = f" (mean of {window} steps)" if window > 1 else ""
     return report(last < first, f"loss {first:.4f} -> {last:.4f}{mean}")
+
+
+def matches_cpu(what: str, on_tpu: torch.Tensor, on_cpu: torch.Tensor, in_float64: torch.Tensor) -> int:
+    """Report whether ``on_tpu`` equals CPU's ``on_cpu`` within float32 rounding: as far from it as
+    CPU is from ``in_float64``, the same computation in float64 (``torch_tpu.testing.reference``)."""
+    tolerance = derived_tolerance(on_cpu, in_float64)
+    difference = float((on_tpu.cpu() - on_cpu).abs().max())
+    allowed = tolerance["atol"] + tolerance["rtol"] * float(on_cpu.abs().max())
+    return report(
+        difference <= allowed,
+        f"{what} on tpu equal to CPU's: difference {difference:.1e}, allowed {allowed:.1e}",
+    )
 
 
 def report(ok: bool, what: str) -> int:

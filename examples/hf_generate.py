@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 import transformers
-from _common import minilm_tokenizer, report, tiny_llama
+from _common import minilm_tokenizer, report, tiny_causal_lm
 
 PROMPTS = ["Once upon a time, there was a little turtle", "The lesson:"]
 
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     with tempfile.TemporaryDirectory() as checkpoint:
-        tiny_llama(tokenizer).save_pretrained(checkpoint)
+        tiny_causal_lm(tokenizer).save_pretrained(checkpoint)
         model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, device_map="tpu", dtype=dtype)
         cpu_model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
     print(

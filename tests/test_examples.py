@@ -21,6 +21,11 @@ CASES = {
         ["hf_finetune.py", *SMALL_TRAINING, "--bf16"],
         ["parameters on tpu:0", "Accelerate mixed precision: bf16", "step   3  loss", "[ok]"],
     ),
+    # A tiny Qwen2 (Qwen2.5's architecture) through the same Trainer script.
+    "finetune qwen": (
+        ["hf_finetune.py", "--model", "qwen2", *SMALL_TRAINING],
+        ["training Qwen2ForCausalLM:", "parameters on tpu:0", "step   3  loss", "[ok]"],
+    ),
     "sentence embeddings": (
         ["sentence_embeddings.py"],
         ["cosine similarities on tpu:0", "min cosine(tpu, cpu)", "[ok]"],
@@ -32,6 +37,18 @@ CASES = {
     "lora sft": (
         ["lora_sft.py", "--steps", "8", "--batch-size", "4", "--max-length", "32"],
         ["adapter parameters on tpu:0", "merged model on tpu:0", "[ok]"],
+    ),
+    "image classifier resnet": (
+        ["image_classifier.py", "--model", "resnet", "--steps", "10", "--batch-size", "8"],
+        ["training transformers resnet:", "parameters on tpu", "first step's loss on tpu equal to CPU's"],
+    ),
+    "image classifier vit": (
+        ["image_classifier.py", "--model", "vit", "--steps", "10", "--batch-size", "8"],
+        ["training transformers vit:", "parameters on tpu", "first step's loss on tpu equal to CPU's"],
+    ),
+    "mingpt compile": (
+        ["mingpt.py", "--compile", "--steps", "20", "--batch-size", "4", "--block-size", "16"],
+        ['parameters on tpu (torch.compile(backend="tpu"))', "sample (prompt|generated)", "[ok]"],
     ),
     # (sets XLA_FLAGS for two host devices itself; the fused run is in tests/runtime/test_devices.py)
     "model parallel": (

@@ -138,3 +138,22 @@ def test_nested_jagged_dimensions_are_refused_by_name():
         NotImplementedError, match="jagged_to_padded_dense_forward on tpu: one jagged dimension only"
     ):
         fbgemm.jagged_to_padded_dense(values, [inner, OFFSETS.to("tpu")], [2, 3])
+
+
+@pytest.mark.parametrize("sequence", [False, True])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_block_bucketize_sparse_features(sequence, weighted):
+    # 2 features x a batch of 2 (one bag empty), blocks of 5 over 2 ranks; 12 and 23 lie past
+    # the blocks and go to rank id % 2
+    lengths, indices = torch.tensor([2, 1, 4, 0]), torch.tensor([1, 7, 3, 9, 2, 12, 23])
+    weights = torch.linspace(0.1, 0.7, 7) if weighted else None
+    args = (True, sequence, torch.tensor([5, 5]), 2)
+    expected = torch.ops.fbgemm.block_bucketize_sparse_features(lengths, indices, *args, weights)
+    got = torch.ops.fbgemm.block_bucketize_sparse_features(
+        lengths.to("tpu"), indices.to("tpu"), args[0], args[1], args[2].to("tpu"), 2,
+        None if weights is None else weights.to("tpu"),
+    )  # fmt: skip
+    for g, e in zip(got, expected):
+        assert (g is None) == (e is None)
+        if e is not None:
+            assert g.device.type == "tpu" and torch.equal(g.cpu(), e), (g, e)

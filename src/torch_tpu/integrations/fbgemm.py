@@ -22,6 +22,7 @@ def register(module=None) -> None:
     from ..ops import dispatch
     from ..ops.fbgemm import LOWERINGS
     from ..ops.registry import Lowering, Runs
+    from . import fbgemm_tbe
 
     library = torch.library.Library("fbgemm", "IMPL")
     dispatch._libraries.append(library)
@@ -32,6 +33,7 @@ def register(module=None) -> None:
         runs = Runs.HOST if options.get("runs") == "host" else Runs.TRACED
         entry = Lowering(packet.default, fn, runs=runs, custom=True, family="fbgemm")
         library.impl(packet.default, dispatch.kernel_of(entry), "PrivateUse1")
+    fbgemm_tbe.register(library)
 
 
 def install() -> None:

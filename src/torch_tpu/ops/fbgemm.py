@@ -161,3 +161,51 @@ def jagged_2d_to_dense(values, offsets, max_sequence_length):
 @_lowering("jagged_1d_to_dense")
 def jagged_1d_to_dense(values, offsets, max_sequence_length, padding_value):
     return _padded(values, offsets, max_sequence_length, padding_value)
+
+
+def _unsupported(name: str, **given) -> None:
+    for option, value in given.items():
+        if value:
+            raise NotImplementedError(f"fbgemm::{name} on tpu: {option}")
+
+
+@_lowering("block_bucketize_sparse_features")
+def block_bucketize_sparse_features(
+    lengths, indices, bucketize_pos, sequence, block_sizes, my_size, weights=None,
+    batch_size_per_feature=None, max_B=-1, block_bucketize_pos=None, keep_orig_idx=False,
+    total_num_blocks=None, keep_orig_idx_per_feature=None,
+):  # fmt: skip
+    """Row-wise sharding's split of a jagged batch: id ``i`` of feature ``t`` goes to rank
+    ``i // block_sizes[t]`` as ``i % block_sizes[t]`` (ids past ``my_size`` blocks: rank ``i %
+    my_size``, as ``i // my_size``); the result is ordered by rank, then bag, then position, with
+    each id's position in its bag (``bucketize_pos``) and where each id went (``sequence``)."""
+    unsupported = {
+        "variable batch sizes": batch_size_per_feature is not None,
+        "block_bucketize_pos": bool(block_bucketize_pos),
+        "total_num_blocks": total_num_blocks is not None,
+        "keep_orig_idx_per_feature": keep_orig_idx_per_feature is not None,
+    }
+    _unsupported("block_bucketize_sparse_features", **unsupported)
+    bags = lengths.shape[0]
+    offsets = complete_cumsum(lengths)
+    at = jnp.arange(indices.shape[0], dtype=offsets.dtype)
+    bag = jnp.clip(_segment_of(offsets, at), 0, bags - 1)
+    block = block_sizes.astype(indices.dtype)[bag // (bags // block_sizes.shape[0])]
+    inside = indices < block * my_size
+    rank = jnp.where(inside, indices // jnp.maximum(block, 1), indices % my_size)
+    local = (
+        indices if keep_orig_idx else jnp.where(inside, indices % jnp.maximum(block, 1), indices // my_size)
+    )
+    key = rank.astype(offsets.dtype) * bags + bag
+    order = jnp.argsort(key, stable=True)
+    new_lengths = jnp.zeros(my_size * bags, lengths.dtype).at[key].add(1)
+    position = (at - offsets[bag]).astype(indices.dtype)
+    return (
+        new_lengths,
+        local[order],
+        None if weights is None else weights[order],
+        position[order] if bucketize_pos else None,
+        jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0])).astype(indices.dtype)
+        if sequence
+        else None,
+    )

@@ -139,3 +139,29 @@ def test_dlrm_trains_as_on_cpu():
     tpu, cpu, reference = _dlrm_losses(TPU), _dlrm_losses("cpu"), _dlrm_losses("cpu", torch.float64)
     assert_matches_cpu(tpu, cpu, reference, "DLRM losses")
     assert cpu[-1] < cpu[0]
+
+
+def test_fused_embedding_bag_collection_steps_as_on_cpu():
+    from fbgemm_gpu.tbe.config.embedding_config import EmbeddingLocation
+    from torchrec.modules.embedding_configs import PoolingType
+    from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+
+    def fused(device, **location):
+        torch.manual_seed(0)
+        tables = _ebc(PoolingType.SUM)._embedding_bag_configs
+        return FusedEmbeddingBagCollection(
+            tables=tables, optimizer_type=torch.optim.SGD, optimizer_kwargs={"lr": 0.5},
+            device=torch.device(device), **location,
+        )  # fmt: skip
+
+    cpu, tpu = fused("cpu"), fused("tpu")  # (tpu: no location given, TorchRec's host path)
+    tpu.load_state_dict(cpu.state_dict())
+    for _ in range(2):  # (the second lookup reads the rows the first step moved)
+        outputs = []
+        for module, device in ((cpu, "cpu"), (tpu, TPU)):
+            outputs.append(module(_kjt(device)).values())
+            outputs[-1].pow(2).sum().backward()
+        _exact(outputs[1], outputs[0])
+    for name, value in cpu.state_dict().items():
+        _exact(tpu.state_dict()[name], value)
+    assert fused("tpu", location=EmbeddingLocation.HOST)._emb_modules  # (the explicit form)

@@ -5,7 +5,8 @@ safetensors), ``pin_memory`` (``DataLoader(pin_memory=True)``), ``accelerate`` (
 default device), ``generation`` (Hugging Face ``generate()`` with a static cache), ``dynamo``
 (Dynamo never traces the runtime), ``printing`` (a printed tensor is formatted on the host),
 ``inductor`` (``torch.compile``'s default backend compiles tpu graphs with the "tpu" backend),
-``fbgemm`` (TorchRec's sparse ops, once fbgemm is imported)."""
+``fbgemm`` (TorchRec's sparse ops, once fbgemm is imported), ``torchrec`` (a tpu rank's device
+is its ``tpu:0``; the fused modules' default location)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def install() -> None:
         pin_memory,
         printing,
         serialization,
+        torchrec,
     )
 
     for integration in (
@@ -35,5 +37,6 @@ def install() -> None:
         printing,
         inductor,
         fbgemm,
+        torchrec,
     ):
         integration.install()

@@ -39,7 +39,7 @@ def reference_state() -> dict:
     return {k: v.detach().clone() for k, v in make_model(torch.device("cpu")).state_dict().items()}
 
 
-def make_model(device) -> DLRM:
+def make_model(device, dense_device=None) -> DLRM:
     tables = [
         EmbeddingBagConfig(name=f"t{t}", embedding_dim=DIM, num_embeddings=ROWS, feature_names=[FEATURES[t]])
         for t in range(TABLES)
@@ -50,7 +50,7 @@ def make_model(device) -> DLRM:
         dense_in_features=DENSE,
         dense_arch_layer_sizes=[8, DIM],
         over_arch_layer_sizes=[8, 1],
-        dense_device=device,
+        dense_device=dense_device or device,
     )
 
 
@@ -82,10 +82,7 @@ def sharded(device_type: str, state: dict, sharding: str):
         "rowwise_adagrad": (RowWiseAdagrad, {"lr": 0.1, "eps": 0.01}),
     }
     apply_optimizer_in_backward(*fused[OPTIMIZER][:1], model.sparse_arch.parameters(), fused[OPTIMIZER][1])
-    # (one process per chip: each process's chip is its tpu:0)
-    topology = Topology(
-        world_size=world, compute_device=device_type, local_world_size=1 if device_type == "tpu" else world
-    )
+    topology = Topology(world_size=world, compute_device=device_type)
     constraints = {f"t{t}": ParameterConstraints(sharding_types=[sharding]) for t in range(TABLES)}
     planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
     plan = planner.collective_plan(model, None, GROUPS[device_type])
@@ -125,6 +122,17 @@ def train(device_type: str, state: dict, sharding: str) -> list:
     return losses
 
 
+def default_plan_runs() -> int:
+    """``DistributedModelParallel(model, device=tpu)`` as TorchRec's README writes it: its own
+    planner, topology and environment (the default group)."""
+    tpu = torch.device("tpu")
+    dmp = DistributedModelParallel(make_model(torch.device("meta"), dense_device=tpu), device=tpu)
+    dense, lengths, ids, _ = batches()[0]
+    kjt = KeyedJaggedTensor(keys=FEATURES, values=ids.to("tpu"), lengths=lengths.to("tpu"))
+    assert dmp(dense.to("tpu"), kjt).shape == (BATCH, 1)
+    return 1
+
+
 state = reference_state()
 # (TorchRec shards row-wise on accelerators only: CPU's reference is then its table-wise run, the
 # same model and steps laid out otherwise)
@@ -133,5 +141,6 @@ got = train("tpu", state, SHARDING)
 print(f"rank {rank} losses cpu {expected} tpu {got}", flush=True)
 torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=1e-5, atol=1e-6)
 assert expected[-1] != expected[0]
-print(f"rank {rank} ok {len(got)}", flush=True)
+checks = len(got) + (default_plan_runs() if SHARDING == "table_wise" else 0)
+print(f"rank {rank} ok {checks}", flush=True)
 dist.destroy_process_group()

@@ -179,6 +179,23 @@ CAST_ERRORS = {
         (torch.ones(3), torch.zeros(3, dtype=torch.int32)),
         "result type Float can't be cast to the desired output type Int",
     ),
+    # (CPU computes the loss in the target's dtype: 0/1 labels kept as integers refuse)
+    # (embedding_bag's own check names the position; embedding's is an IndexError)
+    "embedding_bag_index_outside": (
+        lambda w, i, o: torch.nn.functional.embedding_bag(i, w, o),
+        (torch.ones(10, 3), torch.tensor([1, 12, 3]), torch.tensor([0, 2])),
+        "Index 1 of input takes value 12 which is not in the valid range [0, 10)",
+    ),
+    "bce_with_logits_int_target": (
+        torch.nn.functional.binary_cross_entropy_with_logits,
+        (torch.randn(4), torch.tensor([0, 1, 1, 0])),
+        "result type Float can't be cast to the desired output type Long",
+    ),
+    "bce_with_logits_bool_target": (
+        torch.nn.functional.binary_cross_entropy_with_logits,
+        (torch.randn(4), torch.tensor([False, True, True, False])),
+        "Subtraction, the `-` operator, with two bool tensors is not supported",
+    ),
 }
 
 

@@ -165,3 +165,26 @@ def test_fused_embedding_bag_collection_steps_as_on_cpu():
     for name, value in cpu.state_dict().items():
         _exact(tpu.state_dict()[name], value)
     assert fused("tpu", location=EmbeddingLocation.HOST)._emb_modules  # (the explicit form)
+
+
+@pytest.mark.parametrize(
+    "values, lengths",
+    [([1, 2], [2, 1]), ([1, 2, 3, 4], [2, 1]), ([1, 12, 3], [2, 1])],
+    ids=["fewer values than lengths", "more values than lengths", "an id outside its table"],
+)
+def test_bad_batches_raise_cpus_error(values, lengths):
+    tables = [EmbeddingBagConfig(name="t1", embedding_dim=4, num_embeddings=10, feature_names=["f1"])]
+    errors = []
+    for device in ("cpu", TPU):
+        torch.manual_seed(0)
+        ebc = EmbeddingBagCollection(tables=tables, device=torch.device(device))
+        kjt = KeyedJaggedTensor(
+            keys=["f1"],
+            values=torch.tensor(values, device=device),
+            lengths=torch.tensor(lengths, device=device),
+        )
+        with pytest.raises(Exception) as error:
+            ebc(kjt).values().cpu()
+        errors.append(error.value)
+    assert type(errors[1]) is type(errors[0]) and str(errors[1]) == str(errors[0])
+    assert torch.ones(2, device=TPU).sum().item() == 2.0  # (the device still works)

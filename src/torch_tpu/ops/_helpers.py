@@ -179,12 +179,14 @@ def report_values(results, report: Callable[[Any], None]) -> None:
 
 def _first_out_of_bounds_in(xp, index, low, high, ignore=None) -> tuple:
     """(whether an entry of ``index`` other than ``ignore`` lies outside [low, high), the first
-    such entry), computed by ``xp`` (``jnp`` on the device, ``np`` on the host)."""
+    such entry, its flat position), computed by ``xp`` (``jnp`` on the device, ``np`` on the
+    host)."""
     flat = index.reshape(-1)
     if ignore is not None:
         flat = xp.where(flat == ignore, low, flat)
     bad = (flat < low) | (flat >= high)
-    return xp.any(bad), flat[xp.argmax(bad)]
+    first = xp.argmax(bad)
+    return xp.any(bad), flat[first], first
 
 
 _first_out_of_bounds = jax.jit(functools.partial(_first_out_of_bounds_in, jnp))
@@ -209,8 +211,10 @@ def check_bounds(
     checks: Sequence[tuple[jax.Array, int, bool]],
     error: Callable[[int, int, int], Exception],
     ignore: int | None = None,
+    by_element: bool = False,
 ) -> None:
-    """Raise ``error(position, value, size)`` for the first index outside its dimension.
+    """Raise ``error(position, value, size)`` for the first index outside its dimension
+    (``position``: which of ``checks``; ``by_element``: the bad entry's flat position in it).
 
     ``checks`` holds ``(index, size, negative_allowed)``; all are checked with one host sync
     (:func:`report_values`). Indices equal to ``ignore`` (a loss's ``ignore_index``) pass.
@@ -226,9 +230,9 @@ def check_bounds(
         return
 
     def report(results) -> None:
-        for (position, size), (any_bad, value) in zip(where, results):
+        for (position, size), (any_bad, value, element) in zip(where, results):
             if any_bad:
-                raise error(position, int(value), size)
+                raise error(int(element) if by_element else position, int(value), size)
 
     report_values(results, report)
 

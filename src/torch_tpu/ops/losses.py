@@ -135,7 +135,19 @@ def binary_cross_entropy_backward(grad, x, target, weight=None, reduction=1):
     return jnp.broadcast_to(result, x.shape).astype(x.dtype)
 
 
-@lower(aten.binary_cross_entropy_with_logits.default)
+def _check_bce_target(x, target, *_) -> None:
+    """CPU computes the loss in the target's dtype, in place: an integer or bool target refuses."""
+    if target.dtype == jnp.bool_:
+        raise RuntimeError(
+            "Subtraction, the `-` operator, with two bool tensors is not supported. "
+            "Use the `^` or `logical_xor()` operator instead."
+        )
+    if not jnp.issubdtype(target.dtype, jnp.inexact):
+        result, desired = type_name(x.dtype), type_name(target.dtype)
+        raise RuntimeError(f"result type {result} can't be cast to the desired output type {desired}")
+
+
+@lower(aten.binary_cross_entropy_with_logits.default, check=_check_bce_target)
 def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, reduction=1):
     compute = compute_dtype(x.dtype)
     xc, t = x.astype(compute), target.astype(compute)

@@ -567,6 +567,15 @@ def _check_embedding_indices(weight, indices, *_):
     check_bounds([(indices, weight.shape[0], False)], lambda *_: IndexError("index out of range in self"))
 
 
+def _check_embedding_bag_indices(weight, indices, *_):
+    def error(position: int, value: int, size: int) -> RuntimeError:
+        return RuntimeError(
+            f"Index {position} of input takes value {value} which is not in the valid range [0, {size})"
+        )
+
+    check_bounds([(indices, weight.shape[0], False)], error, by_element=True)
+
+
 def _check_embedding(weight, indices, *_):
     if weight.ndim != 2:
         raise RuntimeError("'weight' must be 2-D")
@@ -663,7 +672,7 @@ def _embedding_bag(
 lower(
     aten._embedding_bag.default,
     aten._embedding_bag_forward_only.default,
-    check=lambda weight, indices, *_: _check_embedding_indices(weight, indices),
+    check=_check_embedding_bag_indices,
 )(_embedding_bag)
 
 

@@ -64,8 +64,9 @@ class Lookup:
     pooling_mode: int
     output_dtype: torch.dtype
 
-    def tensors(self) -> tuple:
-        return self.weights_offsets, self.D_offsets, self.indices, self.offsets
+    def layout(self) -> list:
+        """``ops.fbgemm_tbe.Layout``'s tensors, in its order."""
+        return [self.weights_offsets, self.D_offsets, self.indices, self.offsets]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,105 +84,43 @@ class Optimizer:
 
 
 def tbe_forward(
-    weights: A,
-    weights_offsets: A,
-    D_offsets: A,
-    indices: A,
-    offsets: A,
-    indice_weights: A | None,
-    total_D: int,
-    max_D: int,
-    pooling_mode: int,
+    weights: A, layout: list[A], indice_weights: A | None, total_D: int, max_D: int, pooling_mode: int
 ) -> A:
-    return tbe.forward(
-        weights,
-        weights_offsets,
-        D_offsets,
-        indices,
-        offsets,
-        indice_weights,
-        total_D,
-        max_D,
-        pooling_mode,
-    )
+    return tbe.forward(weights, tbe.Layout(*layout), indice_weights, total_D, max_D, pooling_mode)
 
 
 def tbe_weight_grad(
-    grad_output: A,
-    weights: A,
-    weights_offsets: A,
-    D_offsets: A,
-    indices: A,
-    offsets: A,
-    indice_weights: A | None,
-    max_D: int,
-    pooling_mode: int,
-    gradient_clipping: bool,
-    max_gradient: float,
-) -> A:
-    r = tbe.rows(weights, weights_offsets, D_offsets, indices, offsets, max_D)
+    grad_output: A, weights: A, layout: list[A], indice_weights: A | None, max_D: int, pooling_mode: int,
+    gradient_clipping: bool, max_gradient: float,
+) -> A:  # fmt: skip
+    r = tbe.rows(weights, tbe.Layout(*layout), max_D)
     clip = max_gradient if gradient_clipping else None
-    grads = tbe.row_gradients(grad_output, r, D_offsets, offsets, indice_weights, pooling_mode, clip)
-    return tbe.weight_gradient(weights, r, grads)
+    return tbe.weight_gradient(
+        weights, r, tbe.row_gradients(grad_output, r, indice_weights, pooling_mode, clip)
+    )
 
 
 def tbe_indice_weight_grad(
-    grad_output: A,
-    weights: A,
-    weights_offsets: A,
-    D_offsets: A,
-    indices: A,
-    offsets: A,
-    feature_requires_grad: A | None,
-    max_D: int,
+    grad_output: A, weights: A, layout: list[A], feature_requires_grad: A | None, max_D: int
 ) -> A:
-    r = tbe.rows(weights, weights_offsets, D_offsets, indices, offsets, max_D)
-    return tbe.indice_weight_gradient(grad_output, weights, r, D_offsets, offsets, feature_requires_grad)
+    r = tbe.rows(weights, tbe.Layout(*layout), max_D)
+    return tbe.indice_weight_gradient(grad_output, weights, r, feature_requires_grad)
 
 
 def tbe_adagrad(
-    weights: A,
-    momentum: A,
-    grad: A,
-    weights_offsets: A,
-    D_offsets: A,
-    indices: A,
-    offsets: A,
-    learning_rate: A,
-    max_D: int,
-    eps: float,
+    weights: A, momentum: A, grad: A, layout: list[A], learning_rate: A, max_D: int, eps: float
 ) -> tuple[A, A]:
-    r = tbe.rows(weights, weights_offsets, D_offsets, indices, offsets, max_D)
+    r = tbe.rows(weights, tbe.Layout(*layout), max_D)
     return tbe.adagrad(weights, momentum, r, grad, learning_rate, eps)
 
 
 def tbe_rowwise_adagrad(
-    weights: A,
-    momentum: A,
-    momentum_offsets: A,
-    grad: A,
-    weights_offsets: A,
-    D_offsets: A,
-    indices: A,
-    offsets: A,
-    learning_rate: A,
-    max_D: int,
-    eps: float,
-    weight_decay: float,
-    decay_mode: int,
-) -> tuple[A, A]:
-    r = tbe.rows(weights, weights_offsets, D_offsets, indices, offsets, max_D)
+    weights: A, momentum: A, momentum_offsets: A, grad: A, layout: list[A], learning_rate: A, max_D: int,
+    eps: float, weight_decay: float, decay_mode: int,
+) -> tuple[A, A]:  # fmt: skip
+    r = tbe.rows(weights, tbe.Layout(*layout), max_D)
     return tbe.rowwise_adagrad(
-        weights,
-        momentum,
-        momentum_offsets,
-        indices,
-        r,
-        grad,
-        learning_rate,
-        eps,
-        weight_decay,
-        decay_mode,
+        weights, momentum, momentum_offsets, r, grad, learning_rate, eps, weight_decay, decay_mode
     )
 
 
@@ -252,7 +191,7 @@ def _weight_grad(grad_output: torch.Tensor, lookup: Lookup, optimizer: Optimizer
     return _op("tbe_weight_grad")(
         grad_output.contiguous(),
         lookup.weights,
-        *lookup.tensors(),
+        lookup.layout(),
         lookup.indice_weights,
         lookup.max_D,
         lookup.pooling_mode,
@@ -270,7 +209,7 @@ def _apply(grad: torch.Tensor, lookup: Lookup, optimizer: Optimizer) -> None:
     m = optimizer.momentum
     if optimizer.name == "adagrad":
         new_w, new_m = _op("tbe_adagrad")(
-            weights, m, grad, *lookup.tensors(), lr, lookup.max_D, optimizer.floats[0]
+            weights, m, grad, lookup.layout(), lr, lookup.max_D, optimizer.floats[0]
         )
     else:
         eps, weight_decay, max_norm = optimizer.floats
@@ -285,7 +224,7 @@ def _apply(grad: torch.Tensor, lookup: Lookup, optimizer: Optimizer) -> None:
             m,
             optimizer.momentum_offsets,
             grad,
-            *lookup.tensors(),
+            lookup.layout(),
             lr,
             lookup.max_D,
             eps,
@@ -305,7 +244,7 @@ class _LookupFunction(torch.autograd.Function):
         ctx.lookup, ctx.optimizer = lookup, optimizer
         out = _op("tbe_forward")(
             lookup.weights,
-            *lookup.tensors(),
+            lookup.layout(),
             lookup.indice_weights,
             lookup.total_D,
             lookup.max_D,
@@ -321,7 +260,7 @@ class _LookupFunction(torch.autograd.Function):
             indice_grad = _op("tbe_indice_weight_grad")(
                 grad_output.contiguous(),
                 lookup.weights,
-                *lookup.tensors(),
+                lookup.layout(),
                 lookup.feature_requires_grad,
                 lookup.max_D,
             )

@@ -25,43 +25,58 @@ SUM, MEAN, NONE = 0, 1, 2
 DECAY_NONE, DECAY_L2, DECAY_DECOUPLE = 0, 1, 2
 
 
+class Layout(NamedTuple):
+    """A lookup's tensors besides the weights: where each feature's rows start in the flat
+    weights, each feature's columns in the output, the ids and their bags' offsets."""
+
+    weights_offsets: jax.Array  # [T]
+    D_offsets: jax.Array  # [T + 1]
+    indices: jax.Array  # [L]
+    offsets: jax.Array  # [T * B + 1]
+
+
 class Rows(NamedTuple):
     """Where each index reads: its bag, its feature, and ``max_D`` flat positions (``valid``:
-    inside the feature's width, and an index some bag holds)."""
+    inside the feature's width, and an index some bag holds); with what its gradient needs."""
 
     bag: jax.Array  # [L]
     feature: jax.Array  # [L]
     width: jax.Array  # [L]
     positions: jax.Array  # [L, max_D]; past the end of weights where not valid
     valid: jax.Array  # [L, max_D]
+    ids: jax.Array  # [L]: the index itself
+    bag_length: jax.Array  # [L]
+    first_column: jax.Array  # [L]: its feature's first output column
+    batch: int
 
 
 def _segment_of(starts, positions):
     return jnp.searchsorted(starts, positions, side="right") - 1
 
 
-def rows(weights, weights_offsets, D_offsets, indices, offsets, max_D: int) -> Rows:
+def rows(weights, layout: Layout, max_D: int) -> Rows:
+    offsets, D_offsets = layout.offsets, layout.D_offsets
     bags = offsets.shape[0] - 1
     batch = bags // (D_offsets.shape[0] - 1)
-    at = jnp.arange(indices.shape[0], dtype=offsets.dtype)
+    at = jnp.arange(layout.indices.shape[0], dtype=offsets.dtype)
     bag = jnp.clip(_segment_of(offsets, at), 0, bags - 1)
     feature = bag // batch
     width = (D_offsets[1:] - D_offsets[:-1])[feature]
     column = jnp.arange(max_D)
     valid = (column[None, :] < width[:, None]) & (at < offsets[-1])[:, None]
-    start = weights_offsets[feature] + indices.astype(weights_offsets.dtype) * width
+    start = layout.weights_offsets[feature] + layout.indices.astype(layout.weights_offsets.dtype) * width
     positions = jnp.where(valid, start[:, None] + column[None, :], weights.shape[0])
-    return Rows(bag, feature, width, positions, valid)
+    bag_length = (offsets[1:] - offsets[:-1])[bag]
+    return Rows(bag, feature, width, positions, valid, layout.indices, bag_length, D_offsets[feature], batch)
 
 
-def scales(r: Rows, offsets, indice_weights, pooling_mode: int):
+def scales(r: Rows, indice_weights, pooling_mode: int):
     """Each index's factor in its bag: its per-sample weight, over the bag's length for MEAN."""
     scale = (
         jnp.ones(r.bag.shape, jnp.float32) if indice_weights is None else indice_weights.astype(jnp.float32)
     )
     if pooling_mode == MEAN:
-        lengths = (offsets[1:] - offsets[:-1])[r.bag]
-        scale = scale / jnp.maximum(lengths, 1).astype(jnp.float32)
+        scale = scale / jnp.maximum(r.bag_length, 1).astype(jnp.float32)
     return scale
 
 
@@ -70,51 +85,32 @@ def gathered(weights, r: Rows):
     return jnp.where(r.valid, weights.at[r.positions].get(mode="fill", fill_value=0), 0).astype(jnp.float32)
 
 
-def _columns(D_offsets, total_D: int):
-    """Each output column's feature and its column within that feature."""
-    column = jnp.arange(total_D, dtype=D_offsets.dtype)
-    feature = jnp.clip(_segment_of(D_offsets, column), 0, D_offsets.shape[0] - 2)
-    return feature, column - D_offsets[feature]
-
-
-def forward(
-    weights,
-    weights_offsets,
-    D_offsets,
-    indices,
-    offsets,
-    indice_weights,
-    total_D: int,
-    max_D: int,
-    pooling_mode: int,
-):
+def forward(weights, layout: Layout, indice_weights, total_D: int, max_D: int, pooling_mode: int):
     """fbgemm's lookup: ``[B, total_D]`` pooled bags (``[L, max_D]`` rows for ``NONE``), in float32."""
-    r = rows(weights, weights_offsets, D_offsets, indices, offsets, max_D)
-    looked_up = gathered(weights, r) * scales(r, offsets, indice_weights, pooling_mode)[:, None]
+    r = rows(weights, layout, max_D)
+    looked_up = gathered(weights, r) * scales(r, indice_weights, pooling_mode)[:, None]
     if pooling_mode == NONE:
         return looked_up
-    bags = offsets.shape[0] - 1
-    pooled = jax.ops.segment_sum(looked_up, r.bag, num_segments=bags)
-    batch = bags // (D_offsets.shape[0] - 1)
-    feature, within = _columns(D_offsets, total_D)
-    return pooled[feature[None, :] * batch + jnp.arange(batch)[:, None], within[None, :]]
+    pooled = jax.ops.segment_sum(looked_up, r.bag, num_segments=layout.offsets.shape[0] - 1)
+    column = jnp.arange(total_D, dtype=layout.D_offsets.dtype)  # (each output column's feature)
+    feature = jnp.clip(_segment_of(layout.D_offsets, column), 0, layout.D_offsets.shape[0] - 2)
+    within = column - layout.D_offsets[feature]
+    return pooled[feature[None, :] * r.batch + jnp.arange(r.batch)[:, None], within[None, :]]
 
 
-def row_gradients(grad_output, r: Rows, D_offsets, offsets, indice_weights, pooling_mode: int, clip=None):
+def row_gradients(grad_output, r: Rows, indice_weights, pooling_mode: int, clip=None):
     """``[L, max_D]``: the gradient each index's row receives from the output's gradient
     (``clip``: the bag's gradient clipped to ``[-clip, clip]`` first, as fbgemm's CPU kernel
     clips, before the per-sample weight and MEAN's scale)."""
     if pooling_mode == NONE:
         per_bag = grad_output.astype(jnp.float32)
     else:
-        batch = (offsets.shape[0] - 1) // (D_offsets.shape[0] - 1)
-        column = D_offsets[r.feature][:, None] + jnp.minimum(
-            jnp.arange(r.valid.shape[1])[None, :], r.width[:, None] - 1
-        )
-        per_bag = grad_output[(r.bag % batch)[:, None], column].astype(jnp.float32)
+        within = jnp.minimum(jnp.arange(r.valid.shape[1])[None, :], r.width[:, None] - 1)
+        column = r.first_column[:, None] + within
+        per_bag = grad_output[(r.bag % r.batch)[:, None], column].astype(jnp.float32)
     if clip is not None:
         per_bag = jnp.clip(per_bag, -clip, clip)
-    return jnp.where(r.valid, per_bag * scales(r, offsets, indice_weights, pooling_mode)[:, None], 0)
+    return jnp.where(r.valid, per_bag * scales(r, indice_weights, pooling_mode)[:, None], 0)
 
 
 def weight_gradient(weights, r: Rows, grads):
@@ -122,17 +118,12 @@ def weight_gradient(weights, r: Rows, grads):
     return jnp.zeros(weights.shape, jnp.float32).at[r.positions].add(grads, mode="drop")
 
 
-def indice_weight_gradient(grad_output, weights, r: Rows, D_offsets, offsets, feature_requires_grad):
+def indice_weight_gradient(grad_output, weights, r: Rows, feature_requires_grad):
     """The per-sample weights' gradient (weighted SUM lookups): each row against its bag's gradient."""
-    unscaled = row_gradients(grad_output, r, D_offsets, offsets, None, SUM)
-    grad = (unscaled * gathered(weights, r)).sum(1)
+    grad = (row_gradients(grad_output, r, None, SUM) * gathered(weights, r)).sum(1)
     if feature_requires_grad is not None:
         grad = jnp.where(feature_requires_grad[r.feature] != 0, grad, 0)
     return grad
-
-
-def sgd(weights, r: Rows, grad, lr):
-    return (weights.astype(jnp.float32) - lr * grad).astype(weights.dtype)
 
 
 def adagrad(weights, momentum, r: Rows, grad, lr, eps: float):
@@ -148,33 +139,24 @@ def adagrad(weights, momentum, r: Rows, grad, lr, eps: float):
 
 
 def rowwise_adagrad(
-    weights,
-    momentum,
-    momentum_offsets,
-    indices,
-    r: Rows,
-    grad,
-    lr,
-    eps: float,
-    weight_decay: float,
-    decay_mode: int,
+    weights, momentum, momentum_offsets, r: Rows, grad, lr, eps: float, decay: float, mode: int
 ):
     """Adagrad with one accumulator per row (the mean of the row's squared gradient), fbgemm's
     ``EXACT_ROWWISE_ADAGRAD``; L2 decay adds to the gradient, decoupled decay shrinks the row."""
     touched = r.positions
     w = weights.at[touched].get(mode="fill", fill_value=0).astype(jnp.float32)
     g = grad.at[touched].get(mode="fill", fill_value=0)
-    decayed = g + weight_decay * w if decay_mode == DECAY_L2 else g
+    decayed = g + decay * w if mode == DECAY_L2 else g
     mean_square = jnp.where(r.valid, decayed * decayed, 0).sum(1) / r.width.astype(jnp.float32)
-    slot = momentum_offsets[r.feature] + indices.astype(momentum_offsets.dtype)
+    slot = momentum_offsets[r.feature] + r.ids.astype(momentum_offsets.dtype)
     slot = jnp.where(r.valid[:, 0], slot, momentum.shape[0])
     m = momentum.at[slot].get(mode="fill", fill_value=0) + mean_square
     multiplier = lr / (jnp.sqrt(m) + eps)
     correction = jnp.ones_like(multiplier)
-    if decay_mode == DECAY_L2:
-        correction = 1.0 - multiplier * weight_decay
-    elif decay_mode == DECAY_DECOUPLE:
-        correction = jnp.broadcast_to(1.0 - lr * weight_decay, multiplier.shape)
+    if mode == DECAY_L2:
+        correction = 1.0 - multiplier * decay
+    elif mode == DECAY_DECOUPLE:
+        correction = jnp.broadcast_to(1.0 - lr * decay, multiplier.shape)
     updated = correction[:, None] * w - multiplier[:, None] * g
     return (
         weights.at[touched].set(updated.astype(weights.dtype), mode="drop"),

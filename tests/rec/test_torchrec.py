@@ -188,3 +188,13 @@ def test_bad_batches_raise_cpus_error(values, lengths):
         errors.append(error.value)
     assert type(errors[1]) is type(errors[0]) and str(errors[1]) == str(errors[0])
     assert torch.ones(2, device=TPU).sum().item() == 2.0  # (the device still works)
+
+
+def test_a_table_larger_than_the_chip_is_an_out_of_memory_error():
+    # (TorchRec's planner counts no HBM for tpu, as for any device but cuda and mtia: it plans
+    # such a table, and its allocation is refused)
+    rows = 2 * torch.tpu.get_device_properties(0).total_memory // (64 * 4)
+    tables = [EmbeddingBagConfig(name="big", embedding_dim=64, num_embeddings=rows, feature_names=["f"])]
+    with pytest.raises(torch.OutOfMemoryError, match="tpu out of memory"):
+        EmbeddingBagCollection(tables=tables, device=TPU)
+    assert torch.ones(2, device=TPU).sum().item() == 2.0

@@ -157,3 +157,44 @@ def test_block_bucketize_sparse_features(sequence, weighted):
         assert (g is None) == (e is None)
         if e is not None:
             assert g.device.type == "tpu" and torch.equal(g.cpu(), e), (g, e)
+
+
+def _torchrec_ops():
+    """TorchRec's own tpu-kernel ops (defined by its experimental tpu package) and sample calls."""
+    pytest.importorskip("torchrec.experimental.torch_tpu.pallas.ops")
+    w, ids, offsets = torch.randn(10, 16), torch.tensor([1, 7, 3, 3, 9, 0]), torch.tensor([0, 2, 2, 5])
+    grad_rows, grad_bags = torch.randn(6, 16), torch.randn(3, 16)
+    # (stacked tables: bag b's rows from row_offsets[b])
+    stacked, row_offsets = torch.randn(14, 16), torch.tensor([0, 2, 4])
+    cols = (torch.tensor([0, 4, 10, 16]), torch.tensor([2, 0, 1]))
+    return {
+        "embedding_lookup": (ids, w, 16),
+        "embedding_lookup_backward": (grad_rows, ids, 10, 16),
+        "embedding_pooled_lookup": (ids, w, 2),
+        "embedding_pooled_lookup_backward": (grad_bags, ids, 2, 10, 16),
+        "embedding_pooled_lookup_offset": (ids[:5], offsets, w, 16),
+        "embedding_pooled_lookup_offset_backward": (grad_bags, ids[:5], offsets, 10, 16),
+        "embedding_pooled_batched_lookup_offset": (ids[:5], offsets, stacked, row_offsets, 16),
+        "embedding_pooled_batched_lookup_offset_backward": (grad_bags, ids[:5], offsets, row_offsets, 14, 16),
+        "permute_pooled_embs": (grad_bags, *cols),
+        "permute_pooled_embs_backward": (grad_bags, *cols),
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "embedding_lookup", "embedding_lookup_backward", "embedding_pooled_lookup",
+        "embedding_pooled_lookup_backward", "embedding_pooled_lookup_offset",
+        "embedding_pooled_lookup_offset_backward", "embedding_pooled_batched_lookup_offset",
+        "embedding_pooled_batched_lookup_offset_backward", "permute_pooled_embs",
+        "permute_pooled_embs_backward",
+    ],
+)  # fmt: skip
+def test_torchrec_tpu_kernel_ops_as_on_cpu(name):
+    args = _torchrec_ops()[name]
+    op = getattr(torch.ops.torchrec, name)
+    expected = op(*args)
+    got = op(*(a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args))
+    assert got.device.type == "tpu"
+    torch.testing.assert_close(got.cpu(), expected, rtol=1.3e-6, atol=1e-5)

@@ -17,14 +17,16 @@ WORKER = str(Path(__file__).resolve().parent / "workers" / "sharded_dlrm.py")
 
 
 @pytest.mark.parametrize(
-    "sharding, optimizer",
+    "sharding, optimizer, kernel",
     [
-        ("table_wise", "sgd"),
-        ("row_wise", "rowwise_adagrad"),
-        ("column_wise", "rowwise_adagrad"),
-        ("data_parallel", "sgd"),
+        ("table_wise", "sgd", None),
+        ("row_wise", "rowwise_adagrad", None),
+        ("column_wise", "rowwise_adagrad", None),
+        ("data_parallel", "sgd", None),
+        ("table_wise", "sgd", "unfused_tpu"),  # (TorchRec's own tpu kernel, torchrec:: ops)
     ],
 )
-def test_sharded_dlrm_trains_as_on_cpu(sharding, optimizer):
+def test_sharded_dlrm_trains_as_on_cpu(sharding, optimizer, kernel):
     checks = 5 if sharding == "table_wise" else 4  # (table-wise also runs TorchRec's default plan)
-    assert checks_passed(torchrun(WORKER, sharding, optimizer, timeout=300)) == [checks, checks]
+    done = torchrun(WORKER, sharding, optimizer, *([kernel] if kernel else []), timeout=300)
+    assert checks_passed(done) == [checks, checks]

@@ -16,24 +16,32 @@ from .import_hooks import after_import
 @functools.cache
 def register(module=None) -> None:
     """Register the lowerings as the ops' tpu kernels (once fbgemm has defined the ops)."""
+    library = register_lowerings("fbgemm")  # (first: it starts torch_tpu, which JAX's use awaits)
+    from . import fbgemm_tbe
+
+    fbgemm_tbe.register(library)
+
+
+def register_lowerings(namespace: str) -> torch.library.Library:
+    """``ops.fbgemm``'s lowerings of ``namespace``'s ops as their tpu kernels (the ops the
+    namespace's library has defined by now); the library they are registered in."""
     import torch_tpu
 
     torch_tpu._initialize()  # (the dispatcher's machinery)
     from ..ops import dispatch
     from ..ops.fbgemm import LOWERINGS
     from ..ops.registry import Lowering, Runs
-    from . import fbgemm_tbe
 
-    library = torch.library.Library("fbgemm", "IMPL")
+    library = torch.library.Library(namespace, "IMPL")
     dispatch._libraries.append(library)
-    for name, (fn, options) in LOWERINGS.items():
-        packet = getattr(torch.ops.fbgemm, name, None)
-        if packet is None:  # (an fbgemm without this op)
+    for name, (fn, options) in LOWERINGS[namespace].items():
+        packet = getattr(getattr(torch.ops, namespace), name, None)
+        if packet is None:  # (a version without this op)
             continue
         runs = Runs.HOST if options.get("runs") == "host" else Runs.TRACED
-        entry = Lowering(packet.default, fn, runs=runs, custom=True, family="fbgemm")
+        entry = Lowering(packet.default, fn, runs=runs, custom=True, family=namespace)
         library.impl(packet.default, dispatch.kernel_of(entry), "PrivateUse1")
-    fbgemm_tbe.register(library)
+    return library
 
 
 def install() -> None:

@@ -17,6 +17,9 @@
   was left on CPU, and ``DistributedDataParallel`` refused it. It now moves to the kernel's tpu
   (its lookup: ``integrations.fbgemm_tbe``), and the per-table views are taken again.
 
+- **TorchRec's own tpu kernel** (``UNFUSED_TPU``, which the planner offers for tpu): its
+  ``torchrec::`` lookup ops get tpu lowerings (``ops.fbgemm``) when TorchRec defines them.
+
 Applied when those TorchRec modules are imported, so ``import torch_tpu`` never imports TorchRec.
 """
 
@@ -103,8 +106,15 @@ def _moved_to_tpu(module, vendor_init):
     return __init__
 
 
+def _torchrec_ops(module) -> None:
+    from .fbgemm import register_lowerings
+
+    register_lowerings("torchrec")
+
+
 def install() -> None:
     for name in PLACEMENT_MODULES:
         after_import(name, _one_chip_per_process)
     after_import("torchrec.modules.fused_embedding_modules", _host_location_on_tpu)
     after_import("torchrec.distributed.batched_embedding_kernel", _dense_kernels_on_tpu)
+    after_import("torchrec.experimental.torch_tpu.pallas.ops", _torchrec_ops)

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-#: fbgemm's op name -> (its lowering, how it runs)
-LOWERINGS: dict = {}
+#: namespace -> op name -> (its lowering, how it runs)
+LOWERINGS: dict = {"fbgemm": {}, "torchrec": {}}
 
 
-def _lowering(name: str, **options):
+def _lowering(name: str, namespace: str = "fbgemm", **options):
     def register(fn):
-        LOWERINGS[name] = (fn, options)
+        LOWERINGS[namespace][name] = (fn, options)
         return fn
 
     return register
@@ -209,3 +209,94 @@ def block_bucketize_sparse_features(
         if sequence
         else None,
     )
+
+
+# ----------------------------------------------------------------------------- TorchRec's own
+# The ``torchrec::`` ops of TorchRec's experimental tpu embedding kernel (``UNFUSED_TPU``, in
+# ``torchrec.experimental.torch_tpu``): lookups by plain ids, pooled by a fixed count or by
+# offsets (with per-bag row offsets: stacked tables), their backward as scatter-adds, and a
+# column-block permutation. Each is what the op's CPU kernel in TorchRec computes.
+
+
+def _bags(offsets, count: int):
+    """Each of ``count`` ids' bag (ids past ``offsets[-1]`` get the last bag: masked by the caller)."""
+    at = jnp.arange(count, dtype=offsets.dtype)
+    return jnp.clip(_segment_of(offsets, at), 0, offsets.shape[0] - 2), at < offsets[-1]
+
+
+def _pooled(rows, offsets):
+    bag, used = _bags(offsets, rows.shape[0])
+    rows = jnp.where(used[:, None], rows, jnp.zeros((), rows.dtype))
+    return jnp.zeros((offsets.shape[0] - 1, rows.shape[1]), rows.dtype).at[bag].add(rows)
+
+
+def _scattered(grad_rows, ids, used, num_rows: int, emb_dim: int):
+    ids = jnp.where(used, ids, num_rows)  # (dropped)
+    return jnp.zeros((num_rows, emb_dim), grad_rows.dtype).at[ids].add(grad_rows, mode="drop")
+
+
+@_lowering("embedding_lookup", "torchrec")
+def embedding_lookup(indices, weights, emb_dim):
+    return weights[indices]
+
+
+@_lowering("embedding_lookup_backward", "torchrec")
+def embedding_lookup_backward(grad_out, indices, num_rows, emb_dim):
+    return _scattered(grad_out, indices, jnp.ones(indices.shape, bool), num_rows, emb_dim)
+
+
+@_lowering("embedding_pooled_lookup", "torchrec")
+def embedding_pooled_lookup(idx, table, pool):
+    return table[idx].reshape(-1, pool, table.shape[1]).sum(1)
+
+
+@_lowering("embedding_pooled_lookup_backward", "torchrec")
+def embedding_pooled_lookup_backward(grad_out, idx, pool, num_rows, emb_dim):
+    grad_rows = jnp.repeat(grad_out, pool, axis=0)
+    return _scattered(grad_rows, idx, jnp.ones(idx.shape, bool), num_rows, emb_dim)
+
+
+@_lowering("embedding_pooled_lookup_offset", "torchrec")
+def embedding_pooled_lookup_offset(indices, offsets, weights, emb_dim):
+    return _pooled(weights[indices], offsets)
+
+
+@_lowering("embedding_pooled_lookup_offset_backward", "torchrec")
+def embedding_pooled_lookup_offset_backward(grad_out, indices, offsets, num_rows, emb_dim):
+    bag, used = _bags(offsets, indices.shape[0])
+    return _scattered(grad_out[bag], indices, used, num_rows, emb_dim)
+
+
+@_lowering("embedding_pooled_batched_lookup_offset", "torchrec")
+def embedding_pooled_batched_lookup_offset(indices, offsets, weights, row_offsets, emb_dim):
+    bag, _ = _bags(offsets, indices.shape[0])
+    return _pooled(weights[indices + row_offsets[bag].astype(indices.dtype)], offsets)
+
+
+@_lowering("embedding_pooled_batched_lookup_offset_backward", "torchrec")
+def embedding_pooled_batched_lookup_offset_backward(
+    grad_out, indices, offsets, row_offsets, num_rows, emb_dim
+):
+    bag, used = _bags(offsets, indices.shape[0])
+    rows = indices + row_offsets[bag].astype(indices.dtype)
+    return _scattered(grad_out[bag], rows, used, num_rows, emb_dim)
+
+
+def _permuted_columns(offset_dim_list, permute_list, size: int):
+    """Output column ``c`` of block ``i`` reads input block ``permute_list[i]``'s matching column."""
+    dims = offset_dim_list[1:] - offset_dim_list[:-1]
+    starts = jnp.concatenate([jnp.zeros((1,), dims.dtype), jnp.cumsum(dims[permute_list])])
+    columns = jnp.arange(size, dtype=offset_dim_list.dtype)
+    block = jnp.clip(_segment_of(starts[:-1], columns), 0, permute_list.shape[0] - 1)
+    return offset_dim_list[permute_list[block]] + columns - starts[block]
+
+
+@_lowering("permute_pooled_embs", "torchrec")
+def torchrec_permute_pooled_embs(pooled_embs, offset_dim_list, permute_list):
+    return pooled_embs[:, _permuted_columns(offset_dim_list, permute_list, pooled_embs.shape[1])]
+
+
+@_lowering("permute_pooled_embs_backward", "torchrec")
+def torchrec_permute_pooled_embs_backward(grad_out, offset_dim_list, permute_list):
+    columns = _permuted_columns(offset_dim_list, permute_list, grad_out.shape[1])
+    return jnp.zeros_like(grad_out).at[:, columns].add(grad_out)

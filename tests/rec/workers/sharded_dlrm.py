@@ -4,7 +4,8 @@ over tpu_dist, and the same on CPU over gloo in the same processes. Each rank pr
 both, and ``rank <r> ok`` when the tpu ones are CPU's (table-wise on CPU for row-wise on tpu:
 TorchRec shards row-wise on accelerators only).
 
-Usage: ``torchrun --nproc-per-node 2 sharded_dlrm.py <table_wise|row_wise> <sgd|rowwise_adagrad>``"""
+Usage: ``torchrun --nproc-per-node 2 sharded_dlrm.py <sharding> <sgd|rowwise_adagrad> [kernel]``
+(``kernel``: tpu's compute kernel, the planner's choice by default; CPU's is ``fused``)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 import torch_tpu  # noqa: F401
 
 SHARDING, OPTIMIZER = sys.argv[1], sys.argv[2]
-TABLES, ROWS, DIM, DENSE, BATCH, STEPS = 3, 40, 8, 4, 4, 4
+KERNEL = sys.argv[3] if len(sys.argv) > 3 else None
+TABLES, ROWS, DIM, DENSE, BATCH, STEPS = 3, 40, 16, 4, 4, 4  # (UNFUSED_TPU: widths of 16s)
 FEATURES = [f"f{t}" for t in range(TABLES)]
 
 dist.init_process_group()  # tpu:tpu_dist
@@ -83,7 +85,9 @@ def sharded(device_type: str, state: dict, sharding: str):
     }
     apply_optimizer_in_backward(*fused[OPTIMIZER][:1], model.sparse_arch.parameters(), fused[OPTIMIZER][1])
     topology = Topology(world_size=world, compute_device=device_type)
-    constraints = {f"t{t}": ParameterConstraints(sharding_types=[sharding]) for t in range(TABLES)}
+    kernels = [KERNEL] if KERNEL and device_type == "tpu" else None
+    constraint = ParameterConstraints(sharding_types=[sharding], compute_kernels=kernels)
+    constraints = {f"t{t}": constraint for t in range(TABLES)}
     planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
     plan = planner.collective_plan(model, None, GROUPS[device_type])
     env = ShardingEnv.from_process_group(GROUPS[device_type])

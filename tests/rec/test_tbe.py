@@ -190,3 +190,9 @@ def test_fused_module_refuses_an_id_outside_its_table_in_fatal_mode():
     with pytest.raises(RuntimeError, match="idx: 25, num_rows: 20"):
         module(torch.tensor([1, 25], device="tpu"), torch.tensor([0, 1, 1, 2, 2, 2, 2], device="tpu"))
     assert torch.equal(module.weights_host.detach().cpu(), before)
+
+
+def test_an_update_tpu_lacks_is_refused_at_the_lookup():
+    module = _tbe("tpu", EmbOptimType.EXACT_ROWWISE_ADAGRAD, PoolingMode.SUM, max_norm=1.0)
+    with pytest.raises(NotImplementedError, match="rowwise_adagrad with max_norm > 0"):
+        module(torch.tensor(INDICES, device="tpu"), torch.tensor(OFFSETS, device="tpu"))

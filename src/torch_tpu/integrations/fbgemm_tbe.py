@@ -46,6 +46,12 @@ AUX_BOOL = (
     "mixed_D",
 )
 AUX_FLOAT = ("gwd_lower_bound", "max_gradient")
+#: the names of each optimizer's ``optim_float`` and ``optim_int`` entries (fbgemm's invokers')
+OPTIM_SETTINGS = {
+    "sgd": ((), ()),
+    "adagrad": (("eps",), ()),
+    "rowwise_adagrad": (("eps", "weight_decay", "max_norm"), ("weight_decay_mode",)),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +85,7 @@ class Optimizer:
     momentum_offsets: torch.Tensor | None = None
     gradient_clipping: bool = False
     max_gradient: float = 1.0
-    floats: tuple = ()
-    ints: tuple = ()
+    settings: dict = dataclasses.field(default_factory=dict)  # (eps, weight_decay, ...)
 
 
 def tbe_forward(
@@ -206,31 +211,16 @@ def _apply(grad: torch.Tensor, lookup: Lookup, optimizer: Optimizer) -> None:
     if optimizer.name == "sgd":
         weights.sub_((grad * lr).to(weights.dtype))
         return
-    m = optimizer.momentum
+    m, settings = optimizer.momentum, optimizer.settings
     if optimizer.name == "adagrad":
         new_w, new_m = _op("tbe_adagrad")(
-            weights, m, grad, lookup.layout(), lr, lookup.max_D, optimizer.floats[0]
+            weights, m, grad, lookup.layout(), lr, lookup.max_D, settings["eps"]
         )
     else:
-        eps, weight_decay, max_norm = optimizer.floats
-        if max_norm > 0:
-            raise NotImplementedError("fbgemm TBE on tpu: rowwise_adagrad with max_norm > 0")
-        if optimizer.ints[0] not in (0, 1, 2):
-            raise NotImplementedError(
-                f"fbgemm TBE on tpu: rowwise_adagrad's weight_decay_mode {optimizer.ints[0]}"
-            )
         new_w, new_m = _op("tbe_rowwise_adagrad")(
-            weights,
-            m,
-            optimizer.momentum_offsets,
-            grad,
-            lookup.layout(),
-            lr,
-            lookup.max_D,
-            eps,
-            weight_decay,
-            optimizer.ints[0],
-        )
+            weights, m, optimizer.momentum_offsets, grad, lookup.layout(), lr, lookup.max_D,
+            settings["eps"], settings["weight_decay"], settings["weight_decay_mode"],
+        )  # fmt: skip
     weights.copy_(new_w)
     m.copy_(new_m)
 
@@ -298,8 +288,7 @@ def _fused_lookup(name: str, op):
             momentum_offsets=momentum_offsets,
             gradient_clipping=bool(aux.get("gradient_clipping", False)),
             max_gradient=float(aux.get("max_gradient", 1.0)),
-            floats=tuple(a.get("optim_float") or ()),
-            ints=tuple(a.get("optim_int") or ()),
+            settings=_settings(name, a),
         )
         lookup = _lookup(a, weights, weights_offsets)
         return _LookupFunction.apply(
@@ -307,6 +296,23 @@ def _fused_lookup(name: str, op):
         )
 
     return kernel
+
+
+def _settings(name: str, args: dict) -> dict:
+    """The optimizer's settings by name; the ones tpu's update does not take refused here, at
+    the lookup, rather than in its backward."""
+    floats, ints = OPTIM_SETTINGS[name]
+    settings = {
+        **dict(zip(floats, args.get("optim_float") or ())),
+        **dict(zip(ints, args.get("optim_int") or ())),
+    }
+    if settings.get("max_norm", 0) > 0:
+        raise NotImplementedError(f"fbgemm TBE on tpu: {name} with max_norm > 0")
+    if settings.get("weight_decay_mode", 0) not in (0, 1, 2):
+        raise NotImplementedError(
+            f"fbgemm TBE on tpu: {name}'s weight_decay_mode {settings['weight_decay_mode']}"
+        )
+    return settings
 
 
 def _dense_lookup(op):

@@ -156,6 +156,7 @@ def test_the_ecosystem_docs_example_runs(capsys):
     import pathlib
 
     text = (pathlib.Path(__file__).parents[2] / "docs" / "ecosystem.md").read_text()
-    (snippet,) = [part.split("```")[0] for part in text.split("```python\n")[1:]]
+    section = text.split("## Example: Diffusers on tpu", 1)[1]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(snippet, "docs/ecosystem.md", "exec"), {})
     assert "torch.Size([2, 3, 8, 8])" in capsys.readouterr().out

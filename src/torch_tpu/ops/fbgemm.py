@@ -50,15 +50,23 @@ def exclusive_cumsum(lengths):
     return _exclusive(lengths).astype(lengths.dtype)
 
 
-def _segment_of(starts, positions):
+def segment_of(starts, positions):
     """The segment each position falls in, given the segments' (sorted) start offsets."""
     return jnp.searchsorted(starts, positions, side="right") - 1
+
+
+def bags_of(offsets, count: int):
+    """Each of ``count`` ids' bag under ``offsets`` (a bag's ids from ``offsets[b]`` to
+    ``offsets[b + 1]``), and whether a bag holds it at all (ids past ``offsets[-1]`` are given
+    the last bag: the caller masks them)."""
+    at = jnp.arange(count, dtype=offsets.dtype)
+    return jnp.clip(segment_of(offsets, at), 0, offsets.shape[0] - 2), at < offsets[-1]
 
 
 @_lowering("offsets_range")
 def offsets_range(offsets, range_size):
     positions = jnp.arange(range_size, dtype=offsets.dtype)
-    return positions - offsets[_segment_of(offsets, positions)]
+    return positions - offsets[segment_of(offsets, positions)]
 
 
 def _permute_segments(permute, lengths, values, weights, total):
@@ -69,7 +77,7 @@ def _permute_segments(permute, lengths, values, weights, total):
     new_row_lengths = row_lengths[permute]
     new_starts = _exclusive(new_row_lengths)
     positions = jnp.arange(total, dtype=new_starts.dtype)
-    segment = _segment_of(new_starts, positions)
+    segment = segment_of(new_starts, positions)
     source = row_starts[permute][segment] + positions - new_starts[segment]
     return lengths[permute], values[source], None if weights is None else weights[source]
 
@@ -93,13 +101,17 @@ def permute_1d_sparse_data(permute, lengths, values, weights=None, permuted_leng
     return _permute_segments(permute, lengths, values, weights, total)
 
 
+def _block_sources(offset_dim_list, permute_list, output_starts, size: int):
+    """Each of ``size`` output columns' input column: output block ``i`` (columns from
+    ``output_starts[i]``) is input block ``permute_list[i]`` (from
+    ``offset_dim_list[permute_list[i]]``)."""
+    columns = jnp.arange(size, dtype=output_starts.dtype)
+    block = jnp.clip(segment_of(output_starts[:-1], columns), 0, permute_list.shape[0] - 1)
+    return offset_dim_list[permute_list[block]] + columns - output_starts[block]
+
+
 def permute_pooled_embs(pooled, offset_dim_list, permute_list, inv_offset_dim_list, inv_permute_list):
-    """Output block ``i`` (columns from ``inv_offset_dim_list[i]``) is input block
-    ``permute_list[i]`` (columns from ``offset_dim_list[permute_list[i]]``)."""
-    columns = jnp.arange(pooled.shape[-1], dtype=inv_offset_dim_list.dtype)
-    block = _segment_of(inv_offset_dim_list[:-1], columns)
-    source = offset_dim_list[permute_list[block]] + columns - inv_offset_dim_list[block]
-    return pooled[..., source]
+    return pooled[..., _block_sources(offset_dim_list, permute_list, inv_offset_dim_list, pooled.shape[-1])]
 
 
 _lowering("permute_pooled_embs")(permute_pooled_embs)
@@ -127,7 +139,7 @@ def _jagged(dense, offsets, total: int):
     """The inverse: ``total`` values, value ``j`` from row ``b`` (its segment) at ``j -
     offsets[b]``; 0 past the dense row's length."""
     positions = jnp.arange(total, dtype=offsets.dtype)
-    row = jnp.clip(_segment_of(offsets[:-1], positions), 0, dense.shape[0] - 1)
+    row = jnp.clip(segment_of(offsets[:-1], positions), 0, dense.shape[0] - 1)
     within = positions - offsets[row]
     valid = within < dense.shape[1]
     taken = dense[row, jnp.minimum(within, dense.shape[1] - 1)]
@@ -188,8 +200,8 @@ def block_bucketize_sparse_features(
     _unsupported("block_bucketize_sparse_features", **unsupported)
     bags = lengths.shape[0]
     offsets = complete_cumsum(lengths)
+    bag, _ = bags_of(offsets, indices.shape[0])
     at = jnp.arange(indices.shape[0], dtype=offsets.dtype)
-    bag = jnp.clip(_segment_of(offsets, at), 0, bags - 1)
     block = block_sizes.astype(indices.dtype)[bag // (bags // block_sizes.shape[0])]
     inside = indices < block * my_size
     rank = jnp.where(inside, indices // jnp.maximum(block, 1), indices % my_size)
@@ -218,14 +230,8 @@ def block_bucketize_sparse_features(
 # column-block permutation. Each is what the op's CPU kernel in TorchRec computes.
 
 
-def _bags(offsets, count: int):
-    """Each of ``count`` ids' bag (ids past ``offsets[-1]`` get the last bag: masked by the caller)."""
-    at = jnp.arange(count, dtype=offsets.dtype)
-    return jnp.clip(_segment_of(offsets, at), 0, offsets.shape[0] - 2), at < offsets[-1]
-
-
 def _pooled(rows, offsets):
-    bag, used = _bags(offsets, rows.shape[0])
+    bag, used = bags_of(offsets, rows.shape[0])
     rows = jnp.where(used[:, None], rows, jnp.zeros((), rows.dtype))
     return jnp.zeros((offsets.shape[0] - 1, rows.shape[1]), rows.dtype).at[bag].add(rows)
 
@@ -263,13 +269,13 @@ def embedding_pooled_lookup_offset(indices, offsets, weights, emb_dim):
 
 @_lowering("embedding_pooled_lookup_offset_backward", "torchrec")
 def embedding_pooled_lookup_offset_backward(grad_out, indices, offsets, num_rows, emb_dim):
-    bag, used = _bags(offsets, indices.shape[0])
+    bag, used = bags_of(offsets, indices.shape[0])
     return _scattered(grad_out[bag], indices, used, num_rows, emb_dim)
 
 
 @_lowering("embedding_pooled_batched_lookup_offset", "torchrec")
 def embedding_pooled_batched_lookup_offset(indices, offsets, weights, row_offsets, emb_dim):
-    bag, _ = _bags(offsets, indices.shape[0])
+    bag, _ = bags_of(offsets, indices.shape[0])
     return _pooled(weights[indices + row_offsets[bag].astype(indices.dtype)], offsets)
 
 
@@ -277,18 +283,16 @@ def embedding_pooled_batched_lookup_offset(indices, offsets, weights, row_offset
 def embedding_pooled_batched_lookup_offset_backward(
     grad_out, indices, offsets, row_offsets, num_rows, emb_dim
 ):
-    bag, used = _bags(offsets, indices.shape[0])
+    bag, used = bags_of(offsets, indices.shape[0])
     rows = indices + row_offsets[bag].astype(indices.dtype)
     return _scattered(grad_out[bag], rows, used, num_rows, emb_dim)
 
 
 def _permuted_columns(offset_dim_list, permute_list, size: int):
-    """Output column ``c`` of block ``i`` reads input block ``permute_list[i]``'s matching column."""
+    """fbgemm's permutation with the output blocks' starts derived from the permuted widths."""
     dims = offset_dim_list[1:] - offset_dim_list[:-1]
-    starts = jnp.concatenate([jnp.zeros((1,), dims.dtype), jnp.cumsum(dims[permute_list])])
-    columns = jnp.arange(size, dtype=offset_dim_list.dtype)
-    block = jnp.clip(_segment_of(starts[:-1], columns), 0, permute_list.shape[0] - 1)
-    return offset_dim_list[permute_list[block]] + columns - starts[block]
+    starts = complete_cumsum(dims[permute_list])
+    return _block_sources(offset_dim_list, permute_list, starts, size)
 
 
 @_lowering("permute_pooled_embs", "torchrec")

@@ -19,6 +19,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .fbgemm import bags_of, segment_of
+
 #: fbgemm's ``PoolingMode``
 SUM, MEAN, NONE = 0, 1, 2
 #: fbgemm's ``WeightDecayMode`` values the rowwise optimizers here take
@@ -50,20 +52,15 @@ class Rows(NamedTuple):
     batch: int
 
 
-def _segment_of(starts, positions):
-    return jnp.searchsorted(starts, positions, side="right") - 1
-
-
 def rows(weights, layout: Layout, max_D: int) -> Rows:
     offsets, D_offsets = layout.offsets, layout.D_offsets
     bags = offsets.shape[0] - 1
     batch = bags // (D_offsets.shape[0] - 1)
-    at = jnp.arange(layout.indices.shape[0], dtype=offsets.dtype)
-    bag = jnp.clip(_segment_of(offsets, at), 0, bags - 1)
+    bag, used = bags_of(offsets, layout.indices.shape[0])
     feature = bag // batch
     width = (D_offsets[1:] - D_offsets[:-1])[feature]
     column = jnp.arange(max_D)
-    valid = (column[None, :] < width[:, None]) & (at < offsets[-1])[:, None]
+    valid = (column[None, :] < width[:, None]) & used[:, None]
     start = layout.weights_offsets[feature] + layout.indices.astype(layout.weights_offsets.dtype) * width
     positions = jnp.where(valid, start[:, None] + column[None, :], weights.shape[0])
     bag_length = (offsets[1:] - offsets[:-1])[bag]
@@ -93,7 +90,7 @@ def forward(weights, layout: Layout, indice_weights, total_D: int, max_D: int, p
         return looked_up
     pooled = jax.ops.segment_sum(looked_up, r.bag, num_segments=layout.offsets.shape[0] - 1)
     column = jnp.arange(total_D, dtype=layout.D_offsets.dtype)  # (each output column's feature)
-    feature = jnp.clip(_segment_of(layout.D_offsets, column), 0, layout.D_offsets.shape[0] - 2)
+    feature = jnp.clip(segment_of(layout.D_offsets, column), 0, layout.D_offsets.shape[0] - 2)
     within = column - layout.D_offsets[feature]
     return pooled[feature[None, :] * r.batch + jnp.arange(r.batch)[:, None], within[None, :]]
 
@@ -174,10 +171,9 @@ def bounds_checked(rows_per_table, indices, offsets):
     clamped = jnp.clip(offsets, 0, count)
     fixed_offsets = jax.lax.cummax(clamped)
     bad_offsets = (clamped != offsets) | (fixed_offsets != clamped)
-    at = jnp.arange(count, dtype=offsets.dtype)
-    bag = jnp.clip(_segment_of(fixed_offsets, at), 0, bags - 1)
+    bag, used = bags_of(fixed_offsets, count)
     rows_here = rows_per_table[bag // batch].astype(indices.dtype)
-    bad_ids = ((indices < 0) | (indices >= rows_here)) & (at < fixed_offsets[-1])
+    bad_ids = ((indices < 0) | (indices >= rows_here)) & used
     return (
         jnp.concatenate([bad_ids, bad_offsets]),
         jnp.where(bad_ids, jnp.zeros((), indices.dtype), indices),

@@ -54,56 +54,48 @@ def _one_chip_per_process(module) -> None:
     module.placement = placement
 
 
-def _host_location_on_tpu(module) -> None:
-    cls = module.FusedEmbeddingBagCollection
+def _adapt_init(cls, before=None, after=None) -> None:
+    """Wrap ``cls.__init__`` (once): where its ``device`` argument is tpu, ``before(arguments)``
+    adjusts the call's arguments and ``after(self, device)`` finishes the object."""
     vendor_init = cls.__init__
     if getattr(vendor_init, _MARK, False):
         return
-
     signature = inspect.signature(vendor_init)
 
     @functools.wraps(vendor_init)
     def __init__(self, *args, **kwargs):
         call = signature.bind(self, *args, **kwargs)
         device = call.arguments.get("device")
-        if (
-            device is not None
-            and torch.device(device).type == "tpu"
-            and call.arguments.get("location") is None
-        ):
-            call.arguments["location"] = module.EmbeddingLocation.HOST
+        on_tpu = device is not None and torch.device(device).type == "tpu"
+        if on_tpu and before is not None:
+            before(call.arguments)
         vendor_init(*call.args, **call.kwargs)
+        if on_tpu and after is not None:
+            after(self, torch.device(device))
 
     setattr(__init__, _MARK, True)
     cls.__init__ = __init__
 
 
+def _host_location_on_tpu(module) -> None:
+    def host_location(arguments: dict) -> None:
+        if arguments.get("location") is None:
+            arguments["location"] = module.EmbeddingLocation.HOST
+
+    _adapt_init(module.FusedEmbeddingBagCollection, before=host_location)
+
+
 def _dense_kernels_on_tpu(module) -> None:
-    for cls in (module.BatchedDenseEmbeddingBag, module.BatchedDenseEmbedding):
-        vendor_init = cls.__init__
-        if getattr(vendor_init, _MARK, False):
-            continue
-        cls.__init__ = _moved_to_tpu(module, vendor_init)
-
-
-def _moved_to_tpu(module, vendor_init):
-    signature = inspect.signature(vendor_init)
-
-    @functools.wraps(vendor_init)
-    def __init__(self, *args, **kwargs):
-        vendor_init(self, *args, **kwargs)
-        device = signature.bind(self, *args, **kwargs).arguments.get("device")
-        if device is None or torch.device(device).type != "tpu":
-            return
-        self._emb_module.to(device)
+    def moved_to_tpu(kernel, device: torch.device) -> None:
+        kernel._emb_module.to(device)
         views = module._gen_named_parameters_by_table_dense(
-            self._emb_module, self.table_name_to_count.copy(), self._config
+            kernel._emb_module, kernel.table_name_to_count.copy(), kernel._config
         )
-        self._param_per_table = dict(views)
-        self.init_parameters()
+        kernel._param_per_table = dict(views)
+        kernel.init_parameters()
 
-    setattr(__init__, _MARK, True)
-    return __init__
+    for cls in (module.BatchedDenseEmbeddingBag, module.BatchedDenseEmbedding):
+        _adapt_init(cls, after=moved_to_tpu)
 
 
 def _torchrec_ops(module) -> None:

@@ -17,8 +17,9 @@ import warnings
 import torch
 
 import torch_tpu  # noqa: F401  (registers the device)
-from torch_tpu.ops import cpu_dtypes, dispatch
+from torch_tpu.ops import cpu_dtypes
 from torch_tpu.ops.cpu_dtypes import UNSIGNED, _features
+from torch_tpu.ops.dispatch import binding
 from torch_tpu.ops.registry import LOWERINGS, Promote
 from torch_tpu.runtime.dtypes import _SCALAR_TYPE_NAMES, TORCH_TO_JAX, type_name
 
@@ -52,16 +53,16 @@ def probe(samples_per_dtype: int = 10) -> dict[str, dict[str, str]]:
         entry = LOWERINGS.get(func)
         if entry is None or (error is None and refusals_only):
             return
-        binder = dispatch._Binder(func._schema)
+        binder = binding.Binder(func._schema)
         values = dict(zip(binder.names, binder.bind(args, kwargs)))
         tensors = {
             n: [t for t in (v if isinstance(v, (list, tuple)) else (v,)) if isinstance(t, torch.Tensor)]
             for n, v in values.items()
         }
         # first a ``dtype=``, which the kernel runs in (cumsum's refuses bool, cumsum of bool runs)
-        found = {n: {values[n]} for n, k in zip(binder.names, binder.kinds) if k == dispatch._DTYPE}
+        found = {n: {values[n]} for n, k in zip(binder.names, binder.kinds) if k == binding.DTYPE}
         if entry.promote is not None:
-            kinds = (dispatch._TENSOR, dispatch._SCALAR)
+            kinds = (binding.TENSOR, binding.SCALAR)
             names = entry.promote_args or [n for n, k in zip(binder.names, binder.kinds) if k in kinds]
             promoted = [
                 values[n] for n in names if isinstance(values[n], (torch.Tensor, int, float, complex, bool))
@@ -132,18 +133,18 @@ def probe(samples_per_dtype: int = 10) -> dict[str, dict[str, str]]:
     # (``<<``, ``Scalar`` variants, clamp, the foreach ``Scalar`` ones); and with empty tensors,
     # which tell a refusal of any call (clamp of bool with two bounds) from one of calls with
     # elements
-    simple = {dispatch._TENSOR, dispatch._SCALAR, dispatch._TENSOR_LIST, dispatch._SCALAR_LIST}
+    simple = {binding.TENSOR, binding.SCALAR, binding.TENSOR_LIST, binding.SCALAR_LIST}
 
     def argument(kind, tensor, number):
-        one = tensor.clone() if kind in (dispatch._TENSOR, dispatch._TENSOR_LIST) else number
-        return [one] if kind in (dispatch._TENSOR_LIST, dispatch._SCALAR_LIST) else one
+        one = tensor.clone() if kind in (binding.TENSOR, binding.TENSOR_LIST) else number
+        return [one] if kind in (binding.TENSOR_LIST, binding.SCALAR_LIST) else one
 
     for op in LOWERINGS:
-        needed = [dispatch._kind(a) for a in op._schema.arguments if not a.has_default_value()]
+        needed = [binding.kind_of(a) for a in op._schema.arguments if not a.has_default_value()]
         if not needed or not set(needed) <= simple:
             continue
         leading = itertools.takewhile(lambda a: not a.kwarg_only, op._schema.arguments)
-        every = list(itertools.takewhile(lambda k: k in simple, map(dispatch._kind, leading)))
+        every = list(itertools.takewhile(lambda k: k in simple, map(binding.kind_of, leading)))
         for kinds in {tuple(needed), tuple(every)}:
             for dtype in PROBED:
                 base = torch.tensor([[1, 0], [3, 1]]).to(dtype)

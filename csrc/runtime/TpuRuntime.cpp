@@ -699,7 +699,7 @@ py::object permuted_view(const at::Tensor& tensor) {
   return strided_view(value, py::none(), sizes, addressing);
 }
 
-// An op's positional arguments for the per-op fast path (ops/dispatch.py): a key of what binding
+// An op's positional arguments for the per-op fast path (ops/dispatch/kernel.py): a key of what binding
 // and promotion depend on, one byte per argument, and the arguments with each whole tensor
 // replaced by its whole value (whole_value) and, at the positions set in `views_read_in_program`
 // (bit i: argument i), each whole storage with axes permuted by its StridedView
@@ -869,12 +869,12 @@ PyObject* call_wrap_value(PyObject* /*module*/, PyObject* const* args, Py_ssize_
 }
 
 // ----------------------------------------------------------------------------- planned kernels
-// A kernel the dispatcher calls (an op's tpu kernel, ops/dispatch.py) that serves a call from a
+// A kernel the dispatcher calls (an op's tpu kernel, ops/dispatch/) that serves a call from a
 // plan the op's Python kernel kept when every tensor argument was one the core reads whole
 // (whole_operands: the key, the values) and every other one a static argument or a number
-// (dispatch._native_rules): the plan's program runs on those values and its output becomes the
+// (dispatch.plans.native_rules): the plan's program runs on those values and its output becomes the
 // new tensor here, with no Python frame between the dispatcher and the program but a number's
-// conversion (the op joins dispatch.recorded_ops as there). A thread recording a fused graph
+// conversion (the op joins dispatch.recording.recorded_ops as there). A thread recording a fused graph
 // records the program instead (its recorder's record, as the Python kernel calls it), and the
 // pending output becomes the tensor the same way. Everything else goes to the Python kernel:
 // keyword arguments, an unplanned key, launch blocking, a float32 matmul precision other than
@@ -887,8 +887,8 @@ struct PlanState {
   PyObject* context = nullptr;  // runtime.context.context, the thread's execution state
   PyObject* wrap = nullptr;  // tensor.wrap
   PyObject* wrap_elementwise = nullptr;  // tensor.wrap_elementwise
-  PyObject* number = nullptr;  // dispatch._number: a Python number as the program's input
-  PyObject* wrap_output = nullptr;  // dispatch._wrap_output: one output of a tuple
+  PyObject* number = nullptr;  // dispatch.conversion.number: a Python number as the program's input
+  PyObject* wrap_output = nullptr;  // dispatch.variants.wrap_output: one output of a tuple
   PyObject* write_whole = nullptr;  // tensor.write_whole: an in-place variant's store
   // names read
   PyObject* attention_needed = nullptr;
@@ -906,23 +906,55 @@ PyObject* g_zero = nullptr;  // 0, the tpu index numbers are converted for (one 
 
 struct PlannedKernel {
   PyObject_HEAD PyObject* kernel;  // the op's Python kernel
-  // {key: (program, the trailing arguments' converted defaults, default dtype, the conversions:
-  // (position, a NativeRule, default), whether one of them reads a view (kNativeView), the op's
-  // host rule where it has one (operand_has_host_copy), else None, the op's check (Lowering.check,
-  // called with the converted arguments before the program, as dispatch.compute does), else None,
-  // whether the program is recorded while a graph records (a traced lowering's; an eager one, Python
-  // that records its own pieces, is called))}
+  // {key: a NativePlan (ops/dispatch/plans.py), read through PlanField}
   PyObject* plans;
-  PyObject* op;  // the OpOverload (dispatch.recorded_ops)
+  PyObject* op;  // the OpOverload (dispatch.recording.recorded_ops)
   PyObject* name;  // the op's name (context.op, named by errors of checks reported later)
   uint64_t views_read_in_program;  // as whole_operands takes it
   long returns;  // a Returns
 };
 
-// (dispatch._NATIVE_STATIC, _NATIVE_NUMBER, _NATIVE_VIEW and _NATIVE_INDICES)
+// (dispatch.plans.NATIVE_STATIC, NATIVE_NUMBER, NATIVE_VIEW and NATIVE_INDICES)
 enum NativeRule : long { kNativeStatic, kNativeNumber, kNativeView, kNativeIndices };
-// What an op returns (dispatch._RETURNS): one contiguous tensor, one tensor laid out like its
-// tensor inputs (an elementwise op's: tensor.wrap_elementwise), a tuple (dispatch._wrap_output),
+
+// The fields of the plan records (ops/dispatch/plans.py: NativePlan, NativeRule, HostRule), read
+// by name through these; configure_plans checks they are the Python records' fields, in order.
+enum PlanField : Py_ssize_t {
+  kPlanProgram,
+  kPlanDefaults,
+  kPlanDefaultDtype,
+  kPlanRules,
+  kPlanReadsViews,
+  kPlanHostRule,
+  kPlanCheck,
+  kPlanTraced,
+};
+enum RuleField : Py_ssize_t { kRulePosition, kRuleHow, kRuleDefault, kRuleConvert };
+enum HostRuleField : Py_ssize_t { kHostShadow, kHostCopies };
+const std::vector<std::pair<const char*, std::vector<const char*>>> kRecordFields = {
+    {"NativePlan",
+     {"program", "defaults", "default_dtype", "rules", "reads_views", "host_rule", "check", "traced"}},
+    {"NativeRule", {"position", "how", "default", "convert"}},
+    {"HostRule", {"shadow", "copies"}},
+};
+
+// Refuse Python plan records whose fields are not the ones the enums above name.
+void check_record_fields(const py::dict& fields) {
+  for (const auto& [record, names] : kRecordFields) {
+    auto python = py::tuple(fields[record]);
+    bool same = python.size() == names.size();
+    for (size_t i = 0; same && i < names.size(); ++i) {
+      same = python[i].cast<std::string>() == names[i];
+    }
+    if (!same) {
+      throw std::runtime_error(
+          std::string("torch_tpu: the C++ core reads ") + record +
+          " with other fields than ops/dispatch/plans.py declares: rebuild it (pip install -e .)");
+    }
+  }
+}
+// What an op returns (dispatch.install._RETURNS_*): one contiguous tensor, one tensor laid out like its
+// tensor inputs (an elementwise op's: tensor.wrap_elementwise), a tuple (dispatch.variants.wrap_output),
 // or its first argument, into which an in-place variant writes its program's one output
 // (tensor.write_whole: a tensor that is its whole storage, of the output's shape and dtype)
 enum Returns : long { kOne, kLikeInputs, kTuple, kWritesFirst };
@@ -936,7 +968,9 @@ void configure_plans(
     py::handle wrap_elementwise,
     py::handle number,
     py::handle wrap_output,
-    py::handle write_whole) {
+    py::handle write_whole,
+    py::dict record_fields) {
+  check_record_fields(record_fields);
   g_plans.platform = platform.inc_ref().ptr();
   g_plans.dispatch = dispatch.inc_ref().ptr();
   g_plans.config = config.inc_ref().ptr();
@@ -964,7 +998,7 @@ bool global_is(PyObject* globals, PyObject* name, PyObject* expected) {
 }
 
 // Whether a call of `op` may run from a plan: the per-process and per-thread state the Python
-// kernel's fast path tests (ops/dispatch.py, compute and kernel), as it is now; `recorder` is
+// kernel's fast path tests (ops/dispatch/kernel.py, Compute.call), as it is now; `recorder` is
 // then the thread's fused recorder (None in strict mode).
 bool plans_apply(PyObject* op, py::object& recorder) {
   recorder = py::reinterpret_steal<py::object>(PyObject_GetAttr(g_plans.context, g_plans.recorder));
@@ -988,7 +1022,7 @@ bool plans_apply(PyObject* op, py::object& recorder) {
 // One output of a planned program as the op's tensor: the core's (value_tensor) where it makes
 // one, else Python's wrap of it (tensor.wrap; tensor.wrap_elementwise for an elementwise op,
 // which the core leaves to Python where its inputs are not all contiguous; for an item of a
-// tuple dispatch._wrap_output: None, a list of outputs, a value to put on the device first).
+// tuple dispatch.variants.wrap_output: None, a list of outputs, a value to put on the device first).
 struct WrappedOutput {
   at::Tensor tensor;  // the core's, where defined
   py::object python;  // else Python's (null where its wrap raised)
@@ -1028,7 +1062,7 @@ bool wrap_each_output(long returns, PyObject* out, PyObject* args, c10::SmallVec
   return true;
 }
 
-// The op's outputs as its Python kernel returns them (ops/dispatch.py, _functional_kernel).
+// The op's outputs as its Python kernel returns them (ops/dispatch/variants.py, functional_kernel).
 PyObject* wrap_outputs(long returns, const py::object& out, PyObject* args) {
   c10::SmallVector<WrappedOutput, 2> outputs;
   if (!wrap_each_output(returns, out.ptr(), args, outputs)) {
@@ -1048,7 +1082,7 @@ PyObject* wrap_outputs(long returns, const py::object& out, PyObject* args) {
 }
 
 // The StridedView a fused node reads `tensor` through, over its storage's `value`: its start
-// (None at offset 0, else the offset as dispatch._number's device scalar), shape and addressing
+// (None at offset 0, else the offset as dispatch.conversion.number's device scalar), shape and addressing
 // strides; nullptr, with the error set, where the start's conversion raised.
 py::object view_over(const at::Tensor& tensor, const py::object& value) {
   py::object start = py::none();
@@ -1103,7 +1137,7 @@ py::object read_recorded(py::handle object) {
 }
 
 // Whether a static argument is, or lists, a float JAX's jit cache would merge with another: -0.0
-// (equal to 0.0) or NaN (dispatch.ExactStatic).
+// (equal to 0.0) or NaN (dispatch.conversion.ExactStatic).
 bool merged_by_jit(PyObject* value) {
   if (PyFloat_CheckExact(value)) {
     const double x = PyFloat_AS_DOUBLE(value);
@@ -1147,7 +1181,7 @@ bool first_stands_alone(PyObject* args) {
   return true;
 }
 
-// A list of indices (Tensor?[]) as dispatch._indices_to_jax makes it, where each is None or a
+// A list of indices (Tensor?[]) as dispatch.conversion.indices_to_jax makes it, where each is None or a
 // tpu tensor that is its whole storage value; else None (Python converts it).
 py::object whole_indices(PyObject* indices) {
   if (!PyList_Check(indices)) {
@@ -1167,13 +1201,13 @@ py::object whole_indices(PyObject* indices) {
 }
 
 // Whether one of `values` (a planned call's operands) has a host copy, for a plan whose op has a
-// host rule (`host_rule`: (dispatch._shadow for it, taking the call's arguments and output;
+// host rule (`host_rule`: a HostRule, dispatch.programs.shadow for it taking the call's arguments and output,
 // buffer.host_copies_by_id); None for an op without one).
 bool operand_has_host_copy(PyObject* host_rule, PyObject* values) {
   if (host_rule == Py_None) {
     return false;
   }
-  PyObject* copies = PyTuple_GET_ITEM(host_rule, 1);
+  PyObject* copies = PyTuple_GET_ITEM(host_rule, kHostCopies);
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(values); ++i) {
     auto id = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(PyTuple_GET_ITEM(values, i)));
     if (!id || PyDict_Contains(copies, id.ptr()) != 0) {
@@ -1203,30 +1237,30 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
       PyDict_GetItemWithError(self->plans, PyTuple_GET_ITEM(operands.ptr(), 0)));
   auto* default_dtype = reinterpret_cast<PyObject*>(
       torch::getTHPDtype(c10::typeMetaToScalarType(c10::get_default_dtype())));
-  if (!plan || PyTuple_GET_ITEM(plan.ptr(), 2) != default_dtype) {
+  if (!plan || PyTuple_GET_ITEM(plan.ptr(), kPlanDefaultDtype) != default_dtype) {
     return nullptr;
   }
-  if (recorder.ptr() == Py_None && PyTuple_GET_ITEM(plan.ptr(), 4) == Py_True) {
+  if (recorder.ptr() == Py_None && PyTuple_GET_ITEM(plan.ptr(), kPlanReadsViews) == Py_True) {
     return nullptr;  // (it reads views, which strict eager reads apart: Python's)
   }
   PyObject* values = PyTuple_GET_ITEM(operands.ptr(), 1);
-  PyObject* host_rule = PyTuple_GET_ITEM(plan.ptr(), 5);
+  PyObject* host_rule = PyTuple_GET_ITEM(plan.ptr(), kPlanHostRule);
   const bool on_host_too = operand_has_host_copy(host_rule, values);
-  PyObject* defaults = PyTuple_GET_ITEM(plan.ptr(), 1);
+  PyObject* defaults = PyTuple_GET_ITEM(plan.ptr(), kPlanDefaults);
   const Py_ssize_t given = PyTuple_GET_SIZE(values);
   const Py_ssize_t count = given + PyTuple_GET_SIZE(defaults);
   c10::SmallVector<PyObject*, 16> stack(count + 1);  // (slot 0 free: PY_VECTORCALL_ARGUMENTS_OFFSET)
   for (Py_ssize_t i = 0; i < count; ++i) {
     stack[i + 1] = i < given ? PyTuple_GET_ITEM(values, i) : PyTuple_GET_ITEM(defaults, i - given);
   }
-  // the plan's conversions, as the Python kernel's fast path does them (dispatch._native_rules)
+  // the plan's conversions, as the Python kernel's fast path does them (dispatch.plans.native_rules)
   c10::SmallVector<py::object, 4> converted;
-  PyObject* rules = PyTuple_GET_ITEM(plan.ptr(), 3);
+  PyObject* rules = PyTuple_GET_ITEM(plan.ptr(), kPlanRules);
   for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(rules); ++r) {
     PyObject* rule = PyTuple_GET_ITEM(rules, r);
-    PyObject*& value = stack[PyLong_AsSsize_t(PyTuple_GET_ITEM(rule, 0)) + 1];
-    PyObject* fallback = PyTuple_GET_ITEM(rule, 2);
-    const long how = PyLong_AsLong(PyTuple_GET_ITEM(rule, 1));
+    PyObject*& value = stack[PyLong_AsSsize_t(PyTuple_GET_ITEM(rule, kRulePosition)) + 1];
+    PyObject* fallback = PyTuple_GET_ITEM(rule, kRuleDefault);
+    const long how = PyLong_AsLong(PyTuple_GET_ITEM(rule, kRuleHow));
     if (how == kNativeView) {
       converted.push_back(THPVariable_Check(value) ? recorded_view(THPVariable_Unpack(value)) : py::none());
       if (!converted.back() || converted.back().is_none()) {
@@ -1245,7 +1279,7 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
     }
     if (how == kNativeStatic) {
       if (merged_by_jit(value)) {
-        return nullptr;  // (Python's dispatch._exact_static keys it)
+        return nullptr;  // (Python's dispatch.conversion.exact_static keys it)
       }
       if (PyList_Check(value)) {  // (a shape or dims list: the program's static tuple)
         converted.push_back(py::reinterpret_steal<py::object>(PyList_AsTuple(value)));
@@ -1266,8 +1300,9 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
         continue;
       }
     }
-    if (value != Py_None) {  // (a fourth item: the number's own conversion, dispatch._FittedNumber)
-      PyObject* number = PyTuple_GET_SIZE(rule) > 3 ? PyTuple_GET_ITEM(rule, 3) : g_plans.number;
+    if (value != Py_None) {  // (the number's own conversion, dispatch's FittedNumber, or number)
+      PyObject* own = PyTuple_GET_ITEM(rule, kRuleConvert);
+      PyObject* number = own != Py_None ? own : g_plans.number;
       PyObject* pair[] = {value, g_zero};
       converted.push_back(py::reinterpret_steal<py::object>(PyObject_Vectorcall(number, pair, 2, nullptr)));
       if (!converted.back()) {  // (a fitted number refused: the Python kernel refuses it in CPU's order)
@@ -1282,7 +1317,7 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
   if (PyObject_SetAttr(g_plans.context, g_plans.op, self->name) != 0) {
     return nullptr;
   }
-  PyObject* check = PyTuple_GET_ITEM(plan.ptr(), 6);
+  PyObject* check = PyTuple_GET_ITEM(plan.ptr(), kPlanCheck);
   if (check != Py_None) {  // (one that refuses: the Python kernel runs the call again and raises)
     PyObject* passed = PyObject_Vectorcall(check, stack.data() + 1, count | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
     if (passed == nullptr) {
@@ -1293,9 +1328,9 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
     }
     Py_DECREF(passed);
   }
-  PyObject* program = PyTuple_GET_ITEM(plan.ptr(), 0);
+  PyObject* program = PyTuple_GET_ITEM(plan.ptr(), kPlanProgram);
   PyObject* out;
-  if (recorder.ptr() == Py_None || PyTuple_GET_ITEM(plan.ptr(), 7) == Py_False) {
+  if (recorder.ptr() == Py_None || PyTuple_GET_ITEM(plan.ptr(), kPlanTraced) == Py_False) {
     out = PyObject_Vectorcall(program, stack.data() + 1, count | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
   } else {  // a pending output, under the "highest" precision (None) tested above: the
             // node recorded here where it repeats the graph's template, else
@@ -1320,7 +1355,7 @@ PyObject* run_program(PlannedKernel* self, PyObject* args) {
     PyErr_Clear();  // the Python kernel runs the call again and raises PyTorch's error
   }
   if (out != nullptr && on_host_too) {  // (its result's host copy, computed by the rule)
-    PyObject* kept = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(host_rule, 0), args, out, nullptr);
+    PyObject* kept = PyObject_CallFunctionObjArgs(PyTuple_GET_ITEM(host_rule, kHostShadow), args, out, nullptr);
     if (kept == nullptr) {
       Py_DECREF(out);
       return nullptr;
@@ -1533,7 +1568,7 @@ struct BoxedPlannedKernel final : c10::OperatorKernel {
       const auto& fallback = declared[i].default_value();
       return fallback.has_value() && *fallback == arguments[i];
     };
-    // the call as the plans know it (dispatch._Binder.positional): its arguments up to the last
+    // the call as the plans know it (dispatch.binding.Binder.positional): its arguments up to the last
     // one not at its default, a keyword-only one too (`x.add(y, alpha=2)`)
     size_t used = count;
     while (used > 0 && is_default(used - 1)) {

@@ -193,9 +193,9 @@ def sync() -> None:
 def cpu_fallback_counts() -> Counter:
     """ATen ops that ran on CPU through ``TORCH_TPU_CPU_FALLBACK=1``, with how often."""
     _initialize()
-    from .ops.dispatch import cpu_fallback_counts as counts
+    from .ops.dispatch import recording
 
-    return Counter(counts)
+    return Counter(recording.cpu_fallback_counts)
 
 
 def lowered_ops() -> list[str]:

@@ -171,7 +171,7 @@ def test_sparse_kernels_are_not_lowered(monkeypatch):
 
     monkeypatch.setattr(config, "cpu_fallback", True)
     # (the counts are a process-wide report: other tests expect them as they were)
-    monkeypatch.setattr(dispatch, "cpu_fallback_counts", dispatch.cpu_fallback_counts.copy())
+    monkeypatch.setattr(dispatch.recording, "cpu_fallback_counts", dispatch.cpu_fallback_counts.copy())
     before = torch_tpu.cpu_fallback_counts().get("aten::addmm", 0)
     result = torch.sparse.mm(sparse.to("tpu"), ones.to("tpu"))
     torch.testing.assert_close(result.cpu(), torch.sparse.mm(sparse, ones))

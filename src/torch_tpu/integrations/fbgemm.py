@@ -33,7 +33,7 @@ def register_lowerings(namespace: str) -> torch.library.Library:
     from ..ops.registry import Lowering, Runs
 
     library = torch.library.Library(namespace, "IMPL")
-    dispatch._libraries.append(library)
+    dispatch.libraries.append(library)
     for name, (fn, options) in LOWERINGS[namespace].items():
         packet = getattr(getattr(torch.ops, namespace), name, None)
         if packet is None:  # (a version without this op)

@@ -75,7 +75,7 @@ _wrap_value = native._C.wrap_value if native.available() else _no_shortcut
 #: whole storage with axes permuted (or its type, for anything but a tensor), and the arguments
 #: with each whole tensor replaced by :func:`whole_value` and, at the positions whose bit is set
 #: in ``views_read_in_program``, each permuted one by the StridedView :func:`read_in_program`
-#: makes of it; None for more than 8 (the per-op fast path, ``ops/dispatch.py``)
+#: makes of it; None for more than 8 (the per-op fast path, ``ops/dispatch/kernel.py``)
 whole_operands = native._C.whole_operands if native.available() else _no_shortcut
 
 

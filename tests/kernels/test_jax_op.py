@@ -14,7 +14,7 @@ from jax.experimental import pallas as pl
 
 import torch_tpu
 from torch_tpu import execution
-from torch_tpu.pallas import custom_jax_kernel, jax_op
+from torch_tpu.pallas import custom_jax_kernel, interpret_mode, jax_op
 
 
 def _add_kernel(x_ref, y_ref, o_ref):
@@ -220,6 +220,16 @@ def test_custom_jax_kernel_still_works_but_is_deprecated():
     result = aliased(x, y)
     torch.testing.assert_close(x.cpu(), torch.arange(3.0) + 1)
     assert result is x
+
+
+@pytest.mark.parametrize("interpret", [None, True])
+def test_a_pallas_kernel_runs_from_jax_under_interpret_mode(interpret):
+    """The context ``jax_op`` traces in, for kernels called from JAX directly: None compiles on
+    a TPU and interprets elsewhere, True interprets everywhere."""
+    x = jnp.arange(32.0).reshape(8, 4)
+    with interpret_mode(interpret):
+        out = pl.pallas_call(_add_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, x)
+    assert (out == 2 * x).all()
 
 
 def test_the_worked_example_in_docs_runs():

@@ -19,7 +19,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ._pallas import block, compiler_params, interpret_mode, pad_to
+from ..pallas import interpret_mode
+from ..pallas._blocks import block, compiler_params, pad_to
 
 #: query and key rows per block on a TPU
 BLOCK_Q = 128
@@ -174,29 +175,29 @@ def flash_attention_forward(
     def position(b, h, i, j):
         return b, h, i, j
 
-    out, lse = pl.pallas_call(
-        functools.partial(_forward_kernel, blocks=blocks, scale=scale, has_bias=bias is not None),
-        out_shape=(
-            jax.ShapeDtypeStruct(q_p.shape, q.dtype),
-            jax.ShapeDtypeStruct((*q_p.shape[:3], 1), jnp.float32),
-        ),
-        grid=(blocks.batch, blocks.heads, blocks.nq, blocks.nk),
-        in_specs=[
-            blocks.q_spec(position),
-            blocks.kv_spec(position),
-            blocks.kv_spec(position),
-            *([blocks.bias_spec(position)] if bias is not None else []),
-        ],
-        out_specs=(blocks.q_spec(position), blocks.row_spec(position)),
-        scratch_shapes=[
-            pltpu.VMEM((blocks.bq, 1), jnp.float32),
-            pltpu.VMEM((blocks.bq, 1), jnp.float32),
-            pltpu.VMEM((blocks.bq, blocks.head_dim), jnp.float32),
-        ],
-        compiler_params=compiler_params(*_PARALLEL),
-        interpret=interpret_mode(interpret),
-        name="flash_attention_forward",
-    )(q_p, k_p, v_p, *_bias_args(bias_p))
+    with interpret_mode(interpret):
+        out, lse = pl.pallas_call(
+            functools.partial(_forward_kernel, blocks=blocks, scale=scale, has_bias=bias is not None),
+            out_shape=(
+                jax.ShapeDtypeStruct(q_p.shape, q.dtype),
+                jax.ShapeDtypeStruct((*q_p.shape[:3], 1), jnp.float32),
+            ),
+            grid=(blocks.batch, blocks.heads, blocks.nq, blocks.nk),
+            in_specs=[
+                blocks.q_spec(position),
+                blocks.kv_spec(position),
+                blocks.kv_spec(position),
+                *([blocks.bias_spec(position)] if bias is not None else []),
+            ],
+            out_specs=(blocks.q_spec(position), blocks.row_spec(position)),
+            scratch_shapes=[
+                pltpu.VMEM((blocks.bq, 1), jnp.float32),
+                pltpu.VMEM((blocks.bq, 1), jnp.float32),
+                pltpu.VMEM((blocks.bq, blocks.head_dim), jnp.float32),
+            ],
+            compiler_params=compiler_params(*_PARALLEL),
+            name="flash_attention_forward",
+        )(q_p, k_p, v_p, *_bias_args(bias_p))
     return out[:, :, : blocks.q_len], lse[:, :, : blocks.q_len, 0]
 
 
@@ -311,17 +312,17 @@ def flash_attention_backward(
         return b, h, i, j
 
     kv_shape = jax.ShapeDtypeStruct((blocks.batch, blocks.heads, *k_p.shape[2:]), jnp.float32)
-    dk, dv = pl.pallas_call(
-        functools.partial(_dkv_kernel, blocks=blocks, scale=scale, has_bias=has_bias),
-        out_shape=(kv_shape, kv_shape),
-        grid=(blocks.batch, blocks.heads, blocks.nk, blocks.nq),
-        in_specs=specs(by_key),
-        out_specs=(blocks.kv_out_spec(by_key), blocks.kv_out_spec(by_key)),
-        scratch_shapes=[pltpu.VMEM((blocks.bk, blocks.head_dim), jnp.float32)] * 2,
-        compiler_params=compiler_params(*_PARALLEL),
-        interpret=interpret_mode(interpret),
-        name="flash_attention_backward_dkv",
-    )(*inputs)
+    with interpret_mode(interpret):
+        dk, dv = pl.pallas_call(
+            functools.partial(_dkv_kernel, blocks=blocks, scale=scale, has_bias=has_bias),
+            out_shape=(kv_shape, kv_shape),
+            grid=(blocks.batch, blocks.heads, blocks.nk, blocks.nq),
+            in_specs=specs(by_key),
+            out_specs=(blocks.kv_out_spec(by_key), blocks.kv_out_spec(by_key)),
+            scratch_shapes=[pltpu.VMEM((blocks.bk, blocks.head_dim), jnp.float32)] * 2,
+            compiler_params=compiler_params(*_PARALLEL),
+            name="flash_attention_backward_dkv",
+        )(*inputs)
 
     def by_query(b, h, i, j):
         return b, h, i, j
@@ -329,17 +330,17 @@ def flash_attention_backward(
     dq_shape = jax.ShapeDtypeStruct(q_p.shape, q.dtype)
     dbias_shape = jax.ShapeDtypeStruct((blocks.batch, blocks.heads, q_p.shape[2], k_p.shape[2]), jnp.float32)
     dbias_spec = pl.BlockSpec((None, None, blocks.bq, blocks.bk), lambda b, h, i, j: (b, h, i, j))
-    dq, *dbias = pl.pallas_call(
-        functools.partial(_dq_kernel, blocks=blocks, scale=scale, has_bias=has_bias, bias_grad=bias_grad),
-        out_shape=(dq_shape, dbias_shape) if bias_grad else (dq_shape,),
-        grid=(blocks.batch, blocks.heads, blocks.nq, blocks.nk),
-        in_specs=specs(by_query),
-        out_specs=(blocks.q_spec(by_query), dbias_spec) if bias_grad else (blocks.q_spec(by_query),),
-        scratch_shapes=[pltpu.VMEM((blocks.bq, blocks.head_dim), jnp.float32)],
-        compiler_params=compiler_params(*_PARALLEL),
-        interpret=interpret_mode(interpret),
-        name="flash_attention_backward_dq",
-    )(*inputs)
+    with interpret_mode(interpret):
+        dq, *dbias = pl.pallas_call(
+            functools.partial(_dq_kernel, blocks=blocks, scale=scale, has_bias=has_bias, bias_grad=bias_grad),
+            out_shape=(dq_shape, dbias_shape) if bias_grad else (dq_shape,),
+            grid=(blocks.batch, blocks.heads, blocks.nq, blocks.nk),
+            in_specs=specs(by_query),
+            out_specs=(blocks.q_spec(by_query), dbias_spec) if bias_grad else (blocks.q_spec(by_query),),
+            scratch_shapes=[pltpu.VMEM((blocks.bq, blocks.head_dim), jnp.float32)],
+            compiler_params=compiler_params(*_PARALLEL),
+            name="flash_attention_backward_dq",
+        )(*inputs)
 
     # a key/value head's gradient sums those of the query heads that read it
     def per_kv_head(g, like):
@@ -419,7 +420,9 @@ def flash_attention(
     attends) or additive float, broadcastable to ``[B, H, L, S]``. Differentiable: the backward
     is two Pallas kernels (key/value blocks, query blocks). A float mask's cotangent is computed
     only with ``mask_grad=True`` (it is a [B, H, L, S] array); otherwise the mask is a constant.
-    ``interpret``: None runs compiled on TPUs and in Pallas's interpreter elsewhere."""
+    ``interpret``: where the kernels run, as
+    :func:`torch_tpu.pallas.interpret_mode` takes it (None: compiled on TPUs, interpreted
+    elsewhere; True: interpreted everywhere)."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"flash_attention: q, k, v must be [B, H, L, D]: {q.shape}, {k.shape}, {v.shape}")
     if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3] or q.shape[1] % k.shape[1]:

@@ -21,7 +21,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from ._pallas import block, compiler_params, interpret_mode, pad_to
+from ..pallas import interpret_mode
+from ..pallas._blocks import block, compiler_params, pad_to
 
 #: tile lengths on a TPU (rows, contraction, output columns)
 TILING = (128, 128, 128)
@@ -97,24 +98,26 @@ def gmm(lhs, rhs, group_sizes, *, transpose_rhs=False, tiling=TILING, interpret=
         group = jnp.minimum(groups[v], g - 1)
         return (group, j, kk) if transpose_rhs else (group, kk, j)
 
-    out = pl.pallas_call(
-        functools.partial(_gmm_kernel, tm=tm, g=g, transpose=transpose_rhs),
-        out_shape=jax.ShapeDtypeStruct((lhs_p.shape[0], rhs_p.shape[1 if transpose_rhs else 2]), lhs.dtype),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=len(metadata),
-            grid=(rhs_p.shape[1 if transpose_rhs else 2] // tn, count, lhs_p.shape[1] // tk),
-            in_specs=[
-                pl.BlockSpec((tm, tk), lambda j, v, kk, groups, tiles, *_: (tiles[v], kk)),
-                pl.BlockSpec((None, tn, tk) if transpose_rhs else (None, tk, tn), rhs_index),
-            ],
-            out_specs=pl.BlockSpec((tm, tn), lambda j, v, kk, groups, tiles, *_: (tiles[v], j)),
-            scratch_shapes=[pltpu.VMEM((tm, tn), jnp.float32)],
-        ),
-        # a row tile's visits are consecutive steps that share its resident output block
-        compiler_params=compiler_params("parallel", "arbitrary", "arbitrary"),
-        interpret=interpret_mode(interpret),
-        name="gmm",
-    )(*metadata, lhs_p, rhs_p)
+    with interpret_mode(interpret):
+        out = pl.pallas_call(
+            functools.partial(_gmm_kernel, tm=tm, g=g, transpose=transpose_rhs),
+            out_shape=jax.ShapeDtypeStruct(
+                (lhs_p.shape[0], rhs_p.shape[1 if transpose_rhs else 2]), lhs.dtype
+            ),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=len(metadata),
+                grid=(rhs_p.shape[1 if transpose_rhs else 2] // tn, count, lhs_p.shape[1] // tk),
+                in_specs=[
+                    pl.BlockSpec((tm, tk), lambda j, v, kk, groups, tiles, *_: (tiles[v], kk)),
+                    pl.BlockSpec((None, tn, tk) if transpose_rhs else (None, tk, tn), rhs_index),
+                ],
+                out_specs=pl.BlockSpec((tm, tn), lambda j, v, kk, groups, tiles, *_: (tiles[v], j)),
+                scratch_shapes=[pltpu.VMEM((tm, tn), jnp.float32)],
+            ),
+            # a row tile's visits are consecutive steps that share its resident output block
+            compiler_params=compiler_params("parallel", "arbitrary", "arbitrary"),
+            name="gmm",
+        )(*metadata, lhs_p, rhs_p)
     return out[:m, :n]
 
 
@@ -155,24 +158,24 @@ def tgmm(lhs, grad, group_sizes, num_groups, *, tiling=TILING, interpret=None):
     lhs_p = pad_to(pad_to(lhs, 0, tm), 1, tk)
     grad_p = pad_to(pad_to(grad, 0, tm), 1, tn)
     metadata, count = _visits(group_sizes, lhs_p.shape[0], tm, tail=False)
-    out = pl.pallas_call(
-        functools.partial(_tgmm_kernel, tm=tm),
-        out_shape=jax.ShapeDtypeStruct((num_groups, lhs_p.shape[1], grad_p.shape[1]), lhs.dtype),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=len(metadata),
-            grid=(lhs_p.shape[1] // tk, grad_p.shape[1] // tn, count),
-            in_specs=[
-                pl.BlockSpec((tm, tk), lambda kk, j, v, groups, tiles, *_: (tiles[v], kk)),
-                pl.BlockSpec((tm, tn), lambda kk, j, v, groups, tiles, *_: (tiles[v], j)),
-            ],
-            out_specs=pl.BlockSpec((None, tk, tn), lambda kk, j, v, groups, *_: (groups[v], kk, j)),
-            scratch_shapes=[pltpu.VMEM((tk, tn), jnp.float32)],
-        ),
-        # a group's visits are consecutive steps that accumulate into its resident output block
-        compiler_params=compiler_params("parallel", "parallel", "arbitrary"),
-        interpret=interpret_mode(interpret),
-        name="tgmm",
-    )(*metadata, lhs_p, grad_p)
+    with interpret_mode(interpret):
+        out = pl.pallas_call(
+            functools.partial(_tgmm_kernel, tm=tm),
+            out_shape=jax.ShapeDtypeStruct((num_groups, lhs_p.shape[1], grad_p.shape[1]), lhs.dtype),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=len(metadata),
+                grid=(lhs_p.shape[1] // tk, grad_p.shape[1] // tn, count),
+                in_specs=[
+                    pl.BlockSpec((tm, tk), lambda kk, j, v, groups, tiles, *_: (tiles[v], kk)),
+                    pl.BlockSpec((tm, tn), lambda kk, j, v, groups, tiles, *_: (tiles[v], j)),
+                ],
+                out_specs=pl.BlockSpec((None, tk, tn), lambda kk, j, v, groups, *_: (groups[v], kk, j)),
+                scratch_shapes=[pltpu.VMEM((tk, tn), jnp.float32)],
+            ),
+            # a group's visits are consecutive steps that accumulate into its resident output block
+            compiler_params=compiler_params("parallel", "parallel", "arbitrary"),
+            name="tgmm",
+        )(*metadata, lhs_p, grad_p)
     # an empty group has no visits: its block was never written
     return jnp.where(group_sizes[:, None, None] > 0, out[:, :k, :n], 0).astype(lhs.dtype)
 
@@ -199,8 +202,9 @@ _grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)
 
 def grouped_matmul(lhs, rhs, group_sizes, *, tiling=TILING, interpret=None):
     """:func:`gmm`, differentiable in ``lhs`` and ``rhs`` (the backward is :func:`gmm` with the
-    right operand transposed and :func:`tgmm`). ``interpret``: None runs compiled on TPUs and in
-    Pallas's interpreter elsewhere."""
+    right operand transposed and :func:`tgmm`). ``interpret``: where the kernels run, as
+    :func:`torch_tpu.pallas.interpret_mode` takes it (None: compiled on TPUs, interpreted
+    elsewhere; True: interpreted everywhere)."""
     if lhs.ndim != 2 or rhs.ndim != 3 or group_sizes.shape != rhs.shape[:1] or lhs.shape[1] != rhs.shape[1]:
         raise ValueError(
             f"grouped_matmul: lhs [m, k], rhs [g, k, n], group_sizes [g]; got {lhs.shape}, {rhs.shape}, "

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from ._pallas import block, compiler_params, interpret_mode, pad_to
+from ..pallas import interpret_mode
+from ..pallas._blocks import block, compiler_params, pad_to
 
 #: rows per block on a TPU (a multiple of the 8-row sublane tile)
 BLOCK_ROWS = 256
@@ -51,19 +52,19 @@ def _forward(x, weight, eps, block_rows, interpret):
     flat, length, grid = _rows(x, block_rows)
     d = x.shape[-1]
     rows_spec = pl.BlockSpec((length, d), lambda i: (i, 0))
-    y, rstd = pl.pallas_call(
-        functools.partial(_forward_kernel, eps=eps),
-        out_shape=(
-            jax.ShapeDtypeStruct(flat.shape, x.dtype),
-            jax.ShapeDtypeStruct((flat.shape[0], 1), jnp.float32),
-        ),
-        grid=grid,
-        in_specs=[rows_spec, pl.BlockSpec((1, d), lambda i: (0, 0))],
-        out_specs=(rows_spec, pl.BlockSpec((length, 1), lambda i: (i, 0))),
-        compiler_params=compiler_params("parallel"),
-        interpret=interpret_mode(interpret),
-        name="rms_norm_forward",
-    )(flat, weight.reshape(1, d))
+    with interpret_mode(interpret):
+        y, rstd = pl.pallas_call(
+            functools.partial(_forward_kernel, eps=eps),
+            out_shape=(
+                jax.ShapeDtypeStruct(flat.shape, x.dtype),
+                jax.ShapeDtypeStruct((flat.shape[0], 1), jnp.float32),
+            ),
+            grid=grid,
+            in_specs=[rows_spec, pl.BlockSpec((1, d), lambda i: (0, 0))],
+            out_specs=(rows_spec, pl.BlockSpec((length, 1), lambda i: (i, 0))),
+            compiler_params=compiler_params("parallel"),
+            name="rms_norm_forward",
+        )(flat, weight.reshape(1, d))
     rows = math.prod(x.shape[:-1])
     return y[:rows].reshape(x.shape), rstd
 
@@ -74,20 +75,20 @@ def _backward(x, weight, rstd, dy, block_rows, interpret):
     d = x.shape[-1]
     rows_spec = pl.BlockSpec((length, d), lambda i: (i, 0))
     row_spec = pl.BlockSpec((1, d), lambda i: (0, 0))
-    dx, dw = pl.pallas_call(
-        _backward_kernel,
-        out_shape=(
-            jax.ShapeDtypeStruct(flat.shape, x.dtype),
-            jax.ShapeDtypeStruct((1, d), jnp.float32),
-        ),
-        grid=grid,
-        in_specs=[rows_spec, row_spec, pl.BlockSpec((length, 1), lambda i: (i, 0)), rows_spec],
-        out_specs=(rows_spec, row_spec),
-        # dw's block is the same at every step: the steps run in order
-        compiler_params=compiler_params("arbitrary"),
-        interpret=interpret_mode(interpret),
-        name="rms_norm_backward",
-    )(flat, weight.reshape(1, d), rstd, dy_flat)
+    with interpret_mode(interpret):
+        dx, dw = pl.pallas_call(
+            _backward_kernel,
+            out_shape=(
+                jax.ShapeDtypeStruct(flat.shape, x.dtype),
+                jax.ShapeDtypeStruct((1, d), jnp.float32),
+            ),
+            grid=grid,
+            in_specs=[rows_spec, row_spec, pl.BlockSpec((length, 1), lambda i: (i, 0)), rows_spec],
+            out_specs=(rows_spec, row_spec),
+            # dw's block is the same at every step: the steps run in order
+            compiler_params=compiler_params("arbitrary"),
+            name="rms_norm_backward",
+        )(flat, weight.reshape(1, d), rstd, dy_flat)
     rows = math.prod(x.shape[:-1])
     return dx[:rows].reshape(x.shape), dw.reshape(weight.shape).astype(weight.dtype)
 
@@ -120,7 +121,9 @@ def rms_norm(
 ) -> jax.Array:
     """RMSNorm over ``x``'s last dimension, scaled by ``weight`` (that dimension's length);
     the result has ``x``'s dtype. Differentiable (``jax.vjp``) through a Pallas backward.
-    ``interpret``: None runs compiled on TPUs and in Pallas's interpreter elsewhere."""
+    ``interpret``: where the kernels run, as
+    :func:`torch_tpu.pallas.interpret_mode` takes it (None: compiled on TPUs, interpreted
+    elsewhere; True: interpreted everywhere)."""
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: weight of shape {weight.shape} for rows of length {x.shape[-1]}")
     return _rms_norm(x, weight, float(eps), block_rows, interpret)

@@ -11,14 +11,11 @@ and its arguments. Pallas calls inside run in TPU interpret mode off TPU (:func:
 from __future__ import annotations
 
 import collections.abc
-import contextlib
 import functools
 import inspect
 import json
-import logging
 import types
 import typing
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,55 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-_log = logging.getLogger("torch_tpu")
+from ._interpret import interpret_mode
 
 _SCALARS = {bool: "bool", int: "int", float: "float", str: "str"}
-
-#: The TPU generation Pallas kernels are interpreted as on other platforms (TPU interpret mode
-#: models one chip's memories); what ``_internal.utils.hardware`` reports there.
-INTERPRET_TARGET = "TPU v7"
-_JAX_INTERPRET_TARGET = "TPU7x"  # (JAX's name for it)
-
-
-# ----------------------------------------------------------------------------- interpret mode
-@functools.cache
-def _on_tpu() -> bool:
-    from ..runtime import platform
-
-    return platform.platform() == "tpu"
-
-
-@functools.cache
-def prepare_interpret() -> None:
-    """Once per process off TPU: Pallas' TPU interpret mode becomes JAX's default (kernels built
-    outside a traced op, such as Helion's ``pl.kernel``, read it when they are made; on this
-    platform Pallas TPU kernels run no other way), the platform gets the interpreted chip's
-    hardware facts (``pltpu.get_tpu_info()`` in a kernel), and the log says so."""
-    from jax._src.pallas.mosaic import tpu_info
-    from jax.experimental.pallas import tpu as pltpu
-
-    from ..runtime import platform
-
-    pltpu.set_tpu_interpret_mode()
-    chip = tpu_info.chip_version_from_device_kind(_JAX_INTERPRET_TARGET)
-    tpu_info.registry.setdefault(platform.platform(), lambda: tpu_info.get_tpu_info_for_chip(chip, 1))
-    _log.warning(
-        "torch_tpu: no TPU here (%s): Pallas kernels run in Pallas' TPU interpret mode, as a %s",
-        platform.device_name(),
-        INTERPRET_TARGET,
-    )
-
-
-def interpret_mode() -> contextlib.AbstractContextManager:
-    """The context JAX functions of ops are traced in: on a TPU none (Pallas kernels compile
-    through Mosaic), elsewhere Pallas' TPU interpret mode, which runs ``pl.pallas_call`` kernels
-    with the platform's own ops (part of JAX's jit cache key)."""
-    if _on_tpu():
-        return contextlib.nullcontext()
-    prepare_interpret()
-    from jax.experimental.pallas import tpu as pltpu
-
-    return pltpu.force_tpu_interpret_mode()
 
 
 # ----------------------------------------------------------------------------- the schema
@@ -459,22 +410,3 @@ def jax_op(
     if autograd and sig.returns:
         _register_vjp(op_def, sig, lowering)
     return op_def
-
-
-def custom_jax_kernel(
-    jax_fn: Callable | None = None,
-    name: str | None = None,
-    static_argnums: tuple[int, ...] = (),
-    input_output_aliases: dict[int, int] | None = None,
-    **jit_kwargs,
-):
-    """Deprecated (upstream's older API): a callable running ``jax.jit(jax_fn)`` on tpu tensors.
-    Use :func:`jax_op`, which makes a real op (compile, export, autograd)."""
-    warnings.warn(
-        "torch_tpu.pallas.custom_jax_kernel is deprecated: use torch_tpu.pallas.jax_op",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    from .._internal.pallas.pallas import _custom_jax_kernel
-
-    return _custom_jax_kernel(jax_fn, name, static_argnums, input_output_aliases, **jit_kwargs)

@@ -1,191 +1,31 @@
-"""Upstream TorchTPU's Pallas call API, as Helion's Pallas launcher uses it: ``JaxCallable``
-(a jitted JAX function called on tpu tensors, one registered kernel per argument signature),
-the placeholders it traces with, and the deprecated ``custom_jax_kernel``. New code uses
-``torch_tpu.pallas.jax_op``, which makes a real PyTorch op."""
+"""Upstream TorchTPU's ``_internal.pallas.pallas``, as Helion's Pallas launcher imports it
+(``JaxCallable``, ``jax_placeholder``, ``_get_kernel_invocation_key``): re-exported from
+``torch_tpu.pallas._jax_callable``."""
 
 from __future__ import annotations
 
-import hashlib
-import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-import jax
-import torch
-
-from ...pallas import custom_jax_kernel, jax_op
-from ...pallas._op import interpret_mode
-from ...runtime.dtypes import JAX_TO_TORCH, TORCH_TO_JAX
+from ...pallas import jax_op
+from ...pallas._jax_callable import (
+    JAX_TO_TORCH_DTYPE_MAP,
+    TORCH_TO_JAX_DTYPE_MAP,
+    JaxCallable,
+    _get_kernel_invocation_key,
+    custom_jax_kernel,
+    jax_placeholder,
+    jax_placeholders,
+    torch_placeholder,
+)
 from . import tpu_torch_pallas
 
 __all__ = [
     "JAX_TO_TORCH_DTYPE_MAP",
     "TORCH_TO_JAX_DTYPE_MAP",
     "JaxCallable",
+    "_get_kernel_invocation_key",
     "custom_jax_kernel",
     "jax_op",
     "jax_placeholder",
     "jax_placeholders",
     "torch_placeholder",
+    "tpu_torch_pallas",
 ]
-
-_log = logging.getLogger("torch_tpu")
-
-TORCH_TO_JAX_DTYPE_MAP = dict(TORCH_TO_JAX)
-JAX_TO_TORCH_DTYPE_MAP = dict(JAX_TO_TORCH)
-
-
-def jax_placeholder(tensor: Any) -> Any:
-    """A tensor as the ``jax.ShapeDtypeStruct`` JAX traces with (anything else as it is)."""
-    if not isinstance(tensor, torch.Tensor):
-        return tensor
-    dtype = TORCH_TO_JAX_DTYPE_MAP.get(tensor.dtype)
-    if dtype is None:
-        raise NotImplementedError(f"Unsupported dtype for pallas kernels: {tensor.dtype}")
-    return jax.ShapeDtypeStruct(tuple(tensor.shape), dtype)
-
-
-def jax_placeholders(tensors: Sequence[torch.Tensor] | torch.Tensor) -> Any:
-    if isinstance(tensors, torch.Tensor):
-        return jax_placeholder(tensors)
-    return [jax_placeholder(t) for t in tensors]
-
-
-def torch_placeholder(aval: Any) -> Any:
-    """An output's shape and dtype as a meta tensor (anything else as it is)."""
-    if not isinstance(aval, (jax.ShapeDtypeStruct, jax.core.ShapedArray)):
-        return aval
-    dtype = JAX_TO_TORCH_DTYPE_MAP.get(aval.dtype)
-    if dtype is None:
-        raise NotImplementedError(f"Unsupported dtype for pallas kernels: {aval.dtype}")
-    return torch.empty(aval.shape, dtype=dtype, device="meta")
-
-
-def _get_kernel_invocation_key(
-    trace_key: str,
-    input_args: Sequence[Any],
-    input_kwargs: dict[str, Any],
-    static_argnums: tuple[int, ...] = (),
-) -> str:
-    """What one kernel specialization is: the callable's key, each tensor's shape and dtype,
-    every other argument's value (static ones marked), the keyword arguments."""
-
-    def spelled(item: Any) -> str:
-        return f"{item.shape}x{item.dtype}" if isinstance(item, torch.Tensor) else str(item)
-
-    args = ",".join(
-        f"static_{spelled(a)}" if i in static_argnums else spelled(a) for i, a in enumerate(input_args)
-    )
-    kwargs = ";".join(f"{k}:{spelled(v)}" for k, v in input_kwargs.items())
-    return ";".join([trace_key, args, kwargs])
-
-
-class JaxCallable:
-    """A jitted JAX function called on tpu tensors.
-
-    Each argument signature (``_get_kernel_invocation_key``) is traced once for its outputs
-    (``output_shapes``: meta tensors and the output tree) and registered with
-    ``tpu_torch_pallas`` under a fingerprint (``kernel_key_to_mlir_fingerprint``), which
-    ``call_custom_kernel`` runs. Arguments are tensors or None, or values at ``static_argnums``.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        jit_fn: Any,
-        trace_key: str,
-        static_argnums: tuple[int, ...] = (),
-        input_output_aliases: Mapping[int, int] | None = None,
-        mesh: Any = None,
-        input_partition_specs: Any = None,
-        donate_argnums: Sequence[int] | None = None,
-    ):
-        self.name, self.jit_fn, self.trace_key = name, jit_fn, trace_key
-        self.static_argnums = tuple(static_argnums)
-        self.input_output_aliases = dict(input_output_aliases or {})
-        self.mesh, self.input_partition_specs = mesh, input_partition_specs
-        self.donate_argnums = None if donate_argnums is None else tuple(donate_argnums)
-        self.output_shapes: dict[str, tuple[list, Any]] = {}
-        self.kernel_key_to_mlir_fingerprint: dict[str, str] = {}
-
-    def __repr__(self) -> str:
-        return (
-            f"JaxCallable(name={self.name}, trace_key={self.trace_key}, static_argnums={self.static_argnums})"
-        )
-
-    def _validate_args(self, *args) -> None:
-        for i, arg in enumerate(args):
-            if i in self.static_argnums:
-                if isinstance(arg, torch.Tensor):
-                    raise ValueError(
-                        f"Argument at index {i} is marked as static but is a torch.Tensor. Tensors "
-                        "cannot be static arguments."
-                    )
-            elif arg is not None and not isinstance(arg, torch.Tensor):
-                raise TypeError(
-                    f"custom kernels only support torch.Tensor and None inputs, but input {i} was of "
-                    f"type {type(arg)}. Use static_argnums or functools.partial for non-tensor args."
-                )
-
-    def _kernel(self, args: tuple, kwargs: dict):
-        """The function of this signature's tensor arrays (statics and Nones bound), returning
-        its outputs flat."""
-        fixed = {i: a for i, a in enumerate(args) if a is None or i in self.static_argnums}
-        count, jit_fn = len(args), self.jit_fn
-
-        def structure(*arrays):  # (its output tree, which the flat kernel drops)
-            given = iter(arrays)
-            with interpret_mode():
-                return jit_fn(*(fixed[i] if i in fixed else next(given) for i in range(count)), **kwargs)
-
-        def kernel(*arrays):
-            return jax.tree_util.tree_leaves(structure(*arrays))
-
-        tensors = [jax_placeholder(a) for i, a in enumerate(args) if i not in fixed]
-        return kernel, jax.eval_shape(structure, *tensors)
-
-    def __call__(self, *args, **kwargs) -> Any:
-        self._validate_args(*args)
-        key = _get_kernel_invocation_key(self.trace_key, args, kwargs, self.static_argnums)
-        fingerprint = self.kernel_key_to_mlir_fingerprint.get(key)
-        if fingerprint is None or not tpu_torch_pallas.lookup_custom_kernel(self.name, fingerprint):
-            kernel, out = self._kernel(args, kwargs)
-            leaves, tree = jax.tree_util.tree_flatten(out)
-            fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
-            tpu_torch_pallas.register_custom_kernel(self.name, fingerprint, fn=kernel)
-            self.output_shapes[key] = ([torch_placeholder(a) for a in leaves], tree)
-            self.kernel_key_to_mlir_fingerprint[key] = fingerprint
-        output_shapes, tree = self.output_shapes[key]
-        tensors = [a for i, a in enumerate(args) if a is not None and i not in self.static_argnums]
-        results = tpu_torch_pallas.call_custom_kernel(
-            self.name,
-            fingerprint,
-            inputs=tensors,
-            output_shapes=output_shapes,
-            input_output_aliases=self.input_output_aliases,
-            donate_argnums=self.donate_argnums,
-        )
-        return tree.unflatten(results)
-
-
-def _custom_jax_kernel(jax_fn, name, static_argnums, input_output_aliases, **jit_kwargs):
-    """``custom_jax_kernel`` without its deprecation warning."""
-    donate = jit_kwargs.get("donate_argnums")
-    if input_output_aliases and donate is not None and set(donate) != set(input_output_aliases):
-        raise ValueError("donate_argnums must be None or the same as the keys of input_output_aliases.")
-
-    def make(fn):
-        label = name or getattr(fn, "__name__", "kernel")
-        trace_key = _get_kernel_invocation_key(
-            f"{label}_{id(fn)}", [], {**jit_kwargs, "static_argnums": static_argnums}
-        )
-        return JaxCallable(
-            label,
-            jax.jit(fn, static_argnums=static_argnums, **jit_kwargs),
-            trace_key,
-            static_argnums=static_argnums,
-            input_output_aliases=input_output_aliases,
-            donate_argnums=donate,
-        )
-
-    return make if jax_fn is None else make(jax_fn)

@@ -72,7 +72,7 @@ def get_tpu_device_name() -> str:
     chips = tpu_chips()
     if chips:
         return chips[0]
-    from ...pallas._op import INTERPRET_TARGET, prepare_interpret
+    from ...pallas._interpret import INTERPRET_TARGET, prepare_interpret
     from ...runtime import platform
 
     if platform.is_initialized() and platform.platform() != "tpu":

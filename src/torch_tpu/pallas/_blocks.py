@@ -1,21 +1,10 @@
-"""What every kernel here shares: where Pallas runs compiled, the grid's semantics, padding."""
+"""What Pallas TPU kernels share: Mosaic's grid semantics, block lengths, padding to them."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
-
-
-def interpret_mode(interpret: bool | None) -> bool:
-    """``interpret`` as given, else whether the device is not a TPU: Pallas compiles these
-    kernels for TPUs (Mosaic) only, so elsewhere (the XLA:CPU stand-in, GPUs) they run in
-    Pallas's interpreter, the same kernel bodies evaluated as ordinary XLA ops."""
-    if interpret is not None:
-        return interpret
-    from torch_tpu.runtime import platform
-
-    return platform.platform() != "tpu"
 
 
 def compiler_params(*semantics: str) -> pltpu.CompilerParams:

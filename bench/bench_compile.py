@@ -35,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
+import _docs
 import torch
 from bench_fused import BATCH, CONFIG, WARMUP_STEPS, _JaxStep, _model_and_batch
 from bench_fused import _torch_step as eager_step
@@ -193,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rounds, no start-up numbers")
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     parser.add_argument("--first-step", choices=[*LABELS, *FLOORS], help=argparse.SUPPRESS)
+    _docs.add_flag(parser)
     args = parser.parse_args(argv)
     if args.first_step:
         print(json.dumps(_first_step(args.first_step)))
@@ -206,7 +208,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     starts = None if args.quick else start_times()
     rounds, calls = (3, 3) if args.quick else (7, 5)
-    print(tables(warm_times(calls, rounds), starts, args.markdown))
+    warm = warm_times(calls, rounds)
+    with _docs.section("compile", args):
+        print(tables(warm, starts, args.markdown))
     print(f"\nload average {os.getloadavg()[0]:.1f} at end")
 
 

@@ -37,6 +37,8 @@ import sys
 import tempfile
 import time
 
+import _docs
+
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [4 << 10, 1 << 20, 16 << 20]
 OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"]
@@ -269,6 +271,7 @@ def main() -> None:
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    _docs.add_flag(parser)
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -276,7 +279,8 @@ def main() -> None:
     start = time.time()
     runs = {world: launch(world, args.quick) for world in (*args.ranks, 1)}
     print(f"# bench_distributed ({time.time() - start:.0f} s, load average {os.getloadavg()[0]:.1f})")
-    print_tables(tables(runs), args.markdown)
+    with _docs.section("distributed", args):
+        print_tables(tables(runs), args.markdown)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import _docs
 import torch
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -144,13 +145,15 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=512, help="samples per step and process (512)")
     parser.add_argument("--rounds", type=int, default=20, help="timed steps (20)")
     parser.add_argument("--markdown", action="store_true")
+    _docs.add_flag(parser)
     args = parser.parse_args()
     if args.worker:
         return worker(args)
     results = [run(device, processes, args) for device, processes in CONFIGS]
     size = f"26 tables of {args.rows} x {args.dim}, batch {args.batch_size} per process"
-    print(f"DLRM, {size}, fused rowwise Adagrad")
-    print(table(results, args.markdown))
+    with _docs.section("dlrm", args):
+        print(f"DLRM, {size}, fused rowwise Adagrad\n")
+        print(table(results, args.markdown))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 
+import _docs
 import bench_compile
 import bench_fused
 import jax
@@ -349,6 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, no cold starts")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    _docs.add_flag(parser)
     args = parser.parse_args(argv)
     rounds = 3 if args.quick else 7
     print(
@@ -360,7 +362,8 @@ def main(argv: list[str] | None = None) -> None:
     if not args.quick:
         rows += _cold_rows()
     print(f"load average {os.getloadavg()[0]:.1f} at the end\n")
-    print(table(rows, args.markdown))
+    with _docs.section("eager", args):
+        print(table(rows, args.markdown))
 
 
 if __name__ == "__main__":

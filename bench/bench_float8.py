@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import _docs
 import jax
 import jax.numpy as jnp
 import torch
@@ -143,12 +144,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--markdown", action="store_true")
+    _docs.add_flag(parser)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)  # (torchao's notes on its CUDA kernels)
     torch_tpu._initialize()
     header = ["size (m x k x n)", "product", "tpu ms", "torch cpu ms", "jax.jit ms", "tpu / cpu", "tpu / jit"]
     header.append("tpu error")
+    with _docs.section("float8", args):
+        _print_rows(header, args)
+
+
+def _print_rows(header: list[str], args: argparse.Namespace) -> None:
     if args.markdown:
         print("| " + " | ".join(header) + " |\n" + "|---" * len(header) + "|")
     for size in SIZES:

@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Callable
 
+import _docs
 import _jax_gpt
 import jax
 import torch
@@ -339,6 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     parser.add_argument("--check", action="store_true", help="only check the JAX step against torch CPU")
     parser.add_argument("--first-steps", choices=LABELS, help=argparse.SUPPRESS)
+    _docs.add_flag(parser)
     args = parser.parse_args(argv)
     if args.first_steps:
         print(json.dumps(_first_steps(args.first_steps)))
@@ -368,7 +370,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     cold = None if args.quick else cold_times()
     warm = warm_times(calls, rounds)
-    print(markdown_table(warm, cold) if args.markdown else text_table(warm, cold))
+    with _docs.section("fused", args):
+        print(markdown_table(warm, cold) if args.markdown else text_table(warm, cold))
     print(f"\nload average {os.getloadavg()[0]:.1f} at end")
     assert warm.hit_rate == 1.0, f"fused steps missed the graph cache: {warm.fused_stats}"
 

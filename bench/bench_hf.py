@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Callable
 
+import _docs
 import jax
 import torch
 from bench_ops import compare, no_sync
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, batch 1 only")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    _docs.add_flag(parser)
     args = parser.parse_args(argv)
     rounds = 2 if args.quick else 5
     batches = (1,) if args.quick else (1, 4)
@@ -221,7 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     results.append(
         _measure("train step (fwd+bwd+AdamW)", TRAIN_BATCH * TRAIN_LENGTH, _train_step_cases(model), rounds)
     )
-    print(markdown_table(results) if args.markdown else text_table(results))
+    with _docs.section("hf", args):
+        print(markdown_table(results) if args.markdown else text_table(results))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ Usage::
     python bench/bench_import.py               # 7 rounds
     python bench/bench_import.py --rounds 3    # quicker
     python bench/bench_import.py --markdown    # the table as Markdown, for the docs
+    python bench/bench_import.py --write-docs  # and into docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+import _docs
 
 CONTENDERS = {
     "import torch, autoload off": ("import torch", {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
@@ -45,6 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--markdown", action="store_true")
+    _docs.add_flag(parser)
     args = parser.parse_args()
     print(f"load average: {os.getloadavg()[0]:.2f}", file=sys.stderr)
     for code, env in CONTENDERS.values():  # warm the file system cache
@@ -55,7 +59,12 @@ def main() -> None:
             times[name].append(seconds(code, env))
     base = statistics.median(times[BASELINE])
     rows = [(name, statistics.median(t), statistics.median(t) - base) for name, t in times.items()]
-    if args.markdown:
+    with _docs.section("import", args):
+        print_table(rows, args.markdown)
+
+
+def print_table(rows: list[tuple[str, float, float]], markdown: bool) -> None:
+    if markdown:
         print("| process | median seconds | added to `import torch` alone |\n|---|---|---|")
         for name, median, added in rows:
             print(f"| {name} | {median:.2f} | {added:+.2f} |")

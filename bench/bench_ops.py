@@ -5,6 +5,7 @@ and ratios, never lone absolute times. Usage::
 
     python bench/bench_ops.py            # all cases
     python bench/bench_ops.py --quick    # fewer rounds
+    python bench/bench_ops.py --markdown # a Markdown table (--write-docs: into docs/benchmarks.md)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import _docs
 import jax
 import jax.numpy as jnp
 import torch
@@ -129,9 +131,18 @@ def _format(name: str, result: dict, reference: str | None) -> str:
     return line
 
 
+def _markdown_row(name: str, result: dict) -> str:
+    times = ", ".join(f"{label} {seconds * 1e6:.1f} us" for label, seconds in result.items())
+    tpu = result["tpu"]
+    ratios = ", ".join(f"tpu/{label} {tpu / s:.2f}x" for label, s in result.items() if label != "tpu")
+    return f"| {name} | {times} | {ratios} |"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (smoke run)")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    _docs.add_flag(parser)
     args = parser.parse_args()
     rounds = 3 if args.quick else 7
     print(f"device: {torch.tpu.get_device_name()}  (torch {torch.__version__}, jax {jax.__version__})")
@@ -142,9 +153,12 @@ def main() -> None:
         ("GPT train step", _gpt_step_cases(), 3),
         ("AdamW step, GPT", _optimizer_step_cases(), 5),
     ]
-    for name, contenders, calls in cases:
-        result = compare(contenders, calls if not args.quick else max(1, calls // 4), rounds)
-        print(_format(name, result, reference="tpu"))
+    with _docs.section("ops", args):
+        if args.markdown:
+            print("| case | median per call | ratios |\n|---|---|---|")
+        for name, contenders, calls in cases:
+            result = compare(contenders, calls if not args.quick else max(1, calls // 4), rounds)
+            print(_markdown_row(name, result) if args.markdown else _format(name, result, reference="tpu"))
 
 
 if __name__ == "__main__":

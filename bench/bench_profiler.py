@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 
+import _docs
 import bench_fused
 import torch
 from bench_ops import compare
@@ -65,11 +66,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--markdown", action="store_true")
+    _docs.add_flag(parser)
     args = parser.parse_args()
     torch_tpu._initialize()
     table = rows(args.rounds)
+    with _docs.section("profiler", args):
+        print_table(table, args.markdown)
+
+
+def print_table(table: list, markdown: bool) -> None:
     names = list(PROFILES)
-    if args.markdown:
+    if markdown:
         print(
             "| eager mode | "
             + " | ".join(f"{n} ms/step" for n in names)
@@ -79,7 +86,7 @@ def main() -> None:
     for mode, times in table:
         cells = [f"{times[n] * 1e3:.1f}" for n in names]
         ratios = [f"{times[n] / times['off']:.2f}x" for n in names[1:]]
-        if args.markdown:
+        if markdown:
             print(f"| {mode} | " + " | ".join(cells + ratios) + " |")
         else:
             print(

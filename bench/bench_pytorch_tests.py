@@ -37,6 +37,8 @@ import sys
 import tempfile
 import time
 
+import _docs
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FILES = ("test_indexing.py", "test_shape_ops.py")
 # allocates 2**31 + 5 and 2 * (2**31 + 5) int8 elements on the device (6 GiB and its copies)
@@ -348,6 +350,7 @@ def _arguments() -> argparse.Namespace:
         default=os.environ.get("TORCH_TPU_PYTORCH_TESTS", os.path.join(HERE, "vendor", "pytorch_tests")),
     )
     parser.add_argument("--markdown", action="store_true")
+    _docs.add_flag(parser)
     parser.add_argument("--slowest", type=int, default=10, help="how many of the slowest tests to list")
     parser.add_argument("--per-test-timeout", type=float, default=1200.0, help="s; a test past it fails")
     parser.add_argument("--file-timeout", type=float, default=4 * 3600.0, help="s; a run past it is killed")
@@ -366,7 +369,8 @@ def main() -> None:
     options = _arguments()
     if not options.report:
         run_all(options)
-    print(report(options))
+    with _docs.section("pytorch_tests", options):
+        print(report(options))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ import sys
 import tempfile
 import time
 
+import _docs
+
 PROMPT_TOKENS, NEW_TOKENS = 16, 32
 CONCURRENCY = (1, 8, 32, 128)
 #: the two configurations measured: vLLM's defaults (the model compiled), and eager
@@ -184,6 +186,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--markdown", action="store_true")
+    _docs.add_flag(parser)
     parser.add_argument("--profile", action="store_true", help="profile tpu's decoding steps")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
@@ -211,10 +214,13 @@ def main() -> None:
             return
         load = os.getloadavg()[0]
         print(f"load average {load:.2f}; {PROMPT_TOKENS}-token prompts, {NEW_TOKENS} new tokens")
-        for mode in modes:
-            results = {backend: child(backend, model, mode, options, plugin) for backend in ("tpu", "cpu")}
-            print(f"\n{mode} (tpu: {results['tpu']['device']}; cpu: vLLM's CPU backend)\n")
-            print("\n".join(_table(results, tuple(options.concurrency), options.markdown)))
+        with _docs.section("serve", options):
+            for mode in modes:
+                results = {
+                    backend: child(backend, model, mode, options, plugin) for backend in ("tpu", "cpu")
+                }
+                print(f"\n{mode} (tpu: {results['tpu']['device']}; cpu: vLLM's CPU backend)\n")
+                print("\n".join(_table(results, tuple(options.concurrency), options.markdown)))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+import _docs
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -244,6 +246,7 @@ def _hf_rows(steps: int) -> list[tuple]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", action="store_true")
+    _docs.add_flag(parser)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--hf-steps", type=int, default=20)
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -295,14 +298,15 @@ def main() -> None:
             )
         )
     header = ("case", "variable sizes", "fixed size", "ratio", "note")
-    if options.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
-    else:
-        for row in rows:
-            print(" | ".join(row))
+    with _docs.section("shapes", options):
+        if options.markdown:
+            print("| " + " | ".join(header) + " |")
+            print("|" + "---|" * len(header))
+            for row in rows:
+                print("| " + " | ".join(row) + " |")
+        else:
+            for row in rows:
+                print(" | ".join(row))
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ def stamp(
     today = today or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     backend = backend or _backend()
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+    machine += f" (load average {os.getloadavg()[0]:.1f})"
     return (
         f"Measured at `{commit}` on {today}, {machine}, JAX backend `{backend}`; regenerate with `{command}`."
     )

@@ -45,7 +45,7 @@ def test_write_replaces_only_its_section_and_stamps_it(tmp_path):
     section = text.split("<!-- bench:import -->\n", 1)[1].split("<!-- /bench:import -->", 1)[0]
     stamp, blank, *rows = section.splitlines()
     assert stamp.startswith("Measured at `abc1234` on 2026-12-07, ")
-    assert re.search(r", \d+ CPUs, JAX backend `\w+`; ", stamp)
+    assert re.search(r", \d+ CPUs \(load average [\d.]+\), JAX backend `\w+`; ", stamp)
     assert stamp.endswith("regenerate with `python bench/bench_import.py --write-docs`.")
     assert blank == "" and rows == table.strip().splitlines()
     assert "old import table" not in text

@@ -131,8 +131,12 @@ def _format(name: str, result: dict, reference: str | None) -> str:
     return line
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
+
+
 def _markdown_row(name: str, result: dict) -> str:
-    times = ", ".join(f"{label} {seconds * 1e6:.1f} us" for label, seconds in result.items())
+    times = ", ".join(f"{label} {_duration(seconds)}" for label, seconds in result.items())
     tpu = result["tpu"]
     ratios = ", ".join(f"tpu/{label} {tpu / s:.2f}x" for label, s in result.items() if label != "tpu")
     return f"| {name} | {times} | {ratios} |"

@@ -771,6 +771,24 @@ def planned():
     return a, b
 
 
+@pytest.mark.parametrize("record", ["NativePlan", "NativeRule", "HostRule"])
+def test_the_core_refuses_plan_records_it_would_misread(planned, record):
+    """The C++ core reads the plan records by field position: ``configure_plans`` refuses records
+    whose fields are not the ones it reads (a record changed on one side only), before it takes
+    anything, and the plans already kept keep serving."""
+    from torch_tpu.ops.dispatch import plans, registration
+
+    fields = plans.field_names()
+    fields[record] = (*fields[record][1:], fields[record][0])  # (the same names, another order)
+    configured = registration._configure_core
+    with pytest.raises(RuntimeError, match=f"reads {record} with other fields"):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(plans, "field_names", lambda: fields)
+            configured()
+    a, b = planned
+    assert not _python_frames(lambda: torch.add(a, b), "torch_tpu/ops/")
+
+
 def test_a_planned_call_runs_no_python(planned):
     a, b = planned
     assert not _python_frames(lambda: torch.add(a, b))

@@ -19,7 +19,7 @@ Modules, in the order a call meets them:
 - ``variants``: the functional kernel and the derived in-place / ``out=`` kernels;
 - ``routing``: ops taking ``device=``;
 - ``fallback``: ops with no lowering;
-- ``install``: the registration;
+- ``registration``: the registration (``install``);
 - ``recording``: which ops were reached (the state the C++ core reads).
 """
 
@@ -28,11 +28,11 @@ from __future__ import annotations
 from .binding import Binder
 from .conversion import FittedNumber, fitted_dtype
 from .fallback import fallback
-from .install import DERIVED, SERVED_BY_THE_CORE, check_installable, install, kernel_of, libraries
 from .kernel import Compute
 from .programs import HOST_SHADOW_ELEMENTS
 from .promoting import operand_signature, promoted, promoted_types
 from .recording import cpu_fallback_counts, record_ops
+from .registration import DERIVED, SERVED_BY_THE_CORE, check_installable, install, kernel_of, libraries
 from .routing import current_device
 
 __all__ = [

@@ -213,7 +213,7 @@ def test_backward_hooks_stay_visible_to_dynamo():
 def test_every_package_file_is_runtime_or_user_code():
     """``RUNTIME_PATHS`` names files that exist, and every other file of the package is code
     Dynamo may trace on purpose: a moved or new file has to be classified."""
-    from torch_tpu.integrations import dynamo
+    from torch_tpu.runtime import dynamo
 
     root = Path(torch_tpu.__file__).parent
     assert all((root / path).exists() for path in dynamo.RUNTIME_PATHS)

@@ -161,9 +161,9 @@ def test_debug_eager_mode_runs_ops():
 def test_per_op_programs_compile_quickly_on_the_cpu_stand_in(run_python):
     code = """
         import os, torch, torch_tpu
-        from torch_tpu.runtime import platform
+        from torch_tpu.runtime import compiler, platform
         assert float(torch.ones(3, device="tpu").sum()) == 3
-        print(platform.platform(), platform.quick_compiles, platform.optimized(), os.environ.get("XLA_FLAGS"))
+        print(platform.platform(), platform.quick_compiles, compiler.optimized(), os.environ.get("XLA_FLAGS"))
     """
     kind, quick, *_ = run_python(code).split(" ", 2)
     if kind != "cpu":

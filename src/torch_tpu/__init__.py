@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from . import device as _device_module
+from .runtime import callbacks as _callbacks
 from .runtime import native as _native
 from .runtime import platform as _platform
 
@@ -107,7 +108,7 @@ def _register() -> None:
             return
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-        _native.install(_platform.known_device_count())  # (raised when the device starts)
+        _native.install(_callbacks, _platform.known_device_count())  # (raised when the device starts)
 
         _setup_privateuseone_for_python_backend(
             "tpu", backend_module=_device_module, hook=_Hooks(), device_guard=_DeviceGuard()
@@ -169,7 +170,7 @@ def _initialize() -> None:
             dispatch.install()
             modes.install()
             _initialized = True
-    from .integrations import dynamo
+    from .runtime import dynamo
 
     dynamo.refresh()  # the modules just loaded are runtime too
     from . import config
@@ -180,6 +181,7 @@ def _initialize() -> None:
         use_flash_attention(True)
 
 
+_platform.start = _initialize  # (how the layers below start the device)
 _register()
 
 from .execution.modes import EagerMode, eager_mode, get_eager_mode, set_eager_mode  # noqa: E402

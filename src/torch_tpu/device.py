@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
+from .runtime import callbacks, native, platform, random
 from .runtime import memory as device_memory
-from .runtime import native, platform, random
 
 __all__ = [
     "is_available",
@@ -84,9 +84,7 @@ def is_initialized() -> bool:
 
 def init() -> None:
     """Start the device now rather than at its first use."""
-    from . import _initialize
-
-    _initialize()
+    platform.start()
 
 
 def _lazy_init() -> None:
@@ -434,3 +432,6 @@ def __getattr__(name: str) -> Any:
 
         return getattr(capture, name)
     raise AttributeError(f"module 'torch.tpu' has no attribute {name!r}")
+
+
+callbacks.register_device(synchronize, empty_cache, mem_get_info)  # (the C++ core calls them)

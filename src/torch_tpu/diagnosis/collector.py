@@ -25,9 +25,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import device as tpu
 from ..runtime import events
-from ..runtime.checks import user_line
 from ..runtime.context import context
+from ..runtime.events import user_line
 from . import device, hints
 from .report import Report, Site
 
@@ -157,10 +158,8 @@ class diagnose:  # noqa: N801  (used like torch.no_grad)
         self._last_compiling_call: tuple[str, int] | None = None
 
     def __enter__(self) -> Report:
-        import torch_tpu
-
-        torch_tpu._initialize()
-        torch_tpu.sync()  # (what ran before the block is not its)
+        tpu.init()
+        tpu.synchronize()  # (what ran before the block is not its)
         self._before = _Baseline.now()
         torch.tpu.reset_peak_memory_stats()
         self._install()

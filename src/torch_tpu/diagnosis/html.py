@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .device import DeviceTime
-from .report import Report
+
+if TYPE_CHECKING:  # (report.py renders through this module)
+    from .report import Report
 
 WIDTH, BAR = 900, 18
 _STYLE = """

@@ -29,10 +29,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-import torch_tpu
-
-from ..integrations import dynamo
-from ..runtime import dtypes, platform
+from ..runtime import dtypes, dynamo, platform
+from ..runtime.checks import before_host_read
+from ..runtime.tensor import is_tpu, read, wrap
 from . import programs, runtime
 from .handshake import Handshake
 from .watchdog import Call, Ledger, watchdog
@@ -62,11 +61,14 @@ def _describe(tensors: Sequence[torch.Tensor]) -> str:
 def _block(t: torch.Tensor):
     """A tensor's value as a program's block: its elements, flattened (row-major order is the
     order c10d splits and concatenates in)."""
-    return torch_tpu.to_jax(t).reshape(-1)
+    if not is_tpu(t):  # (torch_tpu.to_jax's words)
+        raise ValueError(f"to_jax expects a tpu tensor, got a tensor on {t.device}")
+    return before_host_read(read(t)).reshape(-1)
 
 
 def _write(t: torch.Tensor, value) -> None:
-    t.copy_(torch_tpu.from_jax(value.reshape(t.shape)))
+    platform.start()  # (as torch_tpu.from_jax)
+    t.copy_(wrap(value.reshape(t.shape)))
 
 
 def _reduction(op, tensors: Sequence[torch.Tensor]) -> tuple[str, float | None]:

@@ -42,7 +42,7 @@ from typing import Any
 
 import jax
 
-from ..runtime import buffer, checks, platform
+from ..runtime import buffer, checks, compiler, platform
 from ..runtime.buffer import Deferred, Padded
 from ..runtime.context import compiling, context
 from . import fused
@@ -316,7 +316,7 @@ def _compile(program: _Program, donating: bool) -> Any:
     """The captured program's executable, donating its overwritten inputs or not."""
     jitted = jax.jit(program.function, donate_argnums=program.donated if donating else ())
     with jax.default_device(platform.jax_device(program.index)), compiling():
-        executable = jitted.lower(*program.specs).compile(platform.optimized())
+        executable = jitted.lower(*program.specs).compile(compiler.optimized())
     program.executables[donating] = executable
     return executable
 

@@ -920,13 +920,13 @@ class Graph:
             with jax.default_device(platform.jax_device(self.index)):  # (no input may say)
                 lowered = jax.jit(_program(self.nodes, outputs), donate_argnums=donated).lower(*self.leaves)
                 if in_background is not None:
-                    background.submit(in_background, lowered, platform.optimized())
+                    background.submit(in_background, lowered, compiler.optimized())
                     stats.background_compiles += 1
                     if log_recompiles:
                         explain("compiling it in the background; its ops run one by one meanwhile")
                     return None
                 with compiling():
-                    return lowered.compile(platform.optimized())
+                    return lowered.compile(compiler.optimized())
         except Exception as error:
             raise self._failed(error) from error
         finally:

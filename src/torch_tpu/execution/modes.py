@@ -35,6 +35,7 @@ import torch
 
 from .. import config
 from ..runtime import context as _context
+from ..runtime import platform
 from ..runtime.context import context
 
 __all__ = [
@@ -73,9 +74,7 @@ def set_eager_mode(mode: EagerMode | str) -> None:
         mode = EagerMode(mode)
     except ValueError:
         raise ValueError(f"unknown eager mode {mode!r}: expected one of 'strict', 'debug', 'fused'") from None
-    from .. import device
-
-    device.init()  # (fused eager records JAX values)
+    platform.start()  # (fused eager records JAX values)
     from . import fused
 
     fused.set_active(mode is EagerMode.FUSED)

@@ -28,7 +28,7 @@ import os
 
 import torch
 
-from .import_hooks import after_import
+from ..runtime.import_hooks import after_import
 
 _MARK = "_torch_tpu"
 

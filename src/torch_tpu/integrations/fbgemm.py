@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from .import_hooks import after_import
+from ..runtime.import_hooks import after_import
 
 
 @functools.cache
@@ -25,9 +25,9 @@ def register(module=None) -> None:
 def register_lowerings(namespace: str) -> torch.library.Library:
     """``ops.fbgemm``'s lowerings of ``namespace``'s ops as their tpu kernels (the ops the
     namespace's library has defined by now); the library they are registered in."""
-    import torch_tpu
+    from .. import device
 
-    torch_tpu._initialize()  # (the dispatcher's machinery)
+    device.init()  # (the dispatcher's machinery)
     from ..ops import dispatch
     from ..ops.fbgemm import LOWERINGS
     from ..ops.registry import Lowering, Runs

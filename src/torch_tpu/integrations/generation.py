@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 
 from .. import config
-from .import_hooks import after_import
+from ..runtime.import_hooks import after_import
 
 #: the smallest cache length: shorter generations share one set of executables
 SMALLEST_CACHE = 64

@@ -30,7 +30,7 @@ import inspect
 
 import torch
 
-from .import_hooks import after_import
+from ..runtime.import_hooks import after_import
 
 _MARK = "_torch_tpu"
 #: the TorchRec modules that name a rank's device with a ``placement`` of their own binding

@@ -10,7 +10,6 @@ import argparse
 
 import torch
 
-import torch_tpu  # noqa: F401  (registers the device)
 from torch_tpu.ops._coverage import render_markdown, render_text
 
 

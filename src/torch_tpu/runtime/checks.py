@@ -19,8 +19,6 @@ reads a value computed from theirs.
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -31,6 +29,7 @@ import jax
 from . import events
 from .buffer import Deferred, resolved
 from .context import context
+from .events import user_line
 
 _PENDING, _PASSED, _FAILED = range(3)
 
@@ -114,27 +113,6 @@ def settle_together(checks: Iterable[Check]) -> None:
 
 
 # ----------------------------------------------------------------------------- recording checks
-_PACKAGE = os.path.dirname(os.path.dirname(__file__))
-#: torch_tpu's runtime, torch and jax: never the line to blame (the demo and testing helpers,
-#: user-level code shipped in the package, can be)
-_LIBRARY_DIRS = (_PACKAGE, os.path.dirname(jax.__file__), "<frozen")
-_USER_DIRS = tuple(os.path.join(_PACKAGE, d) for d in ("demo", "testing"))
-
-
-def user_line() -> str:
-    """The innermost caller outside torch_tpu, torch and jax: the line to blame for an op."""
-    import torch
-
-    skip = _LIBRARY_DIRS + (os.path.dirname(torch.__file__),)
-    frame = sys._getframe(2)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(skip) or name.startswith(_USER_DIRS):
-            return f"{name}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "?"
-
-
 def when_ready(values: Any, callback: Callable[[Any], None]) -> None:
     """Call ``callback`` with the host copy of ``values`` (a pytree of result arrays): now in
     strict eager; while a fused graph records, with that graph (reported as the module

@@ -54,7 +54,7 @@ import jax
 from jax._src import compilation_cache as jax_compilation_cache
 from jax._src.compilation_cache_interface import CacheInterface
 
-from . import executable_budget, platform
+from . import executable_budget
 
 _log = logging.getLogger("torch_tpu")
 
@@ -146,7 +146,7 @@ class MappingWatch:
 
     def loading(self, mappings: int) -> None:
         """Count ``mappings`` about to be mapped (or just mapped); past the budget, ask for a trim
-        of the in-memory caches before the next op (:func:`.platform.request_trim`)."""
+        of the in-memory caches before the next op (``executable_budget.request_trim``)."""
         limit = executable_budget.limit
         if limit is None or mappings == 0:
             return
@@ -158,7 +158,7 @@ class MappingWatch:
             self._since_reading = 0
             self._allowance = min(limit // 16, (limit - count) // 8)
         if count > executable_budget.BUDGET * limit:
-            platform.request_trim()
+            executable_budget.request_trim()
         if count >= limit:  # (too late to trim: XLA is about to fail to map the code and crash)
             _log.error(
                 "this process is about to exceed the kernel's limit of %d memory mappings "

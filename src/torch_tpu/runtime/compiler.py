@@ -25,6 +25,8 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import platform
+
 
 @dataclasses.dataclass(frozen=True)
 class Option:
@@ -123,8 +125,6 @@ def _trial_compile(options: dict[str, Any]) -> str | None:
     import jax
     import jax.numpy as jnp
 
-    from . import platform
-
     platform.initialize()
     try:
         jax.jit(lambda x: x + 1).lower(jnp.zeros(1)).compile(options)
@@ -208,3 +208,19 @@ def program_options(per_call: dict[str, Any] | None = None) -> dict[str, Any]:
 def token() -> tuple:
     """The process's options as a hashable key (empty: XLA's defaults)."""
     return _process.token
+
+
+#: what a program that must run fast asks for where compiles are quick (:func:`optimized`)
+_OPTIMIZED = {
+    "xla_backend_optimization_level": 2,
+    "xla_llvm_disable_expensive_passes": False,
+    "xla_cpu_use_fusion_emitters": True,
+}
+
+
+def optimized(per_call: dict | None = None) -> dict | None:
+    """The compile options of a program that runs many times (a fused graph, a compiled model):
+    full optimization where per-op programs compile quickly (``platform._quick_compiles``), then the
+    process's ``torch.tpu.compiler`` options and ``per_call``'s (a ``torch.compile`` call's)."""
+    chosen = {**(_OPTIMIZED if platform.quick_compiles else {}), **program_options(per_call)}
+    return chosen or None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 from collections.abc import Callable
 
@@ -82,8 +83,26 @@ def explain(message: str) -> None:
 def tell(kind: str, detail: str) -> None:
     """Hand the listeners an :class:`Event` at the user's current line (call only when there
     are listeners: finding the line walks the stack)."""
-    from .checks import user_line
-
     event = Event(kind, detail, user_line())
     for listener in list(listeners):
         listener(event)
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(__file__))
+#: the demo and testing helpers: user-level code shipped in the package (a line to blame)
+_USER_DIRS = tuple(os.path.join(_PACKAGE, d) for d in ("demo", "testing"))
+
+
+def user_line() -> str:
+    """The innermost caller outside torch_tpu, torch and jax: the line to blame for an op."""
+    import jax
+    import torch
+
+    skip = (_PACKAGE, os.path.dirname(jax.__file__), "<frozen", os.path.dirname(torch.__file__))
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(skip) or name.startswith(_USER_DIRS):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"

@@ -36,6 +36,15 @@ _loaded_since_check = 0
 _forgetters: list[Callable[[], None]] = []
 
 
+def _not_yet_requestable() -> None:
+    raise RuntimeError("executable_budget.request_trim used before runtime.platform registered it")
+
+
+#: Ask for a :func:`trim` before the next op (past the budget, from inside a compilation, where
+#: the caches must not be cleared now): ``platform.request_trim``, registered at its import.
+request_trim: Callable[[], None] = _not_yet_requestable
+
+
 def on_trim(forget: Callable[[], None]) -> None:
     """Have :func:`trim` call ``forget`` too: a cache of executables kept above this layer."""
     _forgetters.append(forget)

@@ -17,8 +17,7 @@ import re
 
 import torch
 
-from .._internal.utils import hardware
-from . import memory_history, platform
+from . import hardware, memory_history, platform
 
 _REQUESTED = re.compile(r"allocat\w* (?:of )?(\d[\d,]*) ?bytes", re.IGNORECASE)
 
@@ -103,7 +102,7 @@ def _host_ram() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-#: HBM per chip, by generation (``_internal.utils.hardware``'s names)
+#: HBM per chip, by generation (``runtime.hardware``'s names)
 _HBM_BYTES = {
     "TPU v4": 32 << 30,
     "TPU v5p": 95 << 30,

@@ -351,10 +351,9 @@ def _library_roots() -> tuple[str, ...]:
 
         import torch
 
-        import torch_tpu
-
-        roots = (os.path.dirname(m.__file__) + os.sep for m in (torch, torch_tpu, jax))
-        _LIBRARY_ROOTS = tuple(roots)
+        package = os.path.dirname(os.path.dirname(__file__))  # (torch_tpu's)
+        roots = (os.path.dirname(torch.__file__), package, os.path.dirname(jax.__file__))
+        _LIBRARY_ROOTS = tuple(root + os.sep for root in roots)
     return _LIBRARY_ROOTS
 
 

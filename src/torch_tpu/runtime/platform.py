@@ -51,6 +51,16 @@ compile_events: collections.Counter = collections.Counter()
 #: multi-process runtime can still be joined: ``torch_tpu.distributed`` adds its start here).
 before_start: list = []
 
+
+def _not_registered() -> None:
+    raise RuntimeError("runtime.platform.start called before torch_tpu's __init__ registered it")
+
+
+#: Starts the whole device: :func:`initialize`, then the layers above the runtime (the lowering
+#: table, the execution hooks). ``torch_tpu._initialize``, set by the package's ``__init__``; the
+#: device module and the execution layer call it through here.
+start: Callable[[], None] = _not_registered
+
 FORKED_MESSAGE = (
     "Cannot use the tpu device in a forked subprocess: the parent process had already started "
     "it, and XLA's runtime does not survive fork(). Start worker processes with the 'spawn' "
@@ -151,12 +161,6 @@ _QUICK_FLAGS = (
     "--xla_llvm_disable_expensive_passes=true",
     "--xla_cpu_use_fusion_emitters=false",
 )
-#: what a program that must run fast asks for where compiles are quick (:func:`optimized`)
-_OPTIMIZED = {
-    "xla_backend_optimization_level": 2,
-    "xla_llvm_disable_expensive_passes": False,
-    "xla_cpu_use_fusion_emitters": True,
-}
 #: whether this process compiles quickly by default (set as the device starts)
 quick_compiles = False
 
@@ -166,7 +170,7 @@ def _quick_compiles():
     """On the XLA:CPU stand-in, per-op programs compile without LLVM's optimization
     (``config.quick_compile``): strict eager's programs are many and small, and a compile is most
     of a new shape's cost (half the time); fused graphs and compiled models ask for full
-    optimization (:func:`optimized`). Set through ``XLA_FLAGS`` while JAX's backend starts in
+    optimization (``compiler.optimized``). Set through ``XLA_FLAGS`` while JAX's backend starts in
     this block (not left for child processes, which decide for themselves)."""
     global quick_compiles
     flags = os.environ.get("XLA_FLAGS")
@@ -182,16 +186,6 @@ def _quick_compiles():
             del os.environ["XLA_FLAGS"]
         else:
             os.environ["XLA_FLAGS"] = flags
-
-
-def optimized(per_call: dict | None = None) -> dict | None:
-    """The compile options of a program that runs many times (a fused graph, a compiled model):
-    full optimization where per-op programs compile quickly (:func:`_quick_compiles`), then the
-    process's ``torch.tpu.compiler`` options and ``per_call``'s (a ``torch.compile`` call's)."""
-    from . import compiler
-
-    chosen = {**(_OPTIMIZED if quick_compiles else {}), **compiler.program_options(per_call)}
-    return chosen or None
 
 
 def _count_disk_hit(event: str, **_: object) -> None:
@@ -215,6 +209,9 @@ def request_trim() -> None:
 def _trim() -> None:
     if executable_budget.trim():
         compile_events["cache_trims"] += 1
+
+
+executable_budget.request_trim = request_trim  # (the persistent cache asks through it)
 
 
 def keep_interrupts() -> None:
@@ -371,7 +368,7 @@ def known_device_name() -> str | None:
     on the PCI bus (``"TPU v6e"``), the XLA:CPU stand-in; None otherwise (a GPU)."""
     if is_initialized():
         return device_name()
-    from .._internal.utils import hardware
+    from . import hardware
 
     chips = hardware.tpu_chips()
     if chips:
@@ -388,7 +385,7 @@ def stand_in_is_cpu() -> bool:
     asked = _PLATFORM_ALIASES.get(config.platform or "") or os.environ.get("JAX_PLATFORMS", "")
     if asked:
         return asked.split(",")[0] == "cpu"
-    from .._internal.utils import hardware
+    from . import hardware
 
     return not hardware.tpu_chips() and not os.path.exists("/dev/nvidiactl")
 

@@ -37,8 +37,7 @@ from torch._inductor.output_code import OutputCode
 
 from ... import config
 from ...execution import fused, modes
-from ...integrations import dynamo
-from ...runtime import compiler, precision
+from ...runtime import compiler, dynamo, precision
 from ...runtime.lru import LRU
 from . import stored
 from .program import Program, tensor_text

@@ -365,7 +365,7 @@ class Program:
                 args = trace.traced.spmd.arguments(args) if trace.traced.spmd else args
                 lowered = _lower(trace.staged, args, donated)
                 with compiling():
-                    run = lowered.compile(platform.optimized(self.compiler_options))
+                    run = lowered.compile(compiler.optimized(self.compiler_options))
             fused.stats.compile_seconds += time.perf_counter() - started
             if compiled():
                 stored.save_executable(trace.stored, donated, run, chosen)

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 def register() -> str | None:
     """vLLM's platform-plugin hook: the tpu platform's qualified name, or None without a tpu."""
-    import torch
-
-    import torch_tpu  # noqa: F401  (registers the device; JAX starts on first use)
+    import torch  # (torch_tpu's __init__, run before this module, registered the device)
 
     from .metadata import alias_vllm
 

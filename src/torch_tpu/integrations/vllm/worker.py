@@ -22,7 +22,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes
 
-import torch_tpu
+from torch_tpu.execution.modes import set_eager_mode
 from torch_tpu.runtime.context import context
 
 from . import graph
@@ -97,7 +97,7 @@ class TpuWorker(Worker):
         # sampling) are recorded and run as one XLA program when the sampled tokens are read,
         # compiled once per batch shape (docs/execution.md). With vLLM's engine in the caller's
         # process (VLLM_ENABLE_V1_MULTIPROCESSING=0) that is the caller's thread.
-        torch_tpu.set_eager_mode("fused")
+        set_eager_mode("fused")
         # Its steps' shapes are a bounded set (vLLM's batch sizes): each graph compiles once
         # and stays whole, where ops whose shapes differ from one batch size to the next would
         # be learned as changing and run one by one (docs/execution.md).

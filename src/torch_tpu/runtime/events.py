@@ -17,6 +17,7 @@ report a host sync check :data:`listeners`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -93,12 +94,18 @@ _PACKAGE = os.path.dirname(os.path.dirname(__file__))
 _USER_DIRS = tuple(os.path.join(_PACKAGE, d) for d in ("demo", "testing"))
 
 
-def user_line() -> str:
-    """The innermost caller outside torch_tpu, torch and jax: the line to blame for an op."""
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    """torch_tpu, torch and jax: never the line to blame (imported when first asked)."""
     import jax
     import torch
 
-    skip = (_PACKAGE, os.path.dirname(jax.__file__), "<frozen", os.path.dirname(torch.__file__))
+    return (_PACKAGE, os.path.dirname(jax.__file__), "<frozen", os.path.dirname(torch.__file__))
+
+
+def user_line() -> str:
+    """The innermost caller outside torch_tpu, torch and jax: the line to blame for an op."""
+    skip = _library_dirs()
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename

@@ -306,28 +306,28 @@ def test_a_host_rule_keeps_the_device_result_wrapping_included(mode):
 
 
 def test_host_copies_are_kept_for_small_integer_arrays_only():
-    from torch_tpu.runtime import buffer
+    from torch_tpu.runtime import host_copies
 
     def kept(t):
-        return buffer.host_copy(torch_tpu.to_jax(t.to("tpu"))) is not None
+        return host_copies.host_copy(torch_tpu.to_jax(t.to("tpu"))) is not None
 
     assert kept(torch.tensor([1, 2])) and kept(torch.tensor([True, False]))
     assert not kept(torch.tensor([1.0, 2.0]))
-    assert not kept(torch.zeros(buffer.HOST_COPY_BYTES // 8 + 1, dtype=torch.int64))
+    assert not kept(torch.zeros(host_copies.HOST_COPY_BYTES // 8 + 1, dtype=torch.int64))
 
 
 def test_a_view_keeps_a_host_copy_only_inside_its_storage_copy():
     import jax.numpy as jnp
     import numpy as np
 
-    from torch_tpu.runtime import buffer, tensor
+    from torch_tpu.runtime import host_copies
 
     geometry = torch.empty(5, dtype=torch.int64)[1:]  # (4,), stride 1, offset 1
     inside, past = jnp.zeros(4, jnp.int64), jnp.zeros(4, jnp.int64)
-    tensor._keep_view_of_host_copy(inside, np.arange(5), geometry)
-    tensor._keep_view_of_host_copy(past, np.arange(4), geometry)  # would read one past the end
-    assert buffer.host_copy(inside).tolist() == [1, 2, 3, 4]
-    assert buffer.host_copy(past) is None
+    host_copies.keep_view_of_host_copy(inside, np.arange(5), geometry)
+    host_copies.keep_view_of_host_copy(past, np.arange(4), geometry)  # would read one past the end
+    assert host_copies.host_copy(inside).tolist() == [1, 2, 3, 4]
+    assert host_copies.host_copy(past) is None
 
 
 def test_targets_equal_to_ignore_index_pass_the_bounds_check():

@@ -42,7 +42,7 @@ from typing import Any
 
 import jax
 
-from ..runtime import buffer, checks, compiler, platform
+from ..runtime import buffer, checks, compiler, host_copies, platform
 from ..runtime.buffer import Deferred, Padded
 from ..runtime.context import compiling, context
 from . import fused
@@ -153,8 +153,8 @@ class TPUGraph:
         context.recorder, context.capturing = self._recorder, True
         # Host copies of small integer arrays let some ops compute on the host: inside a capture
         # their results would be constants of the program, so none is seen until it ends.
-        self._host_copies = dict(buffer.host_copies_by_id)
-        buffer.host_copies_by_id.clear()
+        self._host_copies = dict(host_copies.host_copies_by_id)
+        host_copies.host_copies_by_id.clear()
 
     def capture_end(self) -> None:
         """Stop recording; compile the region and run it once (its outputs get their values)."""
@@ -185,7 +185,7 @@ class TPUGraph:
         context.recorder, context.capturing = self._saved, False
         for key, entry in self._host_copies.items():
             if entry[0]() is not None:
-                buffer.host_copies_by_id.setdefault(key, entry)
+                host_copies.host_copies_by_id.setdefault(key, entry)
         self._host_copies = None
 
     def _abandon(self) -> None:

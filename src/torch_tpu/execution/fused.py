@@ -45,6 +45,7 @@ from ..runtime import (
     compiler,
     events,
     executable_budget,
+    host_copies,
     memory,
     native,
     padding,
@@ -864,7 +865,7 @@ class Graph:
                 raise self._failed(error) from error
             for d, value in zip(live, values):
                 d.value = value
-            buffer.pass_host_copies(live)
+            host_copies.pass_host_copies(live)
             self.state = _DONE
             self._release()
             self._replace_template()

@@ -16,9 +16,10 @@ import torch
 
 from ..execution.fused import check_key
 from ..runtime import checks
-from ..runtime.buffer import apply, host_copy, host_range
+from ..runtime.buffer import apply
 from ..runtime.context import context
 from ..runtime.dtypes import FLOAT8_JAX, cast, check_scalar, item_name, to_jax, to_torch, type_name  # noqa: F401  (type_name: for op modules)
+from ..runtime.host_copies import host_copy, host_range
 from ..runtime.transfer import number_of
 from .padding import POINTWISE
 from .registry import OutDtype, Promote, lower

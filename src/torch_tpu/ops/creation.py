@@ -19,9 +19,10 @@ import torch
 from jax.scipy.special import i0
 
 from ..runtime import padding, platform
-from ..runtime.buffer import HOST_COPY_BYTES, Padded, apply, keep_host_copy
+from ..runtime.buffer import Padded, apply
 from ..runtime.context import context
 from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
+from ..runtime.host_copies import HOST_COPY_BYTES, keep_host_copy
 from ..runtime.lru import LRU, cached
 from ..runtime.tensor import fill
 from ..runtime.transfer import INT64_RANGE, device_scalar, first_fill_on_host

@@ -25,8 +25,9 @@ from jax import lax
 
 from ..runtime import buffer, checks
 from ..runtime import padding as padding_state
-from ..runtime.buffer import Padded, apply, host_range
+from ..runtime.buffer import Padded, apply
 from ..runtime.dtypes import overflow_error
+from ..runtime.host_copies import host_range
 from . import padding as padding_rules
 from ._helpers import (
     check_bounds,

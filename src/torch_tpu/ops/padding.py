@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..runtime import padding
-from ..runtime.buffer import ARRAY_TYPE, Deferred, Padded, StridedView, apply, host_copy
+from ..runtime.buffer import ARRAY_TYPE, Deferred, Padded, StridedView, apply
+from ..runtime.host_copies import host_copy
 from ..runtime.padding import Factor, Layout, static_dim
 
 __all__ = [

@@ -107,7 +107,7 @@ class Lowering:
     # the result, or None for the calls it does not cover (which then run ``fn``)
     shortcut: Callable | None = None
     # The same result computed by numpy from the host copies of the call's arguments
-    # (``buffer.host_copy``: small integer tensors copied from the host, ranges, and results of
+    # (``host_copies.host_copy``: small integer tensors copied from the host, ranges, and results of
     # such rules), given them in the result's dtype (same arguments as ``fn``, numbers as they
     # are): kept as the host copy of a small integer result, so that a bounds check over it
     # (a cache's positions, computed from its length) reads no device value

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import gc
 import math
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -30,8 +29,17 @@ import numpy as np
 import torch
 from jax._src.array import ArrayImpl
 
-from . import platform
+from . import host_copies, platform
 from .context import context
+from .host_copies import pass_host_copy
+
+# TODO(dispatch split): ops/dispatch.py reads these through this module; once its modules import
+# them from runtime.host_copies, these names go
+host_copies_by_id, host_copy, keep_host_copy = (
+    host_copies.host_copies_by_id,
+    host_copies.host_copy,
+    host_copies.keep_host_copy,
+)
 
 platform.configure()  # JAX configured (64-bit types, the platform) before any array exists
 
@@ -323,105 +331,6 @@ def concrete(storage) -> jax.Array:
     return value.concrete() if type(value) is Deferred else value
 
 
-# ----------------------------------------------------------------------------- host copies
-#: Integer and boolean arrays up to this size copied from the host (a batch of token ids, a
-#: loss's targets, ``torch.tensor([0, 2])``), views read from them and integer ``arange``s keep
-#: their host copy: a value check over them (index bounds) reads it instead of running a
-#: program on the device and waiting for it. A value changed on the device is a new array,
-#: without one unless an op's host rule computed the same value (``Lowering.host``): a host
-#: copy is never stale.
-HOST_COPY_BYTES = 1 << 20
-#: id(array) -> (weak reference to it, its host copy, [its (min, max) once asked], its reshapes
-#: read so far by shape (:func:`kept_reshape`)); the C++ core runs the host rule of a planned
-#: call (``Lowering.host``) where an operand is in it
-host_copies_by_id: dict[int, tuple[weakref.ref, np.ndarray, list, dict]] = {}
-#: Reshapes kept per host-copied array (a few: a batch flattened for a loss, for an embedding)
-_RESHAPES_KEPT = 4
-#: Up to this many entries, a host copy's range is taken in Python (numpy's reductions cost
-#: more per call than the loop over so few)
-_FEW = 32
-
-
-def keep_host_copy(value: Any, array: np.ndarray, shared: bool = False) -> None:
-    """Remember ``array``, the host's copy of ``value`` (an array, or a deferred one), for
-    :func:`host_copy`, if it is a small integer or boolean array. ``shared``: ``array`` is
-    read-only and torch_tpu's own (a kept copy, a view of one), kept as it is."""
-    if array.dtype.kind not in "biu" or array.nbytes > HOST_COPY_BYTES:
-        return
-    if shared:
-        copy = array
-    else:
-        copy = array.copy()  # its own: the device value may alias ``array`` (and be donated)
-        copy.flags.writeable = False
-    key = id(value)
-    # (the callback runs while ``value`` is freed, before its id can be reused)
-    forget = host_copies_by_id.pop  # (bound now: a kept reshape may be freed at exit, after the module)
-    host_copies_by_id[key] = (weakref.ref(value, lambda _: forget(key, None)), copy, [], {})
-
-
-def _host_entry(value: Any) -> tuple | None:
-    entry = host_copies_by_id.get(id(value))
-    return None if entry is None or entry[0]() is not value else entry
-
-
-def host_copy(value: Any) -> np.ndarray | None:
-    """The host copy kept of ``value`` (read-only), or None: ``value`` was computed on the
-    device, or is not a small integer or boolean array copied from the host
-    (``transfer.to_device``), a view read from one, or an integer ``arange``."""
-    entry = _host_entry(value)
-    return None if entry is None else entry[1]
-
-
-def kept_reshape(value: Any, shape: tuple) -> Any:
-    """The array of ``shape`` holding all of host-copied ``value``'s elements in order, as
-    :func:`keep_reshape` kept it, or None."""
-    entry = _host_entry(value)
-    return None if entry is None else entry[3].get(shape)
-
-
-def keep_reshape(value: Any, shape: tuple, reshaped: Any) -> None:
-    """Keep ``reshaped``, host-copied ``value`` read in ``shape`` (a view of it every step reads
-    again: a loss's flattened targets), for as long as ``value`` lives: both are immutable."""
-    entry = _host_entry(value)
-    if entry is not None and len(entry[3]) < _RESHAPES_KEPT:
-        entry[3][shape] = reshaped
-
-
-def _pass_host_copy(source: Any, target: Any) -> None:
-    """Keep ``source``'s host copy, if it has one, as ``target``'s: the same value elsewhere
-    (placed on the device, computed by its graph)."""
-    host = host_copy(source)
-    if host is not None:
-        keep_host_copy(target, host, shared=True)
-
-
-def pass_host_copies(computed: Sequence[Deferred]) -> None:
-    """Keep the host copy of each of ``computed`` (deferred values its graph has just computed)
-    as its array's too: the storages holding it will hold the array."""
-    for deferred in computed:
-        _pass_host_copy(deferred, deferred.value)
-
-
-def host_range(value: Any) -> tuple[int, int] | None:
-    """The smallest and largest entries of :func:`host_copy`'s copy of ``value``, taken once
-    per copy (an index tensor reused every step is not read again); None without one, or for
-    an empty one."""
-    entry = _host_entry(value)
-    if entry is None:
-        return None
-    known = entry[2]
-    if not known:
-        host = entry[1]
-        if not host.size:
-            return None
-        if host.size <= _FEW:
-            values = host.ravel().tolist()
-            known.append((min(values), max(values)))
-        else:
-            known.append((host.min().item(), host.max().item()))
-    return known[0]
-
-
 # ----------------------------------------------------------------------------- storage values
 def put(storage, value: Value) -> None:
     """Give ``storage`` a new value. A value a fused graph has yet to compute replaces the old
@@ -436,7 +345,7 @@ def put(storage, value: Value) -> None:
             value = jax.device_put(
                 value, made.sharding._device if platform.others_used else platform.device()
             )
-            _pass_host_copy(made, value)
+            pass_host_copy(made, value)
     elif type(value) is Deferred and value.value is None:
         old = getattr(storage, _ATTR, None)
         if old is not None and not (type(old) is Deferred and old.graph is value.graph):

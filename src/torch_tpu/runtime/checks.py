@@ -50,7 +50,7 @@ class Check:
         leaves = jax.tree_util.tree_leaves(self.values)
         if not all(type(v) is not Deferred or v.value is not None for v in leaves):
             return False
-        arrays = (resolved(v) for v in leaves)  # (host values, ``buffer.host_copy``'s, are)
+        arrays = (resolved(v) for v in leaves)  # (host values, ``host_copies.host_copy``'s, are)
         return all(a.is_ready() for a in arrays if isinstance(a, jax.Array))
 
     def settle(self) -> int:
@@ -123,7 +123,7 @@ def when_ready(values: Any, callback: Callable[[Any], None]) -> None:
     if pending:
         graph = pending[0].graph
     elif not any(isinstance(v, (jax.Array, Deferred)) for v in leaves):
-        # computed on the host (``buffer.host_copy``): settled now; while a graph records, a
+        # computed on the host (``host_copies.host_copy``): settled now; while a graph records, a
         # check that passed has nothing to report (none kept, nothing tainted), one that failed
         # is reported with the graph, as if the graph had computed it
         try:

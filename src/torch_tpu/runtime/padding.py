@@ -41,8 +41,9 @@ from jax import lax
 
 from .. import config
 from . import events, platform, transfer
-from .buffer import ARRAY_TYPE, Padded, apply, host_copy, keep_host_copy, register_unpad
+from .buffer import ARRAY_TYPE, Padded, apply, register_unpad
 from .context import context
+from .host_copies import host_copy, keep_host_copy
 from .lru import LRU
 
 # ----------------------------------------------------------------------------- buckets

@@ -18,9 +18,17 @@ import torch
 from jax import lax
 
 from . import buffer, checks, memory, native, padding, platform
-from .buffer import Deferred, Padded, apply, host_copy, keep_host_copy
+from .buffer import Deferred, Padded, apply
 from .context import context
 from .dtypes import JAX_TO_TORCH, TORCH_TO_JAX, cast, to_jax, unsupported
+from .host_copies import (
+    host_copy,
+    host_view,
+    keep_reshape,
+    keep_view_of_host_copy,
+    kept_reshape,
+    view_on_host,
+)
 from .lru import cached
 from .transfer import device_scalar, first_fill_on_host
 
@@ -542,15 +550,15 @@ def _read_apart(t: torch.Tensor, buf: buffer.Value, view: tuple) -> jax.Array:
     if host is not None and whole:
         # a reshape of indices from the host, read again at every step (a loss's flattened
         # targets): computed once, now (its input is ready), and kept with the immutable array
-        value = buffer.kept_reshape(buf, view[0])
+        value = kept_reshape(buf, view[0])
         if value is None:
             value = _strided_read(buf, *view)
-            _keep_view_of_host_copy(value, host, t)
-            buffer.keep_reshape(buf, view[0], value)
+            keep_view_of_host_copy(value, host, t)
+            keep_reshape(buf, view[0], value)
         return value
     value = apply(_strided_read, buf, *view)
     if host is not None:  # (the storage keeps its array, which has the host copy)
-        _keep_view_of_host_copy(value, host, t)
+        keep_view_of_host_copy(value, host, t)
     elif whole and type(value) in _STORABLE:
         buffer.put(t.untyped_storage(), value)  # (the next reads of this shape: no program)
     return value
@@ -568,34 +576,9 @@ def _reshapes_whole(t: torch.Tensor, buf: buffer.Value, view: tuple) -> bool:
     return whole and type(buf) is buffer.ARRAY_TYPE and t.is_contiguous()
 
 
-def _keep_view_of_host_copy(value: jax.Array, host: np.ndarray, t: torch.Tensor) -> None:
-    """Keep ``t``'s view of its storage's host copy ``host`` as ``value``'s."""
-    view = _host_view(host, t)
-    if view is not None:
-        keep_host_copy(value, view, shared=True)
-
-
-def _host_view(host: np.ndarray, t: torch.Tensor) -> np.ndarray | None:
-    """``t``'s view of its storage's host copy ``host`` (read-only), or None where it would
-    reach outside ``host`` (numpy's ``as_strided`` does not check)."""
-    shape, strides, offset = tuple(t.shape), t.stride(), t.storage_offset()
-    if offset == 0 and t.numel() == host.size and host.flags.c_contiguous and t.is_contiguous():
-        return host.reshape(shape)  # (a reshape: the common view)
-    if 0 not in shape and offset + sum((n - 1) * s for n, s in zip(shape, strides)) >= host.size:
-        return None
-    flat = host.reshape(-1)[offset:]
-    # (numpy's as_strided reads float8's array interface as "<f1", which it does not know: the
-    # bits are strided, then viewed back)
-    bits = flat.view(np.uint8) if host.dtype.itemsize == 1 and host.dtype.kind in "Vf" else flat
-    strided = np.lib.stride_tricks.as_strided(
-        bits, shape, [s * host.itemsize for s in strides], writeable=False
-    )
-    return strided if bits is flat else strided.view(host.dtype)
-
-
 def host_value(t: torch.Tensor) -> np.ndarray | None:
     """The value of tpu tensor ``t`` (any view) from its storage's host copy
-    (``buffer.host_copy``: read-only, no device read), or None where its storage has none."""
+    (``host_copies.host_copy``: read-only, no device read), or None where its storage has none."""
     buf = whole_value(t)
     if buf is not None:
         return host_copy(buf)
@@ -604,7 +587,7 @@ def host_value(t: torch.Tensor) -> np.ndarray | None:
     host = host_copy(buf)
     if host is None or host.dtype != TORCH_TO_JAX.get(t.dtype) or host.nbytes != storage.nbytes():
         return None  # (a storage read in another dtype than its value's)
-    return _host_view(host, t)
+    return host_view(host, t)
 
 
 #: The largest storage a view is read through on the host (:func:`read_on_host`): reading it on
@@ -630,7 +613,7 @@ def read_on_host(t: torch.Tensor) -> np.ndarray | None:
     storage = t.untyped_storage()
     stored = buffer.peek(storage)
     if type(stored) is Padded and not (t.is_conj() or t.is_neg()):
-        return _view_on_host(_padded_on_host(stored), t)  # (any size: cut on the host)
+        return view_on_host(_padded_on_host(stored), t)  # (any size: cut on the host)
     if storage.nbytes() > WHOLE_HOST_READ_BYTES or t.is_conj() or t.is_neg():
         return None
     value, dtype = buffer.get_array(storage), TORCH_TO_JAX.get(t.dtype)
@@ -638,20 +621,7 @@ def read_on_host(t: torch.Tensor) -> np.ndarray | None:
         return None  # (a dtype tpu has no storage for: the device read raises PyTorch's error)
     array = checks.before_host_read(value)  # (runs a pending graph)
     host = host_copy(array)
-    return _view_on_host((np.asarray(array) if host is None else host).reshape(-1), t)
-
-
-def _view_on_host(flat: np.ndarray, t: torch.Tensor) -> np.ndarray | None:
-    """View ``t`` of its storage's elements ``flat`` (host), reinterpreted where ``t`` has
-    another dtype; None where the device read must raise PyTorch's error instead."""
-    dtype = TORCH_TO_JAX.get(t.dtype)
-    if dtype is None:
-        return None  # (a dtype tpu has no storage for)
-    if flat.dtype != dtype:  # (a view in another dtype than its storage's value)
-        if flat.nbytes % dtype.itemsize:
-            return None
-        flat = flat.view(dtype)
-    return _host_view(flat, t)
+    return view_on_host((np.asarray(array) if host is None else host).reshape(-1), t)
 
 
 def _padded_on_host(value: Padded) -> np.ndarray:

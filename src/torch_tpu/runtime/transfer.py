@@ -15,9 +15,9 @@ from jax._src.interpreters import pxla
 from jax._src.lax import lax as lax_internal
 
 from . import checks, platform
-from .buffer import keep_host_copy
 from .context import context
 from .dtypes import FLOAT8, FLOAT8_JAX, JAX_TO_TORCH, TORCH_TO_JAX
+from .host_copies import keep_host_copy
 from .lru import LRU
 
 _scalar_arrays = LRU()  # tpu:0's
@@ -177,7 +177,7 @@ def host_array(host: torch.Tensor) -> np.ndarray:
 
 def to_device(host: torch.Tensor, index: int = 0) -> jax.Array:
     """A copy of a CPU tensor on ``tpu:index`` (never aliasing it: torch may mutate the host
-    tensor later). A small integer or boolean one keeps its host copy (``buffer.host_copy``)."""
+    tensor later). A small integer or boolean one keeps its host copy (``host_copies.host_copy``)."""
     array = host_array(host)
     value = put(array, platform.jax_device(index))
     keep_host_copy(value, array)

@@ -268,9 +268,9 @@ def _refusing(name: str, late: dict) -> Callable:
 
 def _define(name: str, schema: str, lowering: Callable, donate: tuple[str, ...] = ()):
     """Define ``name`` with this schema; its tpu kernel is the dispatcher's for ``lowering``."""
-    import torch_tpu
+    from ..runtime import platform
 
-    torch_tpu._initialize()  # the dispatcher's machinery
+    platform.start()  # the dispatcher's machinery
     from ..ops import dispatch
     from ..ops.registry import Lowering
 

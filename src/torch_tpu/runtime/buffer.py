@@ -29,17 +29,9 @@ import numpy as np
 import torch
 from jax._src.array import ArrayImpl
 
-from . import host_copies, platform
+from . import platform
 from .context import context
 from .host_copies import pass_host_copy
-
-# TODO(dispatch split): ops/dispatch.py reads these through this module; once its modules import
-# them from runtime.host_copies, these names go
-host_copies_by_id, host_copy, keep_host_copy = (
-    host_copies.host_copies_by_id,
-    host_copies.host_copy,
-    host_copies.keep_host_copy,
-)
 
 platform.configure()  # JAX configured (64-bit types, the platform) before any array exists
 

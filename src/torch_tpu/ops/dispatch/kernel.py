@@ -20,7 +20,7 @@ import jax
 import torch
 
 from ...execution.tracing import NEEDS_VALUES
-from ...runtime import buffer, memory, native, padding, platform, precision, random, tensor
+from ...runtime import host_copies, memory, native, padding, platform, precision, random, tensor
 from ...runtime.context import context
 from ...runtime.dtypes import UnsupportedDtypeError, check_scalar
 from .. import cpu_dtypes
@@ -158,7 +158,7 @@ class Compute:
         self.core_host_rule = (
             None
             if entry.host is None
-            else HostRule(functools.partial(shadow, entry.host), buffer.host_copies_by_id)
+            else HostRule(functools.partial(shadow, entry.host), host_copies.host_copies_by_id)
         )
         self.pad_rule = self._pad_rule()
         self.converters = self._converters()

@@ -38,7 +38,7 @@ class HostRule(NamedTuple):
 
     #: (arguments, output) -> None: keeps the output's host copy (``dispatch.programs.shadow``)
     shadow: Callable
-    #: ``buffer.host_copies_by_id``: the values that have one
+    #: ``host_copies.host_copies_by_id``: the values that have one
     copies: dict
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...runtime import buffer, precision, random, tensor
+from ...runtime import host_copies, precision, random, tensor
 from ...runtime.buffer import Padded
 from .. import padding as padding_rules
 
@@ -100,7 +100,7 @@ def is_integral(result: Any) -> bool:
 
 def shadow(rule: Callable, args: tuple, result: Any, kwargs: dict | None = None) -> None:
     """Keep ``rule``'s result over the host copies of the call's arguments as ``result``'s host
-    copy (``buffer.host_copy``), where every tensor among them has one (or is a 0-dim CPU
+    copy (``host_copies.host_copy``), where every tensor among them has one (or is a 0-dim CPU
     tensor); the rule computes in ``result``'s dtype, wrapping as the device does (numpy arrays
     do not warn of overflow; a number outside the dtype raises, and none is kept: PyTorch wraps
     it into the dtype first). Not for a result of more than ``HOST_SHADOW_ELEMENTS``."""
@@ -126,4 +126,4 @@ def shadow(rule: Callable, args: tuple, result: Any, kwargs: dict | None = None)
         return
     if host.shape == tuple(result.shape):
         host.flags.writeable = False
-        buffer.keep_host_copy(result, host, shared=True)
+        host_copies.keep_host_copy(result, host, shared=True)

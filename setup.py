@@ -1,6 +1,7 @@
 """Builds torch_tpu's C++ runtime core (csrc/runtime) as ``torch_tpu._C``; everything else about
 the package is in pyproject.toml. In a checkout: ``python setup.py build_ext --inplace``."""
 
+import glob
 import os
 
 import torch
@@ -14,7 +15,8 @@ setup(
     ext_modules=[
         CppExtension(
             "torch_tpu._C",
-            ["csrc/runtime/TpuRuntime.cpp", "csrc/runtime/FusedRecord.cpp", "csrc/runtime/TpuProfiler.cpp"],
+            # one file per concern, as OpenReg keeps them (Module.cpp makes the module)
+            sorted(glob.glob("csrc/runtime/*.cpp")),
             include_dirs=[KINETO],
             define_macros=[("USE_KINETO", None)] if os.path.isdir(KINETO) else [],
             # nothing here is hot enough for -O2/-O3 to matter; -O1 keeps the build short

@@ -1076,9 +1076,9 @@ def _registered_where(op: str) -> str:
 
 
 def test_the_dispatcher_calls_the_core_for_a_planned_op(planned):
-    assert "TpuRuntime.cpp" in _registered_where("aten::add.Tensor")
+    assert "BoxedPlannedKernel.cpp" in _registered_where("aten::add.Tensor")
     # (an op with a dtype argument is not converted by the core: Python's holder converts it)
-    assert "TpuRuntime.cpp" not in _registered_where("aten::sum.dim_IntList")
+    assert "BoxedPlannedKernel.cpp" not in _registered_where("aten::sum.dim_IntList")
 
 
 @pytest.mark.parametrize(

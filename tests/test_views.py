@@ -739,4 +739,4 @@ def test_views_run_the_cpp_cores_kernels_where_it_is_loaded():
     for op in views:
         table = torch._C._dispatch_dump_table(op.name()).splitlines()
         (kernel,) = [line for line in table if line.startswith("PrivateUse1")]
-        assert "csrc/runtime/TpuRuntime.cpp" in kernel, (op, kernel)
+        assert "csrc/runtime/TpuKernels.cpp" in kernel, (op, kernel)

@@ -16,6 +16,7 @@
 // The Python stays the definition: this must build exactly the objects Graph.record builds.
 
 #include "FusedRecord.h"
+#include "PythonNames.h"
 
 #include <ATen/Context.h>
 #include <pybind11/pybind11.h>
@@ -53,7 +54,7 @@ struct FusedState {
 };
 FusedState F;
 
-// names read
+// names read (PythonNames.h)
 struct Names {
   PyObject *state, *seen, *churning, *unclaimed, *nodes, *leaves, *leaf_avals, *leaf_ids, *taints, *templ,
       *interned, *entries, *positions, *signatures, *outputs, *lock, *acquire, *release, *key, *aval, *shape,
@@ -62,15 +63,12 @@ struct Names {
 };
 Names N;
 
-PyObject* intern(const char* name) {
-  return PyUnicode_InternFromString(name);
-}
-
 PyObject* not_implemented() {
   return Py_NewRef(Py_NotImplemented);
 }
 
-Py_ssize_t slot_offset(PyTypeObject* type, const char* name) {
+Py_ssize_t slot_offset(PyTypeObject* type, Name slot) {
+  const char* name = python_name_entry(slot).name;
   PyObject* descr = PyDict_GetItemString(type->tp_dict, name);
   if (descr == nullptr || Py_TYPE(descr) != &PyMemberDescr_Type) {
     throw py::type_error(std::string("configure_fused: ") + type->tp_name + " has no __slots__ entry " + name);
@@ -580,36 +578,58 @@ void configure_fused(
   F.strided = reinterpret_cast<PyTypeObject*>(strided.inc_ref().ptr());
   F.array = reinterpret_cast<PyTypeObject*>(array.inc_ref().ptr());
   F.jax_array = jax_array.inc_ref().ptr();
-  auto global = [&](const char* name) { return py::object(fused[name]).release().ptr(); };
-  F.open = global("_OPEN");
-  F.now = global("_NOW");
-  F.no_checks = global("_NO_CHECKS");
-  F.leaf = global("_LEAF");
-  F.node = global("_NODE");
-  F.static_ = global("_STATIC");
-  F.seq = global("_SEQ");
-  F.view = global("_VIEW");
-  F.shape = slot_offset(F.deferred, "shape");
-  F.dtype = slot_offset(F.deferred, "dtype");
-  F.size = slot_offset(F.deferred, "size");
-  F.weak_type = slot_offset(F.deferred, "weak_type");
-  F.graph = slot_offset(F.deferred, "graph");
-  F.node_at = slot_offset(F.deferred, "node");
-  F.index = slot_offset(F.deferred, "index");
-  F.value = slot_offset(F.deferred, "value");
-  F.error = slot_offset(F.deferred, "error");
-  F.buf = slot_offset(F.strided, "buf");
-  F.start = slot_offset(F.strided, "start");
-  F.view_shape = slot_offset(F.strided, "shape");
-  F.strides = slot_offset(F.strided, "strides");
-  N = {intern("state"), intern("seen"), intern("churning"), intern("_unclaimed"),
-       intern("nodes"), intern("leaves"), intern("leaf_avals"), intern("leaf_ids"),
-       intern("taints"), intern("template"), intern("interned"), intern("entries"),
-       intern("positions"), intern("signatures"), intern("outputs"), intern("lock"),
-       intern("acquire"), intern("release"), intern("key"), intern("aval"),
-       intern("shape"), intern("dtype"), intern("weak_type"), intern("max_nodes"),
-       intern("log_recompiles"), intern("record_in_core"), intern("others_used"), intern("_taints"),
-       intern("taint_of"), intern("unflatten")};
+  auto global = [&](Name name) { return py::object(fused[py::handle(python_name(name))]).release().ptr(); };
+  F.open = global(Name::fused_open);
+  F.now = global(Name::fused_now);
+  F.no_checks = global(Name::fused_no_checks);
+  F.leaf = global(Name::fused_leaf);
+  F.node = global(Name::fused_node);
+  F.static_ = global(Name::fused_static);
+  F.seq = global(Name::fused_seq);
+  F.view = global(Name::fused_view);
+  F.shape = slot_offset(F.deferred, Name::deferred_shape);
+  F.dtype = slot_offset(F.deferred, Name::deferred_dtype);
+  F.size = slot_offset(F.deferred, Name::deferred_size);
+  F.weak_type = slot_offset(F.deferred, Name::deferred_weak_type);
+  F.graph = slot_offset(F.deferred, Name::deferred_graph);
+  F.node_at = slot_offset(F.deferred, Name::deferred_node);
+  F.index = slot_offset(F.deferred, Name::deferred_index);
+  F.value = slot_offset(F.deferred, Name::deferred_value);
+  F.error = slot_offset(F.deferred, Name::deferred_error);
+  F.buf = slot_offset(F.strided, Name::strided_buf);
+  F.start = slot_offset(F.strided, Name::strided_start);
+  F.view_shape = slot_offset(F.strided, Name::strided_shape);
+  F.strides = slot_offset(F.strided, Name::strided_strides);
+  N = {python_name(Name::graph_state),
+       python_name(Name::graph_seen),
+       python_name(Name::graph_churning),
+       python_name(Name::graph_unclaimed),
+       python_name(Name::graph_nodes),
+       python_name(Name::graph_leaves),
+       python_name(Name::graph_leaf_avals),
+       python_name(Name::graph_leaf_ids),
+       python_name(Name::graph_taints),
+       python_name(Name::graph_template),
+       python_name(Name::graph_interned),
+       python_name(Name::graph_entries),
+       python_name(Name::graph_positions),
+       python_name(Name::graph_signatures),
+       python_name(Name::graph_outputs),
+       python_name(Name::graph_lock),
+       python_name(Name::lock_acquire),
+       python_name(Name::lock_release),
+       python_name(Name::node_key),
+       python_name(Name::array_aval),
+       python_name(Name::aval_shape),
+       python_name(Name::aval_dtype),
+       python_name(Name::aval_weak_type),
+       python_name(Name::fused_max_nodes),
+       python_name(Name::fused_log_recompiles),
+       python_name(Name::fused_record_in_core),
+       python_name(Name::platform_others_used),
+       python_name(Name::checks_taints),
+       python_name(Name::checks_taint_of),
+       python_name(Name::treedef_unflatten)};
   F.configured = true;
 }
 

@@ -17,18 +17,20 @@
 //
 // Everything Python can decide stays in Python: synchronization, what a storage resize does to
 // the JAX buffer behind it, memory statistics and the device count come from callbacks on the
-// object given to install() (torch_tpu.runtime.native). A tpu storage's bytes live in a JAX
+// object given to install() (torch_tpu.runtime.callbacks). A tpu storage's bytes live in a JAX
 // array attached to its Python object, so the "pointer" of a storage is only a handle: unique
 // while it lives, never dereferenced, taken from an address range no host pointer uses.
 //
 // One file per concern, as PyTorch's OpenReg backend keeps them: TpuFunctions (the shared device
 // state and the callbacks), TpuDeviceAllocator, TpuHostAllocator (pinned memory), TpuGenerator,
 // TpuHooks, TpuGuard, TpuKernels (views, the attention choice), StorageValues, PlannedKernel,
-// BoxedPlannedKernel, FusedRecord, TpuProfiler; this one makes the module and installs the rest.
+// BoxedPlannedKernel, FusedRecord, TpuProfiler; PythonNames declares every Python name they
+// reach by string. This one makes the module and installs the rest.
 
 #include "BoxedPlannedKernel.h"
 #include "FusedRecord.h"
 #include "PlannedKernel.h"
+#include "PythonNames.h"
 #include "StorageValues.h"
 #include "TpuDeviceAllocator.h"
 #include "TpuFunctions.h"
@@ -77,6 +79,19 @@ PyMethodDef g_per_op_functions[] = {
 PYBIND11_MODULE(_C, m) {
   using namespace torch_tpu;
   m.doc() = "torch_tpu's C++ runtime core (hooks, device guard, device allocator, view kernels)";
+  if (intern_python_names() != 0) {
+    throw py::error_already_set();
+  }
+  m.def(
+      "python_names",
+      [] {
+        PyObject* names = python_names_list();
+        if (names == nullptr) {
+          throw py::error_already_set();
+        }
+        return py::reinterpret_steal<py::list>(names);
+      },
+      "the Python names the core reaches by string, as (owner, name) pairs (PythonNames.h)");
   m.def("install", &install, py::arg("callbacks"), py::arg("device_count"));
   m.def("set_device_count", [](int count) { g_device_count = count; });
   m.def("empty", &empty);

@@ -1,6 +1,7 @@
 #include "PlannedKernel.h"
 
 #include "FusedRecord.h"
+#include "PythonNames.h"
 #include "StorageValues.h"
 #include "TpuFunctions.h"
 
@@ -39,7 +40,7 @@ struct PlanState {
   PyObject* number = nullptr;  // dispatch.conversion.number: a Python number as the program's input
   PyObject* wrap_output = nullptr;  // dispatch.variants.wrap_output: one output of a tuple
   PyObject* write_whole = nullptr;  // tensor.write_whole: an in-place variant's store
-  // names read
+  // names read (PythonNames.h)
   PyObject* attention_needed = nullptr;
   PyObject* others_used = nullptr;
   PyObject* recorded_ops = nullptr;
@@ -115,15 +116,15 @@ void configure_plans(
   g_plans.wrap_output = wrap_output.inc_ref().ptr();
   g_plans.write_whole = write_whole.inc_ref().ptr();
   g_zero = PyLong_FromLong(0);
-  g_plans.attention_needed = PyUnicode_InternFromString("attention_needed");
-  g_plans.others_used = PyUnicode_InternFromString("others_used");
-  g_plans.recorded_ops = PyUnicode_InternFromString("recorded_ops");
-  g_plans.check_meta = PyUnicode_InternFromString("check_meta");
-  g_plans.recorder = PyUnicode_InternFromString("recorder");
-  g_plans.record = PyUnicode_InternFromString("record");
-  g_plans.graph = PyUnicode_InternFromString("graph");
-  g_plans.launch_blocking = PyUnicode_InternFromString("launch_blocking");
-  g_plans.op = PyUnicode_InternFromString("op");
+  g_plans.attention_needed = python_name(Name::platform_attention_needed);
+  g_plans.others_used = python_name(Name::platform_others_used);
+  g_plans.recorded_ops = python_name(Name::recording_recorded_ops);
+  g_plans.check_meta = python_name(Name::config_check_meta);
+  g_plans.recorder = python_name(Name::context_recorder);
+  g_plans.record = python_name(Name::recorder_record);
+  g_plans.graph = python_name(Name::recorder_graph);
+  g_plans.launch_blocking = python_name(Name::context_launch_blocking);
+  g_plans.op = python_name(Name::context_op);
 }
 
 // Whether a module global is the object `expected` (a missing one is not).
@@ -327,7 +328,7 @@ py::object whole_indices(PyObject* indices) {
 
 // Whether one of `values` (a planned call's operands) has a host copy, for a plan whose op has a
 // host rule (`host_rule`: a HostRule, dispatch.programs.shadow for it taking the call's arguments and output,
-// buffer.host_copies_by_id); None for an op without one).
+// host_copies.host_copies_by_id); None for an op without one).
 bool operand_has_host_copy(PyObject* host_rule, PyObject* values) {
   if (host_rule == Py_None) {
     return false;

@@ -20,7 +20,7 @@ struct PlannedKernel {
   long returns;  // a Returns
 };
 
-// What an op returns (dispatch.install._RETURNS_*): one contiguous tensor, one tensor laid out like its
+// What an op returns (dispatch.registration._RETURNS_*): one contiguous tensor, one tensor laid out like its
 // tensor inputs (an elementwise op's: tensor.wrap_elementwise), a tuple (dispatch.variants.wrap_output),
 // or its first argument, into which an in-place variant writes its program's one output
 // (tensor.write_whole: a tensor that is its whole storage, of the output's shape and dtype)

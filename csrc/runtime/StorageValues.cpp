@@ -32,12 +32,6 @@ struct ValueTypes {
   // dtype costs a tenth of a microsecond, paid by every output otherwise
   c10::SmallVector<std::pair<PyObject*, c10::ScalarType>, 24> by_identity;
   std::array<PyObject*, static_cast<size_t>(c10::ScalarType::NumOptions)> to_jax{};
-  // the attribute names read
-  PyObject* aval = nullptr;
-  PyObject* shape = nullptr;
-  PyObject* dtype = nullptr;
-  PyObject* value = nullptr;
-  PyObject* committed = nullptr;
 };
 ValueTypes g_values;
 
@@ -71,11 +65,6 @@ void configure_values(
         jax_dtype.inc_ref().ptr(), reinterpret_cast<THPDtype*>(torch_dtype.ptr())->scalar_type);
   }
   g_values.to_torch = jax_to_torch.inc_ref().ptr();
-  g_values.aval = PyUnicode_InternFromString("aval");
-  g_values.shape = PyUnicode_InternFromString("shape");
-  g_values.dtype = PyUnicode_InternFromString("dtype");
-  g_values.value = PyUnicode_InternFromString("value");
-  g_values.committed = PyUnicode_InternFromString("_committed");
 }
 
 // The shape and dtype of a storage value that is a concrete array or a pending Deferred one;
@@ -84,14 +73,14 @@ bool describe(PyObject* value, py::object& shape, py::object& dtype) {
   auto* type = Py_TYPE(value);
   py::handle handle(value);
   if (type == g_values.array) {
-    auto aval = handle.attr(g_values.aval);
-    shape = aval.attr(g_values.shape);
-    dtype = aval.attr(g_values.dtype);
+    auto aval = handle.attr(python_name(Name::array_aval));
+    shape = aval.attr(python_name(Name::aval_shape));
+    dtype = aval.attr(python_name(Name::aval_dtype));
     return true;
   }
-  if (type == g_values.deferred && handle.attr(g_values.value).is_none()) {
-    shape = handle.attr(g_values.shape);
-    dtype = handle.attr(g_values.dtype);
+  if (type == g_values.deferred && handle.attr(python_name(Name::deferred_value)).is_none()) {
+    shape = handle.attr(python_name(Name::deferred_shape));
+    dtype = handle.attr(python_name(Name::deferred_dtype));
     return true;
   }
   return false;
@@ -133,7 +122,7 @@ py::object storage_value(const at::Tensor& tensor, py::object& shape) {
     return py::none();
   }
   if (Py_TYPE(value.ptr()) == g_values.deferred) {
-    py::object computed = value.attr(g_values.value);
+    py::object computed = value.attr(python_name(Name::deferred_value));
     if (!computed.is_none()) {  // its graph has run: the storage keeps the array (buffer.get's rule)
       if (PyObject_SetAttr(storage.ptr(), g_values.attr, computed.ptr()) != 0) {
         throw py::error_already_set();
@@ -299,7 +288,7 @@ at::Tensor value_tensor(py::handle value) {
   if (g_values.attr == nullptr || !describe(value.ptr(), shape, dtype) || !PyTuple_Check(shape.ptr())) {
     return {};
   }
-  if (Py_TYPE(value.ptr()) == g_values.array && !PyObject_IsTrue(value.attr(g_values.committed).ptr())) {
+  if (Py_TYPE(value.ptr()) == g_values.array && !PyObject_IsTrue(value.attr(python_name(Name::array_committed)).ptr())) {
     return {};  // put on the device first (buffer.put)
   }
   std::optional<c10::ScalarType> scalar_type;

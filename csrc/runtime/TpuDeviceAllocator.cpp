@@ -74,12 +74,12 @@ struct TpuAllocator final : c10::DeviceAllocator {
     return true;
   }
   void emptyCache(c10::MempoolId_t) override {
-    callback("empty_cache");
+    callback(Name::native_empty_cache);
   }
   void recordStream(const c10::DataPtr&, c10::Stream) override {}  // one stream
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex index) override {
     check_index(index);
-    const auto values = callback<std::array<int64_t, 5>>("memory_stats", index);
+    const auto values = callback<std::array<int64_t, 5>>(Name::native_memory_stats, index);
     c10::CachingDeviceAllocator::DeviceStats stats;
     const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     stats.allocated_bytes[all].current = values[0];
@@ -92,11 +92,11 @@ struct TpuAllocator final : c10::DeviceAllocator {
   void resetAccumulatedStats(c10::DeviceIndex) override {}  // none are kept
   void resetPeakStats(c10::DeviceIndex index) override {
     check_index(index);
-    callback("reset_peak_memory_stats", index);
+    callback(Name::native_reset_peak_memory_stats, index);
   }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override {
     check_index(index);
-    return callback<std::pair<size_t, size_t>>("mem_get_info", index);
+    return callback<std::pair<size_t, size_t>>(Name::native_mem_get_info, index);
   }
 };
 

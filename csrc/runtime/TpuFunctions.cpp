@@ -7,7 +7,7 @@
 namespace torch_tpu {
 
 // ----------------------------------------------------------------------------- Python side
-PyObject* g_callbacks = nullptr;  // torch_tpu.runtime.native; kept for the process's lifetime
+PyObject* g_callbacks = nullptr;  // torch_tpu.runtime.callbacks; kept for the process's lifetime
 std::atomic<int> g_device_count{0};
 thread_local c10::DeviceIndex g_current_device = 0;
 
@@ -32,13 +32,13 @@ std::atomic<bool> g_told_other_device{false};
 
 void set_current(c10::DeviceIndex index) {
   if (index > 0 && !g_told_other_device.exchange(true)) {
-    callback("device_used", index);
+    callback(Name::native_device_used, index);
   }
   g_current_device = index;
 }
 
 void synchronize(c10::DeviceIndex index) {
-  callback("synchronize", resolve(index));
+  callback(Name::native_synchronize, resolve(index));
 }
 
 }  // namespace torch_tpu

@@ -1,7 +1,9 @@
 // The state every PrivateUse1 interface of the core shares (TpuFunctions.cpp): the Python object
-// given to install() (torch_tpu.runtime.native) that the core calls back, the device count and
+// given to install() (torch_tpu.runtime.callbacks) that the core calls back, the device count and
 // the current device.
 #pragma once
+
+#include "PythonNames.h"
 
 #include <c10/core/Device.h>
 #include <torch/csrc/utils/pybind.h>
@@ -16,16 +18,16 @@ namespace py = pybind11;
 
 constexpr auto kTpu = c10::DeviceType::PrivateUse1;
 
-extern PyObject* g_callbacks;  // torch_tpu.runtime.native; kept for the process's lifetime
+extern PyObject* g_callbacks;  // torch_tpu.runtime.callbacks; kept for the process's lifetime
 extern std::atomic<int> g_device_count;
 extern thread_local c10::DeviceIndex g_current_device;
 
-// Calls torch_tpu.runtime.native.<name>(args) and converts its result to R, under the GIL
-// (PyTorch calls some of these with the GIL released).
+// Calls torch_tpu.runtime.callbacks.<name>(args) (a Name::native_* of PythonNames.h) and converts
+// its result to R, under the GIL (PyTorch calls some of these with the GIL released).
 template <typename R = void, typename... Args>
-R callback(const char* name, Args&&... args) {
+R callback(Name name, Args&&... args) {
   py::gil_scoped_acquire gil;
-  py::object result = py::handle(g_callbacks).attr(name)(std::forward<Args>(args)...);
+  py::object result = py::handle(g_callbacks).attr(py::handle(python_name(name)))(std::forward<Args>(args)...);
   if constexpr (!std::is_void_v<R>) {
     return result.cast<R>();
   }

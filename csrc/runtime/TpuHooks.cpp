@@ -20,7 +20,7 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
     return g_device_count > 0;
   }
   bool hasPrimaryContext(c10::DeviceIndex) const override {
-    return callback<bool>("is_initialized");
+    return callback<bool>(Name::native_is_initialized);
   }
   c10::DeviceIndex deviceCount() const override {
     return static_cast<c10::DeviceIndex>(g_device_count.load());
@@ -61,7 +61,7 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
     {
       py::gil_scoped_acquire gil;  // (the Python storage object carries the JAX buffer)
       auto py_storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(storage));
-      callback("resize_storage", py_storage, nbytes);
+      callback(Name::native_resize_storage, py_storage, nbytes);
     }
     auto* impl = storage.unsafeGetStorageImpl();
     auto data = device_allocator()->allocate(nbytes);

@@ -20,6 +20,8 @@
 #include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "PythonNames.h"
+
 #include <c10/util/ApproximateClock.h>
 #include <libkineto.h>
 #include <output_base.h>
@@ -70,13 +72,13 @@ int64_t thread_id() {
 }
 
 // profiling.<name>(*args), under the GIL; what it returns (None where Python is gone).
-py::object call_python(const char* name, py::tuple args = py::tuple()) {
+py::object call_python(Name name, py::tuple args = py::tuple()) {
   if (!Py_IsInitialized()) {
     return py::none();
   }
   py::gil_scoped_acquire gil;
-  auto module = py::module_::import("torch_tpu.runtime.profiling");
-  return module.attr(name)(*args);
+  auto module = py::module_::import(python_name_entry(name).owner);
+  return module.attr(py::handle(python_name(name)))(*args);
 }
 
 // The record activities() answers, read into `activity`: (kind, name, start_ns, end_ns,
@@ -91,14 +93,14 @@ class Session final : public libkineto::IActivityProfilerSession {
       recorder().closed.clear();
     }
     errors_.clear();
-    guarded("start", [] { call_python("start"); });
+    guarded("start", [] { call_python(Name::profiling_start); });
     recorder().recording = true;
     status_ = libkineto::TraceStatus::RECORDING;
   }
 
   void stop() override {
     recorder().recording = false;
-    guarded("stop", [] { call_python("stop"); });
+    guarded("stop", [] { call_python(Name::profiling_stop); });
     status_ = libkineto::TraceStatus::PROCESSING;
   }
 
@@ -126,7 +128,7 @@ class Session final : public libkineto::IActivityProfilerSession {
       for (const auto& interval : intervals) {
         given.append(py::make_tuple(interval.id, interval.thread, interval.start, interval.end));
       }
-      py::object records = call_python("activities", py::make_tuple(given));
+      py::object records = call_python(Name::profiling_activities, py::make_tuple(given));
       for (auto record : records) {
         add(py::reinterpret_borrow<py::tuple>(record), linked, logger);
       }

@@ -169,6 +169,7 @@ def _initialize() -> None:
 
             dispatch.install()
             modes.install()
+            _native.check_python_names()  # (every module the core reads is loaded by now)
             _initialized = True
     from .runtime import dynamo
 

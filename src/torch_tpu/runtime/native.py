@@ -53,3 +53,55 @@ def install(callbacks, device_count: int) -> bool:
         return False
     _C.install(callbacks, device_count)
     return True
+
+
+# ----------------------------------------------------------------------------- names
+def check_python_names() -> None:
+    """Check that every Python name the C++ core reaches by string exists where it reads it
+    (``_C.python_names()``: the table in ``csrc/runtime/PythonNames.h``): a global of its
+    module, or an attribute, slot or method of its class's instances (one the class's
+    ``__init__`` sets counts). Raises RuntimeError naming each missing one; jax's types are
+    checked where this jax has them at the path named. Nothing to check without the core."""
+    if _C is None:
+        return
+    missing = []
+    for owner_path, name in _C.python_names():
+        owner = _resolve(owner_path)
+        if owner is None:
+            if owner_path.startswith("torch_tpu."):
+                missing.append(f"{owner_path} (itself)")
+            continue
+        if not _has(owner, name):
+            missing.append(f"{owner_path}.{name}")
+    if missing:
+        raise RuntimeError(
+            f"torch_tpu: the C++ core reads Python names that do not exist: {', '.join(missing)}. "
+            "Restore them, or update csrc/runtime/PythonNames.h and rebuild (pip install -e .)"
+        )
+
+
+def _resolve(path: str) -> object:
+    """The module, or the class inside one, that ``path`` names; None where there is none."""
+    import importlib
+
+    parts = path.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for part in parts[split:]:
+            found = getattr(found, part, None)
+        return found
+    return None
+
+
+def _has(owner: object, name: str) -> bool:
+    import types
+
+    if hasattr(owner, name):  # a module's global; a class's attribute, method, slot or property
+        return True
+    if isinstance(owner, types.ModuleType):
+        return False
+    code = getattr(getattr(owner, "__init__", None), "__code__", None)
+    return code is not None and name in code.co_names  # (an attribute its __init__ sets)

@@ -174,18 +174,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Train, sample, check parity with CPU and compare throughput; 0 where the loss fell and
+    matched CPU's."""
     args = parse_args(argv)
     device = args.device
     corpus = CharCorpus.load()
     config = GPTConfig(
         vocab_size=len(corpus.chars), block_size=64, n_layer=2, n_head=4, n_embd=64, dropout=0.0
     )
-    batch_size, lr = 32, 6e-3
     print(
         f"torch_tpu demo: character-level GPT on {device} "
         f"({torch.tpu.get_device_name() if torch.device(device).type == 'tpu' else 'host CPU'})"
     )
-
     torch.manual_seed(args.seed)
     initial_state = GPT(config).state_dict()  # initialized on CPU: the same weights for every device
     model = build(config, initial_state, device)
@@ -193,10 +193,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"model: {sum(p.numel() for p in model.parameters()):,} parameters, vocab "
         f"{config.vocab_size}, context {config.block_size}; corpus {len(corpus.train):,} characters"
     )
-    val_data = batches(corpus.val, 4, batch_size, config.block_size, seed=args.seed + 1)
-    train_data = batches(corpus.train, args.steps, batch_size, config.block_size, seed=args.seed)
+    train_data = batches(corpus.train, args.steps, _BATCH_SIZE, config.block_size, seed=args.seed)
+    learned = _train_and_validate(model, corpus, train_data, args)
+    _sample(model, corpus, args)
+    parity = _parity_and_throughput(config, initial_state, train_data, args)
+    return 0 if learned and parity else 1
 
-    # -- train -----------------------------------------------------------------------------
+
+_BATCH_SIZE, _LR = 32, 6e-3
+
+
+def _train_and_validate(model, corpus: CharCorpus, train_data, args: argparse.Namespace) -> bool:
+    """Train on ``train_data``, showing the loss; whether the validation loss fell enough."""
+    device = args.device
+    val_data = batches(corpus.val, 4, _BATCH_SIZE, model.config.block_size, seed=args.seed + 1)
     val_before = evaluate(model, val_data, device)
     with tqdm(total=args.steps, desc="training", unit="step") as bar:
 
@@ -205,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bar.set_postfix(loss=f"{loss.item():.3f}")  # an occasional sync only
             bar.update()
 
-        losses = train(model, train_data, device, lr, on_step=show)
+        losses = train(model, train_data, device, _LR, on_step=show)
     val_after = evaluate(model, val_data, device)
     learned = val_after < LOSS_DROP_REQUIRED * val_before
     print(
@@ -213,26 +223,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"validation loss {val_before:.3f} -> {val_after:.3f} "
         f"[{'ok' if learned else 'FAILED: the loss did not fall enough'}]"
     )
+    return learned
 
-    # -- sample ----------------------------------------------------------------------------
-    # A prompt of exactly block_size characters keeps every forward pass the same shape, so the
-    # device compiles each op once instead of once per prompt length.
-    prompt = corpus.decode(corpus.val[: config.block_size].tolist())
+
+def _sample(model, corpus: CharCorpus, args: argparse.Namespace) -> None:
+    """Print a sample continuing a validation prompt. A prompt of exactly block_size characters
+    keeps every forward pass the same shape, so the device compiles each op once instead of
+    once per prompt length."""
+    block_size = model.config.block_size
+    prompt = corpus.decode(corpus.val[:block_size].tolist())
     torch.manual_seed(args.seed)
     model.eval()
-    generated = model.generate(corpus.encode(prompt)[None].to(device), args.sample_chars, temperature=0.8)
+    generated = model.generate(
+        corpus.encode(prompt)[None].to(args.device), args.sample_chars, temperature=0.8
+    )
     print("\n--- sample (prompt, then generated) " + "-" * 40)
-    print(prompt + "|" + corpus.decode(generated[0, config.block_size :].tolist()))
+    print(prompt + "|" + corpus.decode(generated[0, block_size:].tolist()))
     print("-" * 76 + "\n")
 
-    # -- parity with CPU -------------------------------------------------------------------
-    # config.dropout is 0: the devices draw different random streams, so dropout would differ
+
+def _parity_and_throughput(
+    config: GPTConfig, initial_state: dict, train_data, args: argparse.Namespace
+) -> bool:
+    """The same steps from the same weights on the device, CPU and CPU in float64 (config.dropout
+    is 0: the devices draw different random streams, so dropout would differ), then throughput
+    side by side; whether the device's losses match CPU's within float64's tolerance."""
+    device = args.device
     cpu_model = build(config, initial_state, "cpu")
     device_model = build(config, initial_state, device)
     parity_data = train_data[: args.parity_steps]
-    cpu_losses = train(cpu_model, parity_data, "cpu", lr)
-    device_losses = train(device_model, parity_data, device, lr)
-    float64_losses = train(build(config, initial_state, "cpu").double(), parity_data, "cpu", lr)
+    cpu_losses = train(cpu_model, parity_data, "cpu", _LR)
+    device_losses = train(device_model, parity_data, device, _LR)
+    float64_losses = train(build(config, initial_state, "cpu").double(), parity_data, "cpu", _LR)
     parity, difference, allowed = losses_match(device_losses, cpu_losses, float64_losses)
     print(
         f"parity over {args.parity_steps} steps (same init, same batches): max loss difference "
@@ -240,13 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{(cpu_losses - float64_losses).abs().max().item():.1e}) "
         f"[{'ok' if parity else 'FAILED'}]"
     )
-
-    # -- throughput ------------------------------------------------------------------------
     speed_data = train_data[: args.throughput_steps]
-    device_speed = tokens_per_second(device_model, speed_data, device, lr)
-    cpu_speed = tokens_per_second(cpu_model, speed_data, "cpu", lr)
+    device_speed = tokens_per_second(device_model, speed_data, device, _LR)
+    cpu_speed = tokens_per_second(cpu_model, speed_data, "cpu", _LR)
     print(
         f"throughput: {device} {device_speed:,.0f} tokens/s, cpu {cpu_speed:,.0f} tokens/s, "
         f"ratio {device_speed / cpu_speed:.2f}x (measured side by side)"
     )
-    return 0 if learned and parity else 1
+    return parity

@@ -249,8 +249,9 @@ class Compute:
             self.dtype_guard, self.op, names, values, typed.types, args, kwargs
         )
         index = op_index(values, self.tensor_pos) if platform.others_used else 0
-        extra = self._random_key(values, index)
-        self._drop_defaults(values)
+        extra = self._random_key(values, index) if self.draws_key or self.generator_pos else {}
+        if self.defaulted:
+            self._drop_defaults(values)
         fitted = ()
         if self.fitted_at and typed.types is not None:  # (checked once the lowering took their kinds)
             result = typed.types.result

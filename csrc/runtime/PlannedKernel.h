@@ -35,7 +35,7 @@ struct __attribute__((visibility("hidden"))) WrappedOutput {  // (hidden, as py:
   py::object python;  // else Python's (null where its wrap raised)
 };
 
-// Takes the Python state plans depend on (ops/dispatch/install.py, once).
+// Takes the Python state plans depend on (ops/dispatch/registration.py, once).
 void configure_plans(
     py::dict platform,
     py::dict dispatch,

@@ -376,7 +376,9 @@ class Compute:
         native = None if self.native_plans is None else native_rules(rules, call)
         if native is not None:  # (the same plan, its conversions as the core does them)
             self.native_plans[key] = NativePlan(
-                *kept[:3],
+                kept.program,
+                kept.defaults,
+                kept.default_dtype,
                 rules=native,
                 reads_views=any(rule.how == NATIVE_VIEW for rule in native),
                 host_rule=self.core_host_rule if shadowed else None,

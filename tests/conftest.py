@@ -17,9 +17,9 @@ import torch_tpu  # noqa: F401  (registers the tpu device)
 def _fresh_buckets():
     """Which tensors' sizes changed is learned per test: what an earlier test taught would pad
     (or not) this test's tensors depending on the order tests run in."""
-    from torch_tpu.runtime import padding
+    from torch_tpu.runtime.lru import Kind, caches
 
-    padding.forget_learned()
+    caches.clear(Kind.SIZES)
 
 
 @pytest.fixture
@@ -50,9 +50,8 @@ def fresh_churn():
     this test's graphs elsewhere, and a graph cut elsewhere rounds its reductions differently.
     Cleared in place, so a test's own ``monkeypatch.undo()`` cannot bring the old tables back."""
     from torch_tpu.execution import fused
+    from torch_tpu.runtime.lru import Kind, caches
 
-    for table in (fused._churning, fused._history):
-        table.clear()
+    caches.clear(Kind.CHURN)
     yield fused
-    for table in (fused._churning, fused._history):
-        table.clear()
+    caches.clear(Kind.CHURN)

@@ -998,10 +998,9 @@ def test_a_view_the_core_does_not_read_is_pythons(planned):
 
 
 def test_a_planned_call_leaves_every_other_state_to_the_python_kernel(planned, monkeypatch):
-    from torch_tpu import config
     from torch_tpu.ops import dispatch
-    from torch_tpu.runtime import platform
     from torch_tpu.runtime.context import context
+    from torch_tpu.runtime.flags import flags
 
     a, b = planned
     expected = torch.arange(4.0) + 0.5
@@ -1015,10 +1014,10 @@ def test_a_planned_call_leaves_every_other_state_to_the_python_kernel(planned, m
         m.setattr(context, "launch_blocking", True)
         assert served_by_python()
     with monkeypatch.context() as m:
-        m.setattr(config, "check_meta", True)
+        m.setattr(flags, "check_meta", True)
         assert served_by_python()
     with monkeypatch.context() as m:
-        m.setattr(platform, "attention_needed", True)
+        m.setattr(flags, "attention_needed", True)
         assert served_by_python()
     before = torch.get_float32_matmul_precision()
     try:

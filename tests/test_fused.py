@@ -16,6 +16,8 @@ from torch_tpu import execution
 from torch_tpu.demo.model import GPT, GPTConfig
 from torch_tpu.execution.fused import _KEYED_AS_IS, _typed
 from torch_tpu.runtime.context import context
+from torch_tpu.runtime.flags import flags
+from torch_tpu.runtime.lru import Kind, caches
 
 
 @pytest.fixture
@@ -112,7 +114,7 @@ def test_views_and_in_place_writes_stay_correct_while_deferred(fused):
 
 
 def test_graph_is_bounded_without_sync_points(fused, monkeypatch):
-    monkeypatch.setattr(torch_tpu.execution.fused, "max_nodes", 50)
+    monkeypatch.setattr(flags, "max_nodes", 50)
     x = torch.zeros(8, device="tpu")
     for _ in range(200):
         x = x + 1
@@ -515,7 +517,7 @@ def _graph_state(graph):
     )
 
 
-@pytest.mark.skipif(not execution.fused.record_in_core, reason="needs the C++ runtime core")
+@pytest.mark.skipif(not flags.record_in_core, reason="needs the C++ runtime core")
 def test_the_core_records_a_repeated_node_as_graph_record_does(monkeypatch):
     """A node that repeats its template's is recorded by the C++ core: the graph it builds (node
     keys, leaves, checks each node depends on, outputs) is the one Graph.record builds, and a
@@ -535,7 +537,7 @@ def test_the_core_records_a_repeated_node_as_graph_record_does(monkeypatch):
     monkeypatch.setattr(execution.fused, "_record_repeated", counted)
     with torch_tpu.eager_mode("fused"):
         for in_core in (True, False, True, False):
-            monkeypatch.setattr(execution.fused, "record_in_core", in_core)
+            monkeypatch.setattr(flags, "record_in_core", in_core)
             for scale in (2.0, 3.0, -0.0):  # (a new number each step: another cached scalar)
                 x = cpu_x.to("tpu")
                 loss = _forward(model, x, scale)
@@ -557,7 +559,7 @@ def test_the_core_records_a_repeated_node_as_graph_record_does(monkeypatch):
             torch.testing.assert_close(((x * 2).sum(dim) + 1).cpu(), (cpu * 2).sum(dim) + 1)
 
 
-@pytest.mark.skipif(not execution.fused.record_in_core, reason="needs the C++ runtime core")
+@pytest.mark.skipif(not flags.record_in_core, reason="needs the C++ runtime core")
 def test_the_core_reads_a_view_for_a_fused_node_as_python_does(fused, monkeypatch):
     from torch_tpu.runtime import buffer, tensor
 
@@ -602,7 +604,7 @@ def test_graphs_of_several_shapes_in_turn_each_follow_the_last_graph_of_theirs(m
     assert len(execution.fused._templates.get(graph.start)) == 3
 
 
-@pytest.mark.skipif(not execution.fused.record_in_core, reason="needs the C++ runtime core")
+@pytest.mark.skipif(not flags.record_in_core, reason="needs the C++ runtime core")
 def test_the_core_records_nodes_returning_lists_and_tuples_with_none(monkeypatch):
     """A foreach op's list of outputs, and a backward's tuple holding None for a gradient not
     asked for, repeated at their places: recorded by the core (Graph.record is not called for
@@ -630,7 +632,7 @@ def test_the_core_records_nodes_returning_lists_and_tuples_with_none(monkeypatch
     expected = step("cpu")
     with torch_tpu.eager_mode("fused"):
         for in_core in (True, False):
-            monkeypatch.setattr(execution.fused, "record_in_core", in_core)
+            monkeypatch.setattr(flags, "record_in_core", in_core)
             for _ in range(3):
                 in_python.clear()
                 got = step("tpu")
@@ -649,7 +651,7 @@ def in_background(fresh_churn):
 
     was = background._enabled
     background.set_enabled(True)
-    fresh_churn.forget_executables()  # (graphs of these shapes compiled by earlier tests)
+    caches.clear(Kind.PROGRAMS)  # (graphs of these shapes compiled by earlier tests)
     yield background
     background.wait()
     background.set_enabled(was)
@@ -723,12 +725,11 @@ def test_a_failed_background_compile_is_done_again_in_the_foreground(in_backgrou
 
 
 def test_forgetting_compiled_graphs_forgets_those_compiling(in_background):
-    from torch_tpu.execution import fused
 
     model = _mlp().to("tpu")
     with torch_tpu.eager_mode("fused"):
         _mlp_loss_and_grad(model, torch.randn(4, 8).to("tpu"))
         _mlp_loss_and_grad(model, torch.randn(12, 8).to("tpu"))
         assert in_background._pending
-        fused.forget_executables()
+        caches.clear(Kind.PROGRAMS)
         assert not in_background._pending

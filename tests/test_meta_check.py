@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_tpu import config
 from torch_tpu.ops import meta_check
 from torch_tpu.ops.meta_check import MetaMismatch, checked
+from torch_tpu.runtime.flags import flags
 
 TPU = torch.device("tpu")
 aten = torch.ops.aten
@@ -17,11 +17,11 @@ aten = torch.ops.aten
 
 @pytest.fixture
 def check_meta(monkeypatch):
-    monkeypatch.setattr(config, "check_meta", True)
+    monkeypatch.setattr(flags, "check_meta", True)
 
 
 def test_switch_is_read_from_the_environment(run_python):
-    code = "from torch_tpu import config; print(config.check_meta)"
+    code = "from torch_tpu.runtime.flags import flags; print(flags.check_meta)"
     assert run_python(code, TORCH_TPU_CHECK_META="1").strip() == "True"
     assert run_python(code, TORCH_TPU_CHECK_META="0").strip() == "False"
 
@@ -132,6 +132,6 @@ def test_wrong_kernels_are_caught(check_meta, op, kernel, args, message):
 
 
 def test_unchecked_when_switched_off(monkeypatch):
-    monkeypatch.setattr(config, "check_meta", False)
+    monkeypatch.setattr(flags, "check_meta", False)
     wrong = checked(aten.add.Tensor, lambda a, b, alpha=1: torch.zeros(3, 2, device=TPU))
     assert wrong(_x(2, 3), _x(2, 3)).shape == (3, 2)

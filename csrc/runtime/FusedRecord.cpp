@@ -16,6 +16,8 @@
 // The Python stays the definition: this must build exactly the objects Graph.record builds.
 
 #include "FusedRecord.h"
+
+#include "CoreFlags.h"
 #include "PythonNames.h"
 
 #include <ATen/Context.h>
@@ -34,7 +36,6 @@ struct FusedState {
   bool configured = false;
   PyObject* fused = nullptr;  // execution.fused's globals
   PyObject* checks = nullptr;  // runtime.checks'
-  PyObject* platform = nullptr;  // runtime.platform's
   PyTypeObject* deferred = nullptr;  // buffer.Deferred
   PyTypeObject* strided = nullptr;  // buffer.StridedView
   PyTypeObject* array = nullptr;  // jax's concrete array type
@@ -58,7 +59,7 @@ FusedState F;
 struct Names {
   PyObject *state, *seen, *churning, *unclaimed, *nodes, *leaves, *leaf_avals, *leaf_ids, *taints, *templ,
       *interned, *entries, *positions, *signatures, *outputs, *lock, *acquire, *release, *key, *aval, *shape,
-      *dtype, *weak_type, *max_nodes, *log_recompiles, *record_in_core, *others_used, *checks_taints, *taint_of,
+      *dtype, *weak_type, *checks_taints, *taint_of,
       *unflatten;
 };
 Names N;
@@ -422,10 +423,8 @@ PyObject* record_repeated(PyObject* graph, PyObject* fn, PyObject* args, PyObjec
     }
     matmul_precision = Py_None;
   }
-  if (PyDict_GetItemWithError(F.fused, N.record_in_core) != Py_True ||
-      PyDict_GetItemWithError(F.platform, N.others_used) != Py_False ||
-      PyDict_GetItemWithError(F.fused, N.log_recompiles) != Py_False) {
-    PyErr_Clear();
+  if (!flag_is(Flag::record_in_core, Py_True) || !flag_is(Flag::others_used, Py_False) ||
+      !flag_is(Flag::log_recompiles, Py_False)) {
     return not_implemented();
   }
   auto lock = attr(graph, N.lock);
@@ -439,7 +438,7 @@ PyObject* record_repeated(PyObject* graph, PyObject* fn, PyObject* args, PyObjec
   if (!state || !seen || !churning || !unclaimed || !nodes || !templ || !leaves || !leaf_ids || !taints) {
     return nullptr;
   }
-  PyObject* max_nodes = PyDict_GetItemWithError(F.fused, N.max_nodes);
+  PyObject* max_nodes = flag(Flag::max_nodes);
   const Py_ssize_t position = PyLong_AsSsize_t(seen.ptr());
   const Py_ssize_t node = PyList_Check(nodes.ptr()) ? PyList_GET_SIZE(nodes.ptr()) : -1;
   if (state.ptr() != F.open || position <= 0 || node < 0 || max_nodes == nullptr ||
@@ -556,7 +555,6 @@ namespace {
 void configure_fused(
     py::dict fused,
     py::dict checks,
-    py::dict platform,
     py::handle deferred,
     py::handle strided,
     py::handle array,
@@ -573,7 +571,6 @@ void configure_fused(
   }
   F.fused = fused.inc_ref().ptr();
   F.checks = checks.inc_ref().ptr();
-  F.platform = platform.inc_ref().ptr();
   F.deferred = reinterpret_cast<PyTypeObject*>(deferred.inc_ref().ptr());
   F.strided = reinterpret_cast<PyTypeObject*>(strided.inc_ref().ptr());
   F.array = reinterpret_cast<PyTypeObject*>(array.inc_ref().ptr());
@@ -623,10 +620,6 @@ void configure_fused(
        python_name(Name::aval_shape),
        python_name(Name::aval_dtype),
        python_name(Name::aval_weak_type),
-       python_name(Name::fused_max_nodes),
-       python_name(Name::fused_log_recompiles),
-       python_name(Name::fused_record_in_core),
-       python_name(Name::platform_others_used),
        python_name(Name::checks_taints),
        python_name(Name::checks_taint_of),
        python_name(Name::treedef_unflatten)};

@@ -21,13 +21,15 @@
 // array attached to its Python object, so the "pointer" of a storage is only a handle: unique
 // while it lives, never dereferenced, taken from an address range no host pointer uses.
 //
-// One file per concern, as PyTorch's OpenReg backend keeps them: TpuFunctions (the shared device
-// state and the callbacks), TpuDeviceAllocator, TpuHostAllocator (pinned memory), TpuGenerator,
-// TpuHooks, TpuGuard, TpuKernels (views, the attention choice), StorageValues, PlannedKernel,
-// BoxedPlannedKernel, FusedRecord, TpuProfiler; PythonNames declares every Python name they
-// reach by string. This one makes the module and installs the rest.
+// One file per concern, as PyTorch's OpenReg backend keeps them: CoreFlags (the switches Python
+// sets for the per-op paths), TpuFunctions (the shared device state and the callbacks),
+// TpuDeviceAllocator, TpuHostAllocator (pinned memory), TpuGenerator, TpuHooks, TpuGuard,
+// TpuKernels (views, the attention choice), StorageValues, PlannedKernel, BoxedPlannedKernel,
+// FusedRecord, TpuProfiler; PythonNames declares every Python name they reach by string. This
+// one makes the module and installs the rest.
 
 #include "BoxedPlannedKernel.h"
+#include "CoreFlags.h"
 #include "FusedRecord.h"
 #include "PlannedKernel.h"
 #include "PythonNames.h"
@@ -102,7 +104,7 @@ PYBIND11_MODULE(_C, m) {
   }
   m.def("configure_plans", &configure_plans);
   m.def("serve_boxed", &serve_boxed);
-  if (torch_tpu::add_fused_record(m.ptr()) != 0) {
+  if (add_core_flags(m.ptr()) != 0 || add_fused_record(m.ptr()) != 0) {
     throw py::error_already_set();
   }
   PyObject* planned_kernel = PyType_FromSpec(&g_planned_kernel_spec);

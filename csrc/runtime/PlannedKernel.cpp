@@ -1,5 +1,6 @@
 #include "PlannedKernel.h"
 
+#include "CoreFlags.h"
 #include "FusedRecord.h"
 #include "PythonNames.h"
 #include "StorageValues.h"
@@ -24,16 +25,14 @@ namespace torch_tpu {
 // (whole_operands: the key, the values) and every other one a static argument or a number
 // (dispatch.plans.native_rules): the plan's program runs on those values and its output becomes the
 // new tensor here, with no Python frame between the dispatcher and the program but a number's
-// conversion (the op joins dispatch.recording.recorded_ops as there). A thread recording a fused graph
+// conversion (the op joins the flags' recorded_ops as there). A thread recording a fused graph
 // records the program instead (its recorder's record, as the Python kernel calls it), and the
 // pending output becomes the tensor the same way. Everything else goes to the Python kernel:
 // keyword arguments, an unplanned key, launch blocking, a float32 matmul precision other than
-// "highest", more than one device, a pending job, meta checks, and a program or recording that
+// "highest", more than one device, a pending job, meta checks (CoreFlags.h), and a program or recording that
 // raises (the Python kernel runs the call again and raises PyTorch's error).
 struct PlanState {
-  PyObject* platform = nullptr;  // torch_tpu.runtime.platform's namespace
-  PyObject* dispatch = nullptr;  // torch_tpu.ops.dispatch's
-  PyObject* config = nullptr;  // torch_tpu.config's
+  bool configured = false;
   PyObject* context = nullptr;  // runtime.context.context, the thread's execution state
   PyObject* wrap = nullptr;  // tensor.wrap
   PyObject* wrap_elementwise = nullptr;  // tensor.wrap_elementwise
@@ -41,10 +40,6 @@ struct PlanState {
   PyObject* wrap_output = nullptr;  // dispatch.variants.wrap_output: one output of a tuple
   PyObject* write_whole = nullptr;  // tensor.write_whole: an in-place variant's store
   // names read (PythonNames.h)
-  PyObject* attention_needed = nullptr;
-  PyObject* others_used = nullptr;
-  PyObject* recorded_ops = nullptr;
-  PyObject* check_meta = nullptr;
   PyObject* recorder = nullptr;
   PyObject* record = nullptr;
   PyObject* graph = nullptr;
@@ -95,9 +90,6 @@ void check_record_fields(const py::dict& fields) {
 }
 
 void configure_plans(
-    py::dict platform,
-    py::dict dispatch,
-    py::dict config,
     py::handle context,
     py::handle wrap,
     py::handle wrap_elementwise,
@@ -106,9 +98,6 @@ void configure_plans(
     py::handle write_whole,
     py::dict record_fields) {
   check_record_fields(record_fields);
-  g_plans.platform = platform.inc_ref().ptr();
-  g_plans.dispatch = dispatch.inc_ref().ptr();
-  g_plans.config = config.inc_ref().ptr();
   g_plans.context = context.inc_ref().ptr();
   g_plans.wrap = wrap.inc_ref().ptr();
   g_plans.wrap_elementwise = wrap_elementwise.inc_ref().ptr();
@@ -116,20 +105,12 @@ void configure_plans(
   g_plans.wrap_output = wrap_output.inc_ref().ptr();
   g_plans.write_whole = write_whole.inc_ref().ptr();
   g_zero = PyLong_FromLong(0);
-  g_plans.attention_needed = python_name(Name::platform_attention_needed);
-  g_plans.others_used = python_name(Name::platform_others_used);
-  g_plans.recorded_ops = python_name(Name::recording_recorded_ops);
-  g_plans.check_meta = python_name(Name::config_check_meta);
   g_plans.recorder = python_name(Name::context_recorder);
   g_plans.record = python_name(Name::recorder_record);
   g_plans.graph = python_name(Name::recorder_graph);
   g_plans.launch_blocking = python_name(Name::context_launch_blocking);
   g_plans.op = python_name(Name::context_op);
-}
-
-// Whether a module global is the object `expected` (a missing one is not).
-bool global_is(PyObject* globals, PyObject* name, PyObject* expected) {
-  return PyDict_GetItemWithError(globals, name) == expected;
+  g_plans.configured = true;
 }
 
 // Whether a call of `op` may run from a plan: the per-process and per-thread state the Python
@@ -140,9 +121,8 @@ bool plans_apply(PyObject* op, py::object& recorder) {
   if (!recorder) {
     return false;
   }
-  if (!global_is(g_plans.platform, g_plans.attention_needed, Py_False) ||
-      !global_is(g_plans.platform, g_plans.others_used, Py_False) ||
-      !global_is(g_plans.config, g_plans.check_meta, Py_False) ||
+  if (!flag_is(Flag::attention_needed, Py_False) || !flag_is(Flag::others_used, Py_False) ||
+      !flag_is(Flag::check_meta, Py_False) ||
       at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST) {
     return false;
   }
@@ -150,7 +130,7 @@ bool plans_apply(PyObject* op, py::object& recorder) {
   if (blocking.ptr() != Py_False) {
     return false;
   }
-  PyObject* recorded = PyDict_GetItemWithError(g_plans.dispatch, g_plans.recorded_ops);
+  PyObject* recorded = flag(Flag::recorded_ops);
   return recorded == Py_None || (recorded != nullptr && PySet_CheckExact(recorded) && PySet_Add(recorded, op) == 0);
 }
 
@@ -250,8 +230,8 @@ py::object read_recorded(py::handle object) {
       (tensor.is_contiguous() && tensor.storage_offset() == 0 && same_sizes(shape, tensor.sizes()))) {
     return value;
   }
-  if (c10::isComplexType(tensor.scalar_type()) || g_plans.platform == nullptr ||
-      !global_is(g_plans.platform, g_plans.others_used, Py_False)) {
+  if (c10::isComplexType(tensor.scalar_type()) || !g_plans.configured ||
+      !flag_is(Flag::others_used, Py_False)) {
     PyErr_Clear();
     return py::none();
   }

@@ -37,9 +37,6 @@ struct __attribute__((visibility("hidden"))) WrappedOutput {  // (hidden, as py:
 
 // Takes the Python state plans depend on (ops/dispatch/registration.py, once).
 void configure_plans(
-    py::dict platform,
-    py::dict dispatch,
-    py::dict config,
     py::handle context,
     py::handle wrap,
     py::handle wrap_elementwise,

@@ -49,11 +49,15 @@ namespace torch_tpu {
   X(strided_start, "torch_tpu.runtime.buffer.StridedView", "start")                          \
   X(strided_shape, "torch_tpu.runtime.buffer.StridedView", "shape")                          \
   X(strided_strides, "torch_tpu.runtime.buffer.StridedView", "strides")                      \
-  /* the state planned kernels test (PlannedKernel.cpp) */                                    \
-  X(platform_attention_needed, "torch_tpu.runtime.platform", "attention_needed")             \
-  X(platform_others_used, "torch_tpu.runtime.platform", "others_used")                       \
-  X(config_check_meta, "torch_tpu.config", "check_meta")                                     \
-  X(recording_recorded_ops, "torch_tpu.ops.dispatch.recording", "recorded_ops")              \
+  /* the switches the per-op paths test: CoreFlags' slots, in Flag's order (CoreFlags.h) */     \
+  X(flags_attention_needed, "torch_tpu.runtime.flags.CoreFlags", "attention_needed")         \
+  X(flags_others_used, "torch_tpu.runtime.flags.CoreFlags", "others_used")                   \
+  X(flags_check_meta, "torch_tpu.runtime.flags.CoreFlags", "check_meta")                     \
+  X(flags_recorded_ops, "torch_tpu.runtime.flags.CoreFlags", "recorded_ops")                 \
+  X(flags_log_recompiles, "torch_tpu.runtime.flags.CoreFlags", "log_recompiles")             \
+  X(flags_record_in_core, "torch_tpu.runtime.flags.CoreFlags", "record_in_core")             \
+  X(flags_max_nodes, "torch_tpu.runtime.flags.CoreFlags", "max_nodes")                       \
+  /* the thread state planned kernels test (PlannedKernel.cpp) */                             \
   X(context_recorder, "torch_tpu.runtime.context.ExecutionContext", "recorder")              \
   X(context_launch_blocking, "torch_tpu.runtime.context.ExecutionContext", "launch_blocking") \
   X(context_op, "torch_tpu.runtime.context.ExecutionContext", "op")                          \
@@ -68,9 +72,6 @@ namespace torch_tpu {
   X(fused_static, "torch_tpu.execution.fused", "_STATIC")                                    \
   X(fused_seq, "torch_tpu.execution.fused", "_SEQ")                                          \
   X(fused_view, "torch_tpu.execution.fused", "_VIEW")                                        \
-  X(fused_max_nodes, "torch_tpu.execution.fused", "max_nodes")                               \
-  X(fused_log_recompiles, "torch_tpu.execution.fused", "log_recompiles")                     \
-  X(fused_record_in_core, "torch_tpu.execution.fused", "record_in_core")                     \
   X(checks_taints, "torch_tpu.runtime.checks", "_taints")                                    \
   X(checks_taint_of, "torch_tpu.runtime.checks", "taint_of")                                 \
   X(graph_state, "torch_tpu.execution.fused.Graph", "state")                                 \

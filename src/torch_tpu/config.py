@@ -45,7 +45,8 @@ platform: str | None = os.environ.get("TORCH_TPU_PLATFORM") or None
 cache_entries: int = int(os.environ.get("TORCH_TPU_CACHE_ENTRIES", "4096"))
 #: ``TORCH_TPU_CHECK_META=1``: a test tool: every tpu kernel call is replayed on meta tensors and
 #: its outputs' shapes, dtypes and strides are checked against PyTorch's Meta kernel (slow; see
-#: ``torch_tpu.ops.meta_check``). Tests may also set ``config.check_meta = True`` at runtime.
+#: ``torch_tpu.ops.meta_check``). The switch itself is ``runtime.flags.flags.check_meta``, which
+#: starts from this and which tests may set at runtime.
 check_meta: bool = _flag("TORCH_TPU_CHECK_META")
 #: ``TORCH_TPU_STATIC_GENERATION=0``: Hugging Face ``generate()`` on tpu keeps Transformers'
 #: default (dynamic) cache instead of a static, bucketed one with fused decoding (see

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="the C++ runtime 
 def test_every_name_the_core_reads_exists():
     torch_tpu._initialize()
     names = native._C.python_names()
-    assert ("torch_tpu.runtime.platform", "attention_needed") in names
+    assert ("torch_tpu.runtime.flags.CoreFlags", "attention_needed") in names
     assert ("torch_tpu.runtime.callbacks", "synchronize") in names
     assert len(names) == len(set(names))
     native.check_python_names()

@@ -5,7 +5,7 @@ the open :class:`Graph` and returns :class:`~torch_tpu.runtime.buffer.Deferred` 
 dtype known, worked out once per op and input signature). Storages hold those like any value.
 The graph runs when something needs a concrete value (a host read, an op whose output shape
 depends on data, ``sync()``, the end of ``backward()`` or of ``optimizer.step()``, a mode
-switch) or when it reaches :data:`max_nodes`: :meth:`Graph.run` traces the recorded nodes into
+switch) or when it reaches ``flags.max_nodes``: :meth:`Graph.run` traces the recorded nodes into
 one ``jax.jit``, keyed by the graph's fingerprint (the op sequence with static arguments, how
 nodes connect, the inputs' shapes and dtypes), so a steady-state training step compiles nothing
 and XLA fuses across ops.
@@ -44,7 +44,6 @@ from ..runtime import (
     checks,
     compiler,
     events,
-    executable_budget,
     host_copies,
     memory,
     native,
@@ -55,12 +54,12 @@ from ..runtime import (
 )
 from ..runtime.buffer import Deferred
 from ..runtime.context import compiling, context
-from ..runtime.lru import LRU
+from ..runtime.flags import flags
+from ..runtime.lru import Kind, caches
 from . import background
 
-#: Graphs are cut at this many recorded ops even without a sync point, so a loop with no host
-#: reads stays bounded.
-max_nodes = 5000
+# Graphs are cut at ``flags.max_nodes`` recorded ops (5000) even without a sync point, so a loop
+# with no host reads stays bounded (runtime/flags.py: the C++ core reads it there).
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -114,34 +113,18 @@ stats = CacheStats()
 
 
 #: fingerprint -> compiled graph
-_executables = LRU()
+_executables = caches.lru("fused.executables", Kind.PROGRAMS)
 #: the origins of the graphs that ran (``Graph.origin``): one met again at new shapes compiles
 #: in the background, where that is on
-_origins = LRU()
+_origins = caches.lru("fused.origins", Kind.TRACES)
 
 
-def forget_executables() -> None:
-    """Drop the compiled graphs kept for reuse (``runtime.executable_budget`` trims them)."""
-    _executables.clear()
-    background.forget()
-
-
-executable_budget.on_trim(forget_executables)
+caches.on_clear(Kind.PROGRAMS, background.forget)
 
 
 #: say why something compiles (logged; printed under ``TORCH_TPU_LOG_RECOMPILES=1``; told to
 #: ``torch_tpu.diagnose``): :func:`torch_tpu.runtime.events.explain`
 explain = events.explain
-#: whether reasons are worked out (``events.explaining``, mirrored here: the C++ core reads it)
-log_recompiles = events.explaining
-
-
-def _mirror_explaining(on: bool) -> None:
-    global log_recompiles
-    log_recompiles = on
-
-
-events.watchers.append(_mirror_explaining)
 
 
 # ----------------------------------------------------------------------------- node specs
@@ -150,7 +133,7 @@ _STRIDED = buffer.StridedView
 _ARRAY = buffer.ARRAY_TYPE
 #: (fn, input signature) -> (how to build the outputs: None for one array, ``tuple`` for a tuple
 #: of arrays, else their treedef; output avals)
-_shapes = LRU()
+_shapes = caches.lru("fused.shapes", Kind.TRACES)
 
 
 class _Node:
@@ -175,14 +158,14 @@ class _Node:
 #: output avals, (fn, input signature), the key itself): what ``_shapes`` holds, and the node, in
 #: one lookup per recorded op; a graph keeps these objects, not the ones built to look them up
 #: (fewer objects alive per recorded op: fewer garbage collections)
-_nodes = LRU()
+_nodes = caches.lru("fused.nodes", Kind.TRACES)
 #: first op of a graph and its line -> the ``_nodes`` entries of the last graphs that started
 #: there, each in order, the most recent first: a graph recording the same ops again (a
 #: training loop) compares each node's key with the one at its place in the first, which costs
 #: a fifth of hashing it (its dtypes' hashes are not cached) and looking it up; where that
 #: differs it takes another of them whose node there is equal (a loop taking turns between
 #: batch shapes or sequence buckets). A graph that followed one node for node replaces it.
-_templates = LRU()
+_templates = caches.lru("fused.templates", Kind.TRACES)
 #: how many graphs :data:`_templates` keeps per start
 TEMPLATES_PER_START = 4
 
@@ -338,7 +321,7 @@ def _renumbered(spec: tuple, nodes: dict, leaves: dict) -> tuple:
 APART_NODES = 4
 APART_BYTES = 1 << 20
 #: (the nodes computing a check's inputs, where its arguments come from, the check) -> program
-_apart = LRU()
+_apart = caches.lru("fused.apart", Kind.PROGRAMS)
 
 
 def _apart_program(key: tuple) -> Callable:
@@ -416,16 +399,16 @@ _NO_CHECKS: frozenset = frozenset()
 donate = True
 #: why the last graph ran (for explanations and tests)
 last_flush_reason: str | None = None
-_previous_by_start = LRU()
+_previous_by_start = caches.lru("fused.previous_by_start", Kind.TRACES)
 
 
 #: first op of a graph and its line -> {position of an op in it: the op}, for ops whose shapes
 #: change from one graph to the next (a sequence growing by a token per step): they run alone, so
 #: the rest of the graph keeps one shape and stays compiled (a graph looks its start up once)
-_churning = LRU()
+_churning = caches.lru("fused.churning", Kind.CHURN)
 #: first op of a graph and its line -> {position: (signatures seen there, graphs in a row that
 #: brought a new one)} over the graphs that started there
-_history = LRU()
+_history = caches.lru("fused.history", Kind.CHURN)
 #: graphs in a row with a new signature at a position before its op is taken out of graphs
 CHURN_AFTER = 3
 #: ... or one such graph, when the new signatures are at no more than this share of the graph's
@@ -487,7 +470,7 @@ def _learn_churn(graph: Graph) -> None:
             if position in here:
                 continue
             here[position] = fn
-            if log_recompiles:
+            if flags.log_recompiles:
                 name = getattr(fn, "__name__", fn)
                 explain(f"op {position} ({name}) has new shapes in every graph: it now runs on its own")
 
@@ -680,7 +663,7 @@ class Graph:
             self.signatures.append(signature_key)
             self.taints.append(frozenset(depends) if depends else _NO_CHECKS)
             self._unclaimed.clear()
-            if log_recompiles:
+            if flags.log_recompiles:
                 self.sources.append(f"{name or getattr(fn, '__name__', fn)} at {checks.user_line()}")
             if treedef is None:
                 out = Deferred(avals[0], self, node, 0)
@@ -903,7 +886,7 @@ class Graph:
             executable = background.take(fingerprint, lambda: self._compile(outputs, donated))
         else:
             stats.misses += 1
-            if log_recompiles:
+            if flags.log_recompiles:
                 self._explain_miss(fingerprint)
             if self.learns_churn:
                 _learn_churn(self)
@@ -923,7 +906,7 @@ class Graph:
                 if in_background is not None:
                     background.submit(in_background, lowered, compiler.optimized())
                     stats.background_compiles += 1
-                    if log_recompiles:
+                    if flags.log_recompiles:
                         explain("compiling it in the background; its ops run one by one meanwhile")
                     return None
                 with compiling():
@@ -1057,7 +1040,7 @@ class Recorder:
         kwargs = kwargs or {}
         if kwargs:
             _computed_elsewhere(kwargs.values(), graph)
-        if platform.others_used:
+        if flags.others_used:
             self._on_device(_index_of((args, kwargs)))
         while True:
             graph = self.open_graph()
@@ -1077,7 +1060,7 @@ class Recorder:
         graph = self.graph
         if graph.state is not _OPEN:
             graph = self.graph = Graph(index=graph.index)
-        elif len(graph.nodes) >= max_nodes:
+        elif len(graph.nodes) >= flags.max_nodes:
             graph.run("the graph reached max_nodes")
             graph = self.graph = Graph(index=graph.index)
         return graph
@@ -1136,14 +1119,15 @@ def _graph_records(graph: Graph, fn: Callable, args: Any, matmul_precision: Any)
     return NotImplemented
 
 
-#: Whether the C++ core records a node that repeats the one at its place in the graph's template
-#: (``Graph.record``'s path in a loop, without its Python); tests switch it off to compare.
-record_in_core = native.available()
-if record_in_core:
-    native._C.configure_fused(globals(), vars(checks), vars(platform), Deferred, _STRIDED, _ARRAY, jax.Array)
+# ``flags.record_in_core``: whether the C++ core records a node that repeats the one at its place
+# in the graph's template (``Graph.record``'s path in a loop, without its Python); tests switch
+# it off to compare.
+flags.record_in_core = native.available()
+if native.available():
+    native._C.configure_fused(globals(), vars(checks), Deferred, _STRIDED, _ARRAY, jax.Array)
 #: ``_record_repeated(graph, fn, args, matmul_precision)``: the node's outputs where the core
 #: recorded it, else NotImplemented (``Graph.record`` decides)
-_record_repeated = native._C.record_repeated if record_in_core else _graph_records
+_record_repeated = native._C.record_repeated if native.available() else _graph_records
 
 
 # ----------------------------------------------------------------------------- this thread

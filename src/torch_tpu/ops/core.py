@@ -17,6 +17,7 @@ import torch
 from ..runtime import buffer, checks, overlap, padding, platform, tensor, transfer
 from ..runtime.buffer import apply
 from ..runtime.dtypes import TORCH_TO_JAX, cast, check_scalar, to_jax
+from ..runtime.flags import flags
 from ._helpers import warn
 from .registry import lower, runtime
 
@@ -166,8 +167,8 @@ def _on_device(source: torch.Tensor, index: int) -> jax.Array:
     """A tpu tensor's value on ``tpu:index`` (copied there from another device)."""
     value = tensor.read_keeping_padding(source)
     if type(value) is buffer.Padded:
-        return value if not platform.others_used or source.get_device() == index else value.unpadded()
-    if platform.others_used and source.get_device() != index:
+        return value if not flags.others_used or source.get_device() == index else value.unpadded()
+    if flags.others_used and source.get_device() != index:
         value = transfer.between_devices(buffer.resolved(value), index)
     return value
 
@@ -238,7 +239,7 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
 
 
 def _current_index() -> int:
-    return torch.accelerator.current_device_index() if platform.others_used else 0
+    return torch.accelerator.current_device_index() if flags.others_used else 0
 
 
 @runtime(aten._local_scalar_dense)

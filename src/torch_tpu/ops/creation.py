@@ -23,7 +23,7 @@ from ..runtime.buffer import Padded, apply
 from ..runtime.context import context
 from ..runtime.dtypes import cast, check_scalar, to_jax, to_torch
 from ..runtime.host_copies import HOST_COPY_BYTES, keep_host_copy
-from ..runtime.lru import LRU, cached
+from ..runtime.lru import Kind, cached, caches
 from ..runtime.tensor import fill
 from ..runtime.transfer import INT64_RANGE, device_scalar, first_fill_on_host
 from ._helpers import accumulator, check_number_fits, converted
@@ -67,7 +67,7 @@ def arange(start, end, step=1, dtype=None, layout=None, device=None, pin_memory=
 #: The largest integer range :func:`_kept_range` keeps on the device, and how many it keeps
 _KEPT_RANGE_BYTES, _KEPT_RANGES = 64 << 10, 256
 #: (first, stride, length, dtype, tpu index) -> the range's value there
-_kept_ranges = LRU(_KEPT_RANGES)
+_kept_ranges = caches.lru("creation.kept_ranges", Kind.CONSTANTS, _KEPT_RANGES)
 
 
 def _kept_range(host: np.ndarray, first: int, stride: int, length: int, dtype: np.dtype) -> jax.Array:

@@ -29,7 +29,7 @@ from torch._prims_common import suggest_memory_format
 
 from ..runtime import tensor
 from ..runtime.buffer import Padded
-from ..runtime.lru import LRU, cached
+from ..runtime.lru import Kind, cached, caches
 from .meta import call_quietly, to_meta
 from .registry import Layout
 
@@ -160,7 +160,7 @@ def wrap_in_order(outputs: Any, laid: MetaLayout) -> list[torch.Tensor | None]:
     return wrapped
 
 
-_replays = LRU()
+_replays = caches.lru("layout.replays", Kind.TRACES)
 _MISSING = object()
 
 

@@ -1,7 +1,7 @@
 """``TORCH_TPU_CHECK_META=1``: every tpu kernel call checked against PyTorch's Meta kernel.
 
 A test tool (it costs a meta replay per op; the suite runs under it to find lowerings whose
-outputs or errors differ from PyTorch's). While ``config.check_meta`` is on, each call of a tpu
+outputs or errors differ from PyTorch's). While ``flags.check_meta`` is on, each call of a tpu
 kernel (functional lowerings, their derived in-place and ``out=`` variants, runtime kernels) is
 first replayed on meta tensors of the same shapes, strides and dtypes (factories on
 ``device="meta"``). Then:
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree
 
-from .. import config
+from ..runtime.flags import flags
 from .meta import NEEDS_VALUES_MESSAGES, call_quietly, to_meta
 from .registry import LOWERINGS, Layout, qualified_name
 
@@ -180,7 +180,7 @@ def _unchecked_outputs(op: torch._ops.OpOverload) -> tuple[int, ...]:
 
 def checked(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
     """``kernel`` (the tpu kernel of ``op``), checked against ``op``'s Meta kernel on every call
-    made while ``config.check_meta`` is on (see the module docstring)."""
+    made while ``flags.check_meta`` is on (see the module docstring)."""
     if _unchecked(op):
         return kernel
     arguments = op._schema.arguments
@@ -191,7 +191,7 @@ def checked(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
 
     @functools.wraps(kernel)
     def run(*args, **kwargs):
-        if not config.check_meta:
+        if not flags.check_meta:
             return kernel(*args, **kwargs)
         return _checked_call(op, kernel, written, tensors, args, kwargs, strides)
 

@@ -31,6 +31,7 @@ from jax._src.array import ArrayImpl
 
 from . import platform
 from .context import context
+from .flags import flags
 from .host_copies import pass_host_copy
 
 platform.configure()  # JAX configured (64-bit types, the platform) before any array exists
@@ -334,9 +335,7 @@ def put(storage, value: Value) -> None:
     if type(value) is ARRAY_TYPE:
         if not value.committed:  # (committed where it was made: a factory's device)
             made = value
-            value = jax.device_put(
-                value, made.sharding._device if platform.others_used else platform.device()
-            )
+            value = jax.device_put(value, made.sharding._device if flags.others_used else platform.device())
             pass_host_copy(made, value)
     elif type(value) is Deferred and value.value is None:
         old = getattr(storage, _ATTR, None)

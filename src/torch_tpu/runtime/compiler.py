@@ -15,6 +15,9 @@ with the known ones listed.
 >>> torch.tpu.compiler.get_options()
 {'optimization_level': 1}
 >>> torch.tpu.compiler.reset_options()
+
+:func:`reset` forgets every program compiled in the process, as ``torch.compiler.reset()`` does
+for Dynamo's graphs.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import platform
+from . import callbacks, platform
+from .lru import caches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +179,23 @@ def reset_options() -> None:
     """Back to XLA's defaults."""
     _process.replace({})
     _apply_jax_settings()
+
+
+def reset() -> None:
+    """Forget every program compiled in this process (JAX's and torch_tpu's caches) and what
+    torch_tpu learned of the workload (which sizes change, which fused ops change shape): the
+    next calls trace and compile as in a fresh process, reading the persistent cache on disk
+    (``TORCH_TPU_CACHE_DIR``), which stays. Call it outside compiled code; pending fused graphs
+    run first.
+
+    >>> torch.tpu.compiler.reset()
+    """
+    import jax
+
+    if platform.is_initialized():
+        callbacks.synchronize(0)  # (torch.tpu.synchronize: pending graphs run first)
+    jax.clear_caches()
+    caches.clear()
 
 
 @contextlib.contextmanager

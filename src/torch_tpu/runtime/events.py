@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable
 
 from .. import config
+from .flags import flags
 
 _log = logging.getLogger("torch_tpu")
 
@@ -47,10 +48,10 @@ class Event:
 listeners: list[Callable[[Event], None]] = []
 #: Whether reasons are printed to stderr (``TORCH_TPU_LOG_RECOMPILES=1``).
 printing: bool = config.log_recompiles
-#: Whether anyone wants reasons: the code that works one out checks this first.
+#: Whether anyone wants reasons: the code that works one out checks this first (also
+#: ``flags.log_recompiles``, where the C++ core reads it).
 explaining: bool = printing
-#: Called with :data:`explaining` when it changes (fused eager keeps a copy its C++ core reads).
-watchers: list[Callable[[bool], None]] = []
+flags.log_recompiles = explaining
 
 
 def listen(listener: Callable[[Event], None]) -> None:
@@ -67,8 +68,7 @@ def unlisten(listener: Callable[[Event], None]) -> None:
 def _refresh() -> None:
     global explaining
     explaining = printing or bool(listeners)
-    for watcher in watchers:
-        watcher(explaining)
+    flags.log_recompiles = explaining
 
 
 def explain(message: str) -> None:

@@ -23,6 +23,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from .lru import Kind, caches
+
 #: Read the mapping count after this many executables loaded.
 CHECK_EVERY = 256
 #: The share of ``vm.max_map_count`` past which the caches are cleared.
@@ -32,8 +34,6 @@ _MAPS = "/proc/self/maps"
 _log = logging.getLogger("torch_tpu")
 _lock = threading.Lock()
 _loaded_since_check = 0
-#: what else holds executables, registered from the layers above (fused eager's graphs)
-_forgetters: list[Callable[[], None]] = []
 
 
 def _not_yet_requestable() -> None:
@@ -43,11 +43,6 @@ def _not_yet_requestable() -> None:
 #: Ask for a :func:`trim` before the next op (past the budget, from inside a compilation, where
 #: the caches must not be cleared now): ``platform.request_trim``, registered at its import.
 request_trim: Callable[[], None] = _not_yet_requestable
-
-
-def on_trim(forget: Callable[[], None]) -> None:
-    """Have :func:`trim` call ``forget`` too: a cache of executables kept above this layer."""
-    _forgetters.append(forget)
 
 
 def _read_limit() -> int | None:
@@ -86,8 +81,9 @@ def executable_loaded() -> bool:
 
 
 def trim() -> bool:
-    """Clear the in-memory compilation caches (JAX's and those registered with :func:`on_trim`),
-    releasing the executables no live object holds; whether it did (another thread may have)."""
+    """Clear the in-memory compilation caches (JAX's and torch_tpu's programs: ``caches``'
+    :attr:`~.lru.Kind.PROGRAMS`), releasing the executables no live object holds; whether it
+    did (another thread may have)."""
     import jax
 
     with _lock:
@@ -95,8 +91,7 @@ def trim() -> bool:
         if before <= BUDGET * limit:  # (another thread trimmed first)
             return False
         jax.clear_caches()
-        for forget in _forgetters:
-            forget()
+        caches.clear(Kind.PROGRAMS)
         _log.info(
             "torch_tpu: %d memory mappings of at most %d (vm.max_map_count): cleared the in-memory "
             "compilation caches, %d mappings now",

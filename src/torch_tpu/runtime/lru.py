@@ -1,13 +1,19 @@
-"""Bounded caches for everything torch_tpu keeps per shape, program or frame.
+"""Bounded caches for everything torch_tpu keeps per shape, program or frame, and their owner.
 
 Each cache keeps at most ``TORCH_TPU_CACHE_ENTRIES`` entries (default 4096), dropping the least
 recently used: a loop over thousands of distinct shapes (generation over every sequence length)
 keeps memory bounded, at the price of recompiling a shape that comes back after being dropped.
+
+Every such cache is made by and registered with :data:`caches`, under a name and a
+:class:`Kind`, so that one object can list them and clear them by what they hold (tests start
+afresh with ``caches.clear(Kind.SIZES)``; ``torch.tpu.compiler.reset()`` clears them all).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import enum
 import functools
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -81,3 +87,68 @@ def cached(fn: Callable) -> Callable:
 
     remembered.cache = cache
     return remembered
+
+
+# ----------------------------------------------------------------------------- the owner
+class Kind(enum.Enum):
+    """What a cache holds, which says what clearing it costs."""
+
+    PROGRAMS = "compiled programs (dropping one costs a compile, or a persistent-cache read)"
+    TRACES = "what tracing worked out: output shapes, recorded nodes, view plans (a retrace)"
+    CONSTANTS = "small device values kept for reuse (a transfer)"
+    SIZES = "learned: which dimensions change size (padded to buckets once they do)"
+    CHURN = "learned: which fused ops change shape from graph to graph (run on their own)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    """One cache the owner knows: its name (``module.what``), its kind and the cache itself
+    (anything with ``clear()`` and ``len()``)."""
+
+    name: str
+    kind: Kind
+    cache: Any
+
+
+class Caches:
+    """The owner of torch_tpu's in-process caches (one instance, :data:`caches`)."""
+
+    def __init__(self) -> None:
+        self._registered: dict[str, Registered] = {}
+        self._on_clear: list[tuple[Kind, Callable[[], None]]] = []
+
+    def lru(self, name: str, kind: Kind, maxsize: int | None = None) -> LRU:
+        """A new :class:`LRU`, registered as ``name``."""
+        return self.register(name, kind, LRU(maxsize))
+
+    def register(self, name: str, kind: Kind, cache: Any) -> Any:
+        """Own ``cache`` (a mapping, or anything with ``clear()`` and ``len()``); returns it."""
+        if name in self._registered:
+            raise ValueError(f"a cache named {name!r} is already registered")
+        self._registered[name] = Registered(name, kind, cache)
+        return cache
+
+    def on_clear(self, kind: Kind, forget: Callable[[], None]) -> None:
+        """Call ``forget`` too whenever caches of ``kind`` are cleared (state kept beside them)."""
+        self._on_clear.append((kind, forget))
+
+    def clear(self, *kinds: Kind) -> None:
+        """Clear the caches of these kinds (every cache when none is named)."""
+        chosen = set(kinds or Kind)
+        for registered in self._registered.values():
+            if registered.kind in chosen:
+                registered.cache.clear()
+        for kind, forget in self._on_clear:
+            if kind in chosen:
+                forget()
+
+    def sizes(self) -> dict[str, int]:
+        """Each cache's number of entries, by name."""
+        return {name: len(registered.cache) for name, registered in self._registered.items()}
+
+    def __iter__(self):
+        return iter(self._registered.values())
+
+
+#: The process's caches.
+caches = Caches()

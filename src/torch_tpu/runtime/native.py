@@ -8,7 +8,7 @@ decision: the functions of :mod:`.callbacks` (this module imports no other runti
 every runtime module may import it).
 It also serves two steps of every op in one call each, for their common case only
 (``tensor.whole_value``, ``tensor._wrap_value``), an op's calls that repeat a kept plan, and a
-fused graph's nodes that repeat the last graph's (``execution.fused.record_in_core``).
+fused graph's nodes that repeat the last graph's (``flags.record_in_core``).
 
 Without the extension (not built, or built against another torch) ``import torch_tpu`` still
 works, with one warning naming what is missing, and those features keep their Python fallbacks.

@@ -44,7 +44,7 @@ from . import events, platform, transfer
 from .buffer import ARRAY_TYPE, Padded, apply, register_unpad
 from .context import context
 from .host_copies import host_copy, keep_host_copy
-from .lru import LRU
+from .lru import Kind, caches
 
 # ----------------------------------------------------------------------------- buckets
 #: The smallest bucket: sizes up to it share one program
@@ -284,7 +284,7 @@ def padded(array: jax.Array, layout: Layout) -> Padded:
 #: padded or cut there the first time their shape is met (:func:`_first_sighting`)
 HOST_PADDING_BYTES = 4 << 20
 #: (pad or unpad, shape, dtype, layout) met once: the second time, the program is compiled
-_met = LRU()
+_met = caches.lru("padding.met", Kind.SIZES)
 
 
 def _first_sighting(program, array, layout: Layout) -> bool:
@@ -327,7 +327,7 @@ def from_host(host: np.ndarray, layout: Layout, device) -> Padded:
 #: padding test (one global read per op)
 live = False
 #: (call site, kind, dtype, rank) -> [first shape seen, dynamic dims]
-_sites = LRU()
+_sites = caches.lru("padding.sites", Kind.SIZES)
 #: code object -> what its frames are to :func:`user_call_site` (:func:`_frame_kind`)
 _library_code: dict = {}
 _LIBRARY_ROOTS: tuple[str, ...] = ()
@@ -438,11 +438,6 @@ def made(value: Padded) -> Padded:
     global live
     live = True
     return value
-
-
-def forget_learned() -> None:
-    """Forget which dimensions were learned dynamic (tests start afresh)."""
-    _sites.clear()
 
 
 # ----------------------------------------------------------------------------- views
@@ -637,7 +632,7 @@ def read_padded(value: Padded, shape, strides, offset: int) -> Padded | None:
     return Padded(array, view_layout)
 
 
-_plans = LRU()
+_plans = caches.lru("padding.view_plans", Kind.TRACES)
 _NO = object()
 
 
@@ -671,4 +666,4 @@ def sizes_array(sizes: tuple[int, ...], index: int = 0) -> jax.Array:
     return array
 
 
-_sizes = LRU()
+_sizes = caches.lru("padding.sizes_arrays", Kind.CONSTANTS)

@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import config
 from . import events, executable_budget
+from .flags import flags
 
 _PLATFORM_ALIASES = {"gpu": "cuda", "cuda": "cuda", "tpu": "tpu", "cpu": "cpu"}
 _lock = threading.Lock()
@@ -34,15 +35,14 @@ _device: Any = None
 #: the local JAX devices, in tpu index order (``tpu:i`` is ``_devices[i]``), once started
 _devices: list = []
 _indices: dict = {}
-#: Whether a device other than ``tpu:0`` was ever used (made current, or given a tensor). Until
-#: then every value is on ``tpu:0`` and the per-op paths skip all device bookkeeping.
-others_used = False
+# Two flags this module owns live in ``flags`` (runtime/flags.py), where the C++ core reads them:
+# ``flags.others_used``: whether a device other than ``tpu:0`` was ever used (made current, or
+# given a tensor); until then every value is on ``tpu:0`` and the per-op paths skip all device
+# bookkeeping. ``flags.attention_needed``: whether the per-op path has something to do before
+# its next op (:func:`attend`): refuse a forked child, or run a job that must wait for a safe
+# point (:func:`request_attention`); one flag, so that the common case costs one test.
 #: True in a child process forked after the device had started in its parent.
 forked_child = False
-#: Whether the per-op path has something to do before its next op (:func:`attend`): refuse a
-#: forked child, or run a job that must wait for a safe point (:func:`request_attention`). One
-#: flag, so that the common case costs the per-op path one test.
-attention_needed = False
 _jobs: list[Callable[[], None]] = []
 #: "executables_built" (every executable JAX builds: compiled by XLA or read from the persistent
 #: cache) and "disk_hits" (read from the cache), counted from the device's start.
@@ -78,26 +78,24 @@ def check_not_forked() -> None:
 def request_attention(job: Callable[[], None]) -> None:
     """Run ``job`` before the next op (:func:`attend`): for work that cannot run where it is
     found to be due, such as clearing JAX's caches from inside a JAX compilation."""
-    global attention_needed
     if job not in _jobs:
         _jobs.append(job)
-    attention_needed = True
+    flags.attention_needed = True
 
 
 def attend() -> None:
-    """What the per-op path does when :data:`attention_needed`: refuse a forked child, then run
+    """What the per-op path does when ``flags.attention_needed``: refuse a forked child, then run
     the jobs asked for."""
-    global attention_needed
     check_not_forked()
-    attention_needed = False
+    flags.attention_needed = False
     while _jobs:
         _jobs.pop(0)()
 
 
 def _mark_forked_child() -> None:
-    global forked_child, attention_needed
+    global forked_child
     forked_child = _device is not None
-    attention_needed = attention_needed or forked_child
+    flags.attention_needed = flags.attention_needed or forked_child
 
 
 def configure() -> None:
@@ -353,10 +351,9 @@ def mixed_devices(first, second) -> RuntimeError:
 
 def use(index: int) -> None:
     """Note that ``tpu:index`` is in use (from then on ops look at their devices)."""
-    global others_used
-    if index and not others_used:
+    if index and not flags.others_used:
         check_index(index)
-        others_used = True
+        flags.others_used = True
 
 
 def platform() -> str:

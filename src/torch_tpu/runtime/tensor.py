@@ -21,6 +21,7 @@ from . import buffer, checks, memory, native, padding, platform
 from .buffer import Deferred, Padded, apply
 from .context import context
 from .dtypes import JAX_TO_TORCH, TORCH_TO_JAX, cast, to_jax, unsupported
+from .flags import flags
 from .host_copies import (
     host_copy,
     host_view,
@@ -93,7 +94,7 @@ def _create(shape, dtype: torch.dtype, index: int = 0) -> torch.Tensor:
 
 def _new_tensor(shape, dtype: torch.dtype, value: buffer.Value, strides=None) -> torch.Tensor:
     """A tensor over a new storage holding ``value``, on the device that holds the value."""
-    index = buffer.index_of(value) if platform.others_used else 0
+    index = buffer.index_of(value) if flags.others_used else 0
     t = _empty(shape, strides, dtype, buffer.nbytes(value), index)
     buffer.put(t.untyped_storage(), value)
     return t
@@ -101,13 +102,13 @@ def _new_tensor(shape, dtype: torch.dtype, value: buffer.Value, strides=None) ->
 
 def device_index(t: torch.Tensor) -> int:
     """The index of a tpu tensor's device (0 while no other device was used: not asked)."""
-    return t.get_device() if platform.others_used else 0
+    return t.get_device() if flags.others_used else 0
 
 
 def over_storage(storage, shape, strides, offset: int, dtype: torch.dtype) -> torch.Tensor:
     """A tpu tensor over an existing storage with this geometry: a view PyTorch's own view ops
     did not make (a compiled program's inputs inside its trace, its outputs that alias an input)."""
-    t = _create([0], dtype, storage.device.index if platform.others_used else 0)
+    t = _create([0], dtype, storage.device.index if flags.others_used else 0)
     _set_storage_meta(_META, t, storage, offset, list(shape), list(strides))
     return t
 
@@ -116,7 +117,7 @@ def wrap(value: jax.Array) -> torch.Tensor:
     """A new contiguous tpu tensor owning a fresh storage that holds ``value``."""
     if type(value) is Padded:
         return wrap_padded(value)
-    if not platform.others_used:
+    if not flags.others_used:
         t = _wrap_value(value)
         if t is not None:
             return t
@@ -141,7 +142,7 @@ def wrap_padded(value: Padded, strides=None) -> torch.Tensor:
         value = padding.permuted(value, order)
     else:
         strides = None
-    index = buffer.index_of(value) if platform.others_used else 0
+    index = buffer.index_of(value) if flags.others_used else 0
     t = _empty(shape, strides, dtype, math.prod(shape) * value.array.dtype.itemsize, index)
     buffer.put(t.untyped_storage(), padding.made(value))
     return t
@@ -206,7 +207,7 @@ def wrap_elementwise(value: jax.Array, inputs) -> torch.Tensor:
     """``wrap(value)`` laid out as PyTorch lays out an elementwise op's output: like its tensor
     ``inputs`` (``x.t() + 1`` is transposed, a channels-last input gives a channels-last output);
     contiguous when they all are. Other values in ``inputs`` are ignored."""
-    if not platform.others_used:
+    if not flags.others_used:
         t = _wrap_value(value, inputs)  # (the common case in one call: contiguous inputs)
         if t is not None:
             return t
@@ -804,7 +805,7 @@ def write(t: torch.Tensor, value) -> None:
         value = device_scalar(value, device_index(t))
     elif not isinstance(value, (jax.Array, Deferred)):
         value = jnp.asarray(value)
-        if platform.others_used:  # (made on tpu:0)
+        if flags.others_used:  # (made on tpu:0)
             value = jax.device_put(value, platform.jax_device(t.get_device()))
     if whole:
         if value.shape != shape or value.dtype != dtype:

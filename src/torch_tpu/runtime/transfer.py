@@ -18,7 +18,7 @@ from . import checks, platform
 from .context import context
 from .dtypes import FLOAT8, FLOAT8_JAX, JAX_TO_TORCH, TORCH_TO_JAX
 from .host_copies import keep_host_copy
-from .lru import LRU
+from .lru import LRU, Kind, caches
 
 _scalar_arrays = LRU()  # tpu:0's
 _other_scalar_arrays: dict[int, LRU] = {}  # other devices'
@@ -111,7 +111,7 @@ def _held_exactly(value: bool | int | float | complex, dtype: np.dtype) -> np.ge
 #: per parameter shape, or a few layers' norm weights)
 HOST_FILLS = 4
 #: (shape, dtype, value) -> how many times strict eager made that fill (up to HOST_FILLS)
-_fills = LRU()
+_fills = caches.lru("transfer.fills", Kind.TRACES)
 _NUMBERS = (bool, int, float, complex)
 
 

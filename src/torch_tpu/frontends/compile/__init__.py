@@ -38,7 +38,7 @@ from torch._inductor.output_code import OutputCode
 from ... import config
 from ...execution import fused, modes
 from ...runtime import compiler, dynamo, precision
-from ...runtime.lru import LRU
+from ...runtime.lru import Kind, caches
 from . import stored
 from .program import Program, tensor_text
 
@@ -144,7 +144,7 @@ def cache_key() -> str:
 
 
 # Dynamo frame id -> the placeholders (name, shape, dtype) of its last compiled graph
-_last_inputs_by_frame = LRU()
+_last_inputs_by_frame = caches.lru("compile.last_inputs_by_frame", Kind.TRACES)
 
 
 def _describe_inputs(graph_module: torch.fx.GraphModule) -> list:

@@ -32,8 +32,9 @@ from jax.extend.core import jaxpr_as_fun
 from ... import config
 from ...distributed import traced as collectives
 from ...execution import fused, modes, tracing
-from ...runtime import buffer, checks, compiler, memory, platform, precision, random, tensor, transfer
+from ...runtime import buffer, checks, compiler, memory, precision, random, tensor, transfer
 from ...runtime.context import compiling, context
+from ...runtime.flags import flags
 from ...runtime.lru import LRU
 from . import stored
 from .symbolic import Symbolic
@@ -249,7 +250,7 @@ class Program:
     def _gather(self, args) -> tuple[tuple, list, list]:
         """The call's layout and device (the compile key), the storage values to pass, and the
         storages (tpu) or host tensors (CPU) they came from."""
-        device = _program_index(args) if platform.others_used else 0
+        device = _program_index(args) if flags.others_used else 0
         layout = []
         avals = []
         values: list = []

@@ -38,6 +38,7 @@ import torch
 
 from ... import config
 from ...runtime import platform
+from ...runtime.flags import flags
 
 _log = logging.getLogger("torch_tpu")
 #: A new entry layout gets a new version (old entries are then never found).
@@ -103,7 +104,7 @@ def environment() -> tuple:
         str(platform.device().platform),
         getattr(platform.device(), "device_kind", ""),
         jax.config.jax_enable_x64,
-        config.check_meta,
+        flags.check_meta,
     )
 
 

@@ -59,7 +59,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "recorded_ops":  # (rebound by record_ops: read where it lives)
-        from . import recording
+        from ...runtime.flags import flags
 
-        return recording.recorded_ops
+        return flags.recorded_ops
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

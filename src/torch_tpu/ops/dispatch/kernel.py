@@ -23,10 +23,10 @@ from ...execution.tracing import NEEDS_VALUES
 from ...runtime import host_copies, memory, native, padding, platform, precision, random, tensor
 from ...runtime.context import context
 from ...runtime.dtypes import UnsupportedDtypeError, check_scalar
+from ...runtime.flags import flags
 from .. import cpu_dtypes
 from .. import padding as padding_rules
 from ..registry import Lowering, Runs, Types
-from . import recording
 from .binding import (
     DTYPE,
     GENERATOR,
@@ -184,7 +184,7 @@ class Compute:
         if self.fast:
             call = self.binder.positional(args, kwargs) if kwargs else args
             operands = tensor.whole_operands(call, self.views_in_program)
-            if operands is not None and not (platform.attention_needed or platform.others_used):
+            if operands is not None and not (flags.attention_needed or flags.others_used):
                 plan = self.fast_plans.get(operands[0])
                 if plan is None or plan.default_dtype is not torch.get_default_dtype():
                     plan, learn = None, None if plan is NO_PLAN else operands[0]
@@ -215,7 +215,7 @@ class Compute:
     def _planned_values(self, plan: FastPlan, operands: tuple, padded: bool) -> list | None:
         """The fast path: the call's arguments as ``plan`` converts them; None where a fitted
         number is refused (the general path refuses it in CPU's order)."""
-        recorded = recording.recorded_ops
+        recorded = flags.recorded_ops
         if recorded is not None:
             recorded.add(self.op)
         values = [*operands, *plan.defaults]
@@ -237,9 +237,9 @@ class Compute:
     def _bind(self, args: tuple, kwargs: dict, padded: bool) -> Bound:
         """The general path: the call bound to the schema, its dtypes vetted, its arguments
         converted for the op's program."""
-        if platform.attention_needed:
+        if flags.attention_needed:
             platform.attend()
-        recorded = recording.recorded_ops
+        recorded = flags.recorded_ops
         if recorded is not None:
             recorded.add(self.op)
         values = self.binder.bind(args, kwargs)
@@ -248,7 +248,7 @@ class Compute:
         per_call = typed.guard_each_call and check_dtypes(
             self.dtype_guard, self.op, names, values, typed.types, args, kwargs
         )
-        index = op_index(values, self.tensor_pos) if platform.others_used else 0
+        index = op_index(values, self.tensor_pos) if flags.others_used else 0
         extra = self._random_key(values, index) if self.draws_key or self.generator_pos else {}
         if self.defaulted:
             self._drop_defaults(values)

@@ -1,26 +1,29 @@
 """What the dispatcher records of the calls it serves: which ATen overloads reached a tpu
 kernel (tests check every lowering is reached) and which ran on CPU through the opt-in fallback.
-The C++ core reads ``recorded_ops`` from this module's namespace (``configure_plans``)."""
+The set being recorded into is ``flags.recorded_ops`` (runtime/flags.py), where the C++ core's
+planned kernels add to it too; this module owns it."""
 
 from __future__ import annotations
 
 import collections
 
+from ...runtime.flags import flags
+
 #: ATen overloads that ran on CPU through the opt-in fallback, with counts.
 cpu_fallback_counts: collections.Counter = collections.Counter()
 
-#: When a set, every kernel call adds its ATen overload.
-recorded_ops: set | None = None
+
+def recorded_ops() -> set | None:
+    """The set every kernel call adds its ATen overload to, while recording (else None)."""
+    return flags.recorded_ops
 
 
 def record_ops(enabled: bool = True) -> set:
     """Start recording which ATen overloads reach a tpu kernel; returns the live set."""
-    global recorded_ops
-    recorded_ops = set() if enabled else None
-    return recorded_ops if recorded_ops is not None else set()
+    flags.recorded_ops = set() if enabled else None
+    return flags.recorded_ops if flags.recorded_ops is not None else set()
 
 
 def restore(ops: set | None) -> None:
     """Put back a recording :func:`record_ops` replaced (tests that record inside another)."""
-    global recorded_ops
-    recorded_ops = ops
+    flags.recorded_ops = ops

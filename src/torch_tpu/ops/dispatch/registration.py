@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 import torch
 
-from ... import config
 from ...runtime import native, platform, precision, tensor
 from ...runtime.context import context
+from ...runtime.flags import flags
 from .. import cpu_dtypes
 from ..registry import LOWERINGS, Lowering, qualified_name
-from . import plans, recording
+from . import plans
 from .binding import Binder, returns_shape
 from .conversion import number
 from .errors import check_dtypes
@@ -43,10 +43,10 @@ def _runtime_kernel(op: torch._ops.OpOverload, kernel: Callable) -> Callable:
     dtype_guard = cpu_dtypes.table_guard(op, binder.names)
 
     def recorded(*args, **kwargs):
-        if platform.attention_needed:
+        if flags.attention_needed:
             platform.attend()
-        if recording.recorded_ops is not None:
-            recording.recorded_ops.add(op)
+        if flags.recorded_ops is not None:
+            flags.recorded_ops.add(op)
         if dtype_guard is not None:
             check_dtypes(dtype_guard, op, binder.names, binder.bind(args, kwargs), None, args, kwargs)
         if precision.setting() == "highest":  # (the default: no precision context)
@@ -144,9 +144,6 @@ def _configure_core() -> None:
     """Tell the C++ core what ``PlannedKernel`` reads of the state an op's call runs in, and
     check its plan records' fields against ours."""
     native._C.configure_plans(
-        vars(platform),
-        vars(recording),
-        vars(config),
         context,
         tensor.wrap,
         tensor.wrap_elementwise,

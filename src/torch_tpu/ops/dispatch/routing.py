@@ -8,6 +8,7 @@ import torch
 
 from ...runtime import platform
 from ...runtime.context import context
+from ...runtime.flags import flags
 from ..registry import qualified_name
 from .binding import TENSOR, TENSOR_LIST, kind_of
 
@@ -42,7 +43,7 @@ def routed_by_device(op: torch._ops.OpOverload, kernel: Callable, lowered: bool 
             elif device.index is not None:
                 index = platform.check_index(device.index)
                 platform.use(index)
-        if not platform.others_used:
+        if not flags.others_used:
             return kernel(*args, **kwargs)
         if device is not None and device.type == "tpu":
             index = current_device() if index is None else index

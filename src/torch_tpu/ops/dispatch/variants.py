@@ -12,6 +12,7 @@ import torch
 from ...runtime import buffer, overlap, platform, tensor
 from ...runtime.context import context
 from ...runtime.dtypes import JAX_TO_TORCH, type_name
+from ...runtime.flags import flags
 from .. import layout
 from .._helpers import warn
 from ..registry import Layout, Lowering, OutDtype, Runs
@@ -100,7 +101,7 @@ def fit(dst: torch.Tensor | list, value, resize: bool) -> None:
         return
     if not tensor.is_tpu(dst):
         raise device_mismatch(dst)
-    if platform.others_used and buffer.index_of(value) != dst.get_device():
+    if flags.others_used and buffer.index_of(value) != dst.get_device():
         raise platform.mixed_devices(f"tpu:{buffer.index_of(value)}", dst.device)
     result = JAX_TO_TORCH[value.dtype]
     if not torch.can_cast(result, dst.dtype):
@@ -136,7 +137,7 @@ def store(dst: torch.Tensor | list, value, resize: bool) -> None:
         return
     # a tpu tensor that is its whole storage, of the value's shape and dtype, fits it: stored
     # at once (on one device: the value's device is not compared)
-    if not platform.others_used and tensor.write_whole(dst, value):
+    if not flags.others_used and tensor.write_whole(dst, value):
         return
     fit(dst, value, resize)
     tensor.write(dst, value)

@@ -21,7 +21,7 @@ def test_a_loop_over_new_lengths_keeps_the_caches_bounded(run_python):
         """
         import json, torch, torch_tpu
         from torch_tpu.execution import fused
-        from torch_tpu.runtime import transfer
+        from torch_tpu.runtime import devices
         step = torch.compile(lambda x: (x.sin() * 2).sum(), backend="tpu", dynamic=False)
         sizes = {}
         with torch_tpu.eager_mode("fused"):
@@ -33,7 +33,7 @@ def test_a_loop_over_new_lengths_keeps_the_caches_bounded(run_python):
         programs = [len(p._executables) for p in __import__("gc").get_objects()
                     if type(p).__name__ == "Program"]
         print(json.dumps({"graphs": len(fused._executables), "shapes": len(fused._shapes),
-                          "nodes": len(fused._nodes), "scalars": len(transfer._scalar_arrays),
+                          "nodes": len(fused._nodes), "scalars": len(devices.local.first.scalars),
                           "program": max(programs, default=0)}))
     """,
         TORCH_TPU_CACHE_ENTRIES="8",

@@ -1190,11 +1190,11 @@ def test_a_device_scalars_number_read_by_its_id_is_the_one_it_holds(monkeypatch)
     import jax.numpy as jnp
 
     from torch_tpu.ops._helpers import host_number
-    from torch_tpu.runtime import transfer
+    from torch_tpu.runtime import devices, transfer
 
     monkeypatch.setattr(transfer, "_NUMBERS_HELD", 4)
     monkeypatch.setattr(transfer, "_numbers_by_id", {})
-    transfer._scalar_arrays.clear()  # (each number's scalar made, and listed, anew)
+    devices.local.first.scalars.clear()  # (each number's scalar made, and listed, anew)
     numbers = [0.5, -0.0, 0.0, float("nan"), float("-inf"), 2**63 + 5, -3, True, False, 1e39, 7, 0.25]
     for number in numbers:  # (the list empties itself several times over)
         scalar = transfer.device_scalar(number)

@@ -78,8 +78,6 @@ def test_every_module_cache_belongs_to_the_owner():
         for path in SRC.rglob("*.py")
         if (names := _module_level_lrus(ast.parse(path.read_text())))
     }
-    # (tpu:0's scalar constants are the device state's: runtime/transfer.py)
-    stray.pop("runtime/transfer.py", None)
     assert not stray, f"module-level caches not made by caches.lru: {stray}"
 
 

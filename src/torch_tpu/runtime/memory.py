@@ -17,15 +17,15 @@ import re
 
 import torch
 
-from . import hardware, memory_history, platform
+from . import devices, hardware, memory_history, platform
 
 _REQUESTED = re.compile(r"allocat\w* (?:of )?(\d[\d,]*) ?bytes", re.IGNORECASE)
 
 
 # ----------------------------------------------------------------------------- statistics
 # The one source of the memory numbers: ``torch.tpu.memory_*`` and, through the C++ allocator,
-# ``torch.accelerator.memory_*`` both read these. Each is per device (``tpu:index``).
-_peak_allocated: dict[int, int] = {}
+# ``torch.accelerator.memory_*`` both read these. Each is per device (``tpu:index``); the peak
+# sampled where XLA keeps none is the device's ``DeviceState.peak_allocated``.
 
 
 def allocated(index: int = 0) -> int:
@@ -39,7 +39,8 @@ def allocated(index: int = 0) -> int:
     else:
         device = platform.jax_device(index)
         current = sum(a.nbytes // len(d) for a, d in _live_arrays() if device in d)
-    _peak_allocated[index] = max(_peak_allocated.get(index, 0), current)
+    state = devices.local.state(platform.check_index(index))
+    state.peak_allocated = max(state.peak_allocated, current)
     return current
 
 
@@ -53,7 +54,10 @@ def _live_arrays() -> list:
 def max_allocated(index: int = 0) -> int:
     """Peak of :func:`allocated` (device-tracked on TPU/GPU; sampled at queries on CPU)."""
     current = allocated(index)
-    return int(device_stats(index).get("peak_bytes_in_use", max(_peak_allocated.get(index, 0), current)))
+    if not platform.is_initialized():
+        return current
+    peak = devices.local.state(platform.check_index(index)).peak_allocated  # (>= current)
+    return int(device_stats(index).get("peak_bytes_in_use", peak))
 
 
 def reserved(index: int = 0) -> int:
@@ -72,7 +76,8 @@ def live_buffers(index: int = 0) -> int:
 
 
 def reset_peak(index: int = 0) -> None:
-    _peak_allocated.pop(index, None)
+    if platform.is_initialized():  # (before, nothing was measured)
+        devices.local.state(platform.check_index(index)).peak_allocated = 0
 
 
 def allocator_stats(index: int = 0) -> tuple[int, int, int, int, int]:

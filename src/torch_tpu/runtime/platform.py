@@ -26,15 +26,13 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import config
-from . import events, executable_budget
+from . import devices, events, executable_budget
 from .flags import flags
 
 _PLATFORM_ALIASES = {"gpu": "cuda", "cuda": "cuda", "tpu": "tpu", "cpu": "cpu"}
 _lock = threading.Lock()
+#: ``tpu:0``'s JAX device, set last as the platform starts (each device's state: ``devices.local``)
 _device: Any = None
-#: the local JAX devices, in tpu index order (``tpu:i`` is ``_devices[i]``), once started
-_devices: list = []
-_indices: dict = {}
 # Two flags this module owns live in ``flags`` (runtime/flags.py), where the C++ core reads them:
 # ``flags.others_used``: whether a device other than ``tpu:0`` was ever used (made current, or
 # given a tensor); until then every value is on ``tpu:0`` and the per-op paths skip all device
@@ -142,12 +140,11 @@ def initialize() -> None:
 
         # several devices need the C++ core (a tensor's device index is set there)
         with _quick_compiles():  # (JAX's backend starts here)
-            devices = jax.local_devices() if native.available() else jax.local_devices()[:1]
-        _indices.update({d: i for i, d in enumerate(devices)})
-        _devices[:] = devices
+            jax_devices = jax.local_devices() if native.available() else jax.local_devices()[:1]
+        devices.local.start(jax_devices)
         if native.available():
-            native._C.set_device_count(len(devices))
-        _device = devices[0]
+            native._C.set_device_count(len(jax_devices))
+        _device = jax_devices[0]
     os.register_at_fork(after_in_child=_mark_forked_child)
 
 
@@ -260,7 +257,7 @@ def device_count() -> int:
     """Devices this process drives: JAX's local devices (``tpu:0`` .. ``tpu:n-1``). Counting
     them starts the platform (imports JAX; no device work)."""
     initialize()
-    return len(_devices)
+    return len(devices.local)
 
 
 def known_device_count() -> int:
@@ -269,7 +266,7 @@ def known_device_count() -> int:
     and gets the true count when the device starts, which any use of a tpu device does, as do
     ``torch.tpu.device_count()`` and ``torch.accelerator.device_count()`` (PyTorch initializes
     the backend before counting); ``torch.accelerator.is_available()`` starts nothing."""
-    return len(_devices) if _devices else 1
+    return len(devices.local)
 
 
 def check_index(index: int) -> int:
@@ -316,12 +313,12 @@ def jax_device(index: int):
     """The JAX device that backs ``tpu:index`` (checked)."""
     if index == 0:
         return device()
-    return _devices[check_index(index)]
+    return devices.local.state(check_index(index)).jax_device
 
 
 def index_of(jax_device) -> int:
     """The tpu index of a local JAX device."""
-    return _indices[jax_device]
+    return devices.local.index_of(jax_device)
 
 
 @contextlib.contextmanager
@@ -335,7 +332,7 @@ def placing(index: int):
     previous = context.index
     context.index = index
     try:
-        with jax.default_device(_devices[index]):
+        with jax.default_device(devices.local.state(index).jax_device):
             yield
     finally:
         context.index = previous

@@ -4,13 +4,13 @@ A generator's state is its seed and the number of keys drawn from it (two int64s
 get/set_state round-trip exactly). Key number ``n`` of seed ``s`` is always the same JAX key, so
 the same seed gives the same sequence of tpu values (not the CPU's values: the bit generators
 differ). Random ops draw from the ``generator=`` they are given, else from the device's default
-generator, which ``torch.manual_seed`` / ``torch.tpu.manual_seed`` seed. Like PyTorch's, a
-generator is shared by all threads; each draw takes the next counter value atomically, so two
-threads never get the same key.
+generator (kept in its ``devices.DeviceState``), which ``torch.manual_seed`` /
+``torch.tpu.manual_seed`` seed. Like PyTorch's, a generator is shared by all threads; each draw
+takes the next counter value atomically, so two threads never get the same key.
 
 With the C++ runtime core (``runtime.native``) generators are ``torch.Generator`` objects on tpu
-(``torch.Generator(device="tpu")`` works); without it the default generator is held here
-(:class:`_PythonGenerator`, same state format) and no other exists. Nothing here imports JAX
+(``torch.Generator(device="tpu")`` works); without it the default generator is a
+:class:`_PythonGenerator` (same state format) and no other exists. Nothing here imports JAX
 until a key is made.
 """
 
@@ -23,7 +23,7 @@ import threading
 import numpy as np
 import torch
 
-from . import native
+from . import devices, native
 from .context import context
 
 _lock = threading.Lock()
@@ -71,8 +71,6 @@ class _PythonGenerator:
             return self._seed, offset
 
 
-#: the default generator of each device index made so far
-_defaults: dict[int, torch.Generator | _PythonGenerator] = {}
 _default_lock = threading.Lock()
 #: the seed of the last ``manual_seed_all``, for default generators made after it
 _seed_all: int | None = None
@@ -82,21 +80,23 @@ def default_generator(index: int = 0) -> torch.Generator | _PythonGenerator:
     """``tpu:index``'s default generator; at first use it takes the seed of the last
     ``torch.tpu.manual_seed_all``, else the CPU generator's (so ``torch.manual_seed`` before or
     after importing torch_tpu seeds it). Each device has its own stream, as on CUDA."""
-    generator = _defaults.get(index)
+    if index:
+        from . import platform
+
+        state = devices.local.state(platform.check_index(index))  # (no other without the C++ core)
+    else:
+        state = devices.local.first
+    generator = state.generator
     if generator is None:
         with _default_lock:
-            generator = _defaults.get(index)
+            generator = state.generator
             if generator is None:
                 if native.available():
-                    generator = native._C.default_generator(index)
-                elif index == 0:
-                    generator = _PythonGenerator(0)
+                    generator = native._C.default_generator(state.index)
                 else:
-                    from . import platform
-
-                    platform.check_index(index)  # (only tpu:0 exists without the C++ core)
+                    generator = _PythonGenerator(0)
                 generator.manual_seed(torch.initial_seed() if _seed_all is None else _seed_all)
-                _defaults[index] = generator
+                state.generator = generator
     return generator
 
 
@@ -110,7 +110,7 @@ def manual_seed_all(seed: int) -> None:
     global _seed_all
     with _default_lock:
         _seed_all = int(seed) & _MASK
-        generators = list(_defaults.values())
+        generators = [state.generator for state in devices.local.states if state.generator is not None]
     for generator in generators:
         generator.manual_seed(_seed_all)
 

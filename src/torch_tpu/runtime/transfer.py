@@ -14,14 +14,14 @@ from jax._src import core as jax_core
 from jax._src.interpreters import pxla
 from jax._src.lax import lax as lax_internal
 
-from . import checks, platform
+from . import checks, devices, platform
 from .context import context
 from .dtypes import FLOAT8, FLOAT8_JAX, JAX_TO_TORCH, TORCH_TO_JAX
 from .host_copies import keep_host_copy
-from .lru import LRU, Kind, caches
+from .lru import Kind, caches
 
-_scalar_arrays = LRU()  # tpu:0's
-_other_scalar_arrays: dict[int, LRU] = {}  # other devices'
+#: tpu:0's scalar constants (its ``DeviceState.scalars``), bound once: the per-op path's one load
+_first_scalars = devices.local.first.scalars
 #: id -> (device scalar, its number) for the scalars :func:`device_scalar` made, so that a
 #: check reads an argument's number without a device read (holding the array keeps its id
 #: from naming another while listed; emptied when full, after which ``.item()`` answers)
@@ -39,7 +39,7 @@ def device_scalar(x: bool | int | float | complex, index: int = 0) -> jax.Array:
     committed to the device (see :func:`torch_tpu.runtime.buffer.put`): ``tpu:index``, each
     device has its own (JAX refuses to mix devices in one program)."""
     key = (type(x), x) if x else (type(x), str(x))  # keeps -0.0 apart from 0.0
-    cache = _scalar_arrays if not index else _other_scalar_arrays.setdefault(index, LRU())
+    cache = _first_scalars if not index else devices.local.state(index).scalars
     array = cache.get(key)
     if array is None:
         with jax.ensure_compile_time_eval():  # a constant, even when first seen in a trace

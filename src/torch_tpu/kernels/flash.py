@@ -10,6 +10,7 @@ math path does, and a logsumexp of -inf."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -268,6 +269,107 @@ def _dq_kernel(q_ref, k_ref, v_ref, *refs, blocks, scale, has_bias, bias_grad):
         dq_ref[...] = dq_acc[...].astype(dq_ref.dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class _BackwardInputs:
+    """The backward kernels' operands, padded to whole blocks, in the kernels' argument order."""
+
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    bias: jax.Array | None
+    lse: jax.Array
+    delta: jax.Array
+    do: jax.Array
+
+    @classmethod
+    def padded(cls, blocks, q, k, v, bias, out, lse, grad):
+        # delta = rowsum(dO * O), the softmax backward's per-row term
+        delta = jnp.sum(grad.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+        return cls(*_pad_inputs(blocks, q, k, v, bias, lse[..., None], delta, grad.astype(q.dtype)))
+
+    @property
+    def has_bias(self) -> bool:
+        return self.bias is not None
+
+    def args(self):
+        return (self.q, self.k, self.v, *_bias_args(self.bias), self.lse, self.delta, self.do)
+
+    def specs(self, blocks, position):
+        return [
+            blocks.q_spec(position),
+            blocks.kv_spec(position),
+            blocks.kv_spec(position),
+            *([blocks.bias_spec(position)] if self.has_bias else []),
+            blocks.row_spec(position),
+            blocks.row_spec(position),
+            blocks.q_spec(position),
+        ]
+
+
+def _key_gradients(blocks, inputs, scale, interpret):
+    """(dk, dv) per query head, padded: one key block per program, the query blocks its
+    reduction (the last grid axis)."""
+
+    def by_key(b, h, j, i):
+        return b, h, i, j
+
+    kv_shape = jax.ShapeDtypeStruct((blocks.batch, blocks.heads, *inputs.k.shape[2:]), jnp.float32)
+    with interpret_mode(interpret):
+        return pl.pallas_call(
+            functools.partial(_dkv_kernel, blocks=blocks, scale=scale, has_bias=inputs.has_bias),
+            out_shape=(kv_shape, kv_shape),
+            grid=(blocks.batch, blocks.heads, blocks.nk, blocks.nq),
+            in_specs=inputs.specs(blocks, by_key),
+            out_specs=(blocks.kv_out_spec(by_key), blocks.kv_out_spec(by_key)),
+            scratch_shapes=[pltpu.VMEM((blocks.bk, blocks.head_dim), jnp.float32)] * 2,
+            compiler_params=compiler_params(*_PARALLEL),
+            name="flash_attention_backward_dkv",
+        )(*inputs.args())
+
+
+def _query_gradients(blocks, inputs, scale, bias_grad, interpret):
+    """(dq, dbias or None), padded: one query block per program, the key blocks its reduction;
+    dbias is the scores' gradient, [B, H, L, S]."""
+
+    def by_query(b, h, i, j):
+        return b, h, i, j
+
+    dq_shape = jax.ShapeDtypeStruct(inputs.q.shape, inputs.q.dtype)
+    dq_spec = blocks.q_spec(by_query)
+    out_shape, out_specs = (dq_shape,), (dq_spec,)
+    if bias_grad:
+        padded = (blocks.batch, blocks.heads, inputs.q.shape[2], inputs.k.shape[2])
+        out_shape += (jax.ShapeDtypeStruct(padded, jnp.float32),)
+        out_specs += (pl.BlockSpec((None, None, blocks.bq, blocks.bk), by_query),)
+    with interpret_mode(interpret):
+        dq, *dbias = pl.pallas_call(
+            functools.partial(
+                _dq_kernel, blocks=blocks, scale=scale, has_bias=inputs.has_bias, bias_grad=bias_grad
+            ),
+            out_shape=out_shape,
+            grid=(blocks.batch, blocks.heads, blocks.nq, blocks.nk),
+            in_specs=inputs.specs(blocks, by_query),
+            out_specs=out_specs,
+            scratch_shapes=[pltpu.VMEM((blocks.bq, blocks.head_dim), jnp.float32)],
+            compiler_params=compiler_params(*_PARALLEL),
+            name="flash_attention_backward_dq",
+        )(*inputs.args())
+    return dq, (dbias[0] if bias_grad else None)
+
+
+def _per_kv_head(blocks, g, like):
+    """A key/value head's gradient: the sum of those of the query heads that read it."""
+    g = g[:, :, : blocks.kv_len].reshape(blocks.batch, blocks.kv_heads, -1, *like.shape[2:])
+    return g.sum(2).astype(like.dtype)
+
+
+def _bias_gradient(blocks, dbias, bias):
+    """The scores' gradient summed down to the bias's shape (over its broadcast axes)."""
+    dbias = dbias[:, :, : blocks.q_len, : blocks.kv_len]
+    broadcast = tuple(a for a in (0, 1) if bias.shape[a] == 1)
+    return dbias.sum(broadcast, keepdims=True).astype(bias.dtype)
+
+
 def flash_attention_backward(
     q,
     k,
@@ -289,71 +391,15 @@ def flash_attention_backward(
     to the bias's shape here)."""
     blocks = _Blocks(q, k, bias, causal, block_q, block_k)
     scale = 1 / math.sqrt(blocks.head_dim) if scale is None else float(scale)
-    delta = jnp.sum(grad.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
-    q_p, k_p, v_p, bias_p, lse_p, delta_p, do_p = _pad_inputs(
-        blocks, q, k, v, bias, lse[..., None], delta, grad.astype(q.dtype)
+    inputs = _BackwardInputs.padded(blocks, q, k, v, bias, out, lse, grad)
+    dk, dv = _key_gradients(blocks, inputs, scale, interpret)
+    dq, dbias = _query_gradients(blocks, inputs, scale, bias_grad, interpret)
+    return (
+        dq[:, :, : blocks.q_len],
+        _per_kv_head(blocks, dk, k),
+        _per_kv_head(blocks, dv, v),
+        None if dbias is None else _bias_gradient(blocks, dbias, bias),
     )
-    inputs = (q_p, k_p, v_p, *_bias_args(bias_p), lse_p, delta_p, do_p)
-    has_bias = bias is not None
-
-    def specs(position):
-        return [
-            blocks.q_spec(position),
-            blocks.kv_spec(position),
-            blocks.kv_spec(position),
-            *([blocks.bias_spec(position)] if has_bias else []),
-            blocks.row_spec(position),
-            blocks.row_spec(position),
-            blocks.q_spec(position),
-        ]
-
-    # dk, dv: one key block per program, the query blocks its reduction (last grid axis)
-    def by_key(b, h, j, i):
-        return b, h, i, j
-
-    kv_shape = jax.ShapeDtypeStruct((blocks.batch, blocks.heads, *k_p.shape[2:]), jnp.float32)
-    with interpret_mode(interpret):
-        dk, dv = pl.pallas_call(
-            functools.partial(_dkv_kernel, blocks=blocks, scale=scale, has_bias=has_bias),
-            out_shape=(kv_shape, kv_shape),
-            grid=(blocks.batch, blocks.heads, blocks.nk, blocks.nq),
-            in_specs=specs(by_key),
-            out_specs=(blocks.kv_out_spec(by_key), blocks.kv_out_spec(by_key)),
-            scratch_shapes=[pltpu.VMEM((blocks.bk, blocks.head_dim), jnp.float32)] * 2,
-            compiler_params=compiler_params(*_PARALLEL),
-            name="flash_attention_backward_dkv",
-        )(*inputs)
-
-    def by_query(b, h, i, j):
-        return b, h, i, j
-
-    dq_shape = jax.ShapeDtypeStruct(q_p.shape, q.dtype)
-    dbias_shape = jax.ShapeDtypeStruct((blocks.batch, blocks.heads, q_p.shape[2], k_p.shape[2]), jnp.float32)
-    dbias_spec = pl.BlockSpec((None, None, blocks.bq, blocks.bk), lambda b, h, i, j: (b, h, i, j))
-    with interpret_mode(interpret):
-        dq, *dbias = pl.pallas_call(
-            functools.partial(_dq_kernel, blocks=blocks, scale=scale, has_bias=has_bias, bias_grad=bias_grad),
-            out_shape=(dq_shape, dbias_shape) if bias_grad else (dq_shape,),
-            grid=(blocks.batch, blocks.heads, blocks.nq, blocks.nk),
-            in_specs=specs(by_query),
-            out_specs=(blocks.q_spec(by_query), dbias_spec) if bias_grad else (blocks.q_spec(by_query),),
-            scratch_shapes=[pltpu.VMEM((blocks.bq, blocks.head_dim), jnp.float32)],
-            compiler_params=compiler_params(*_PARALLEL),
-            name="flash_attention_backward_dq",
-        )(*inputs)
-
-    # a key/value head's gradient sums those of the query heads that read it
-    def per_kv_head(g, like):
-        g = g[:, :, : blocks.kv_len].reshape(blocks.batch, blocks.kv_heads, -1, *like.shape[2:])
-        return g.sum(2).astype(like.dtype)
-
-    dbias_out = None
-    if bias_grad:
-        dbias_out = dbias[0][:, :, : blocks.q_len, : blocks.kv_len]
-        dbias_out = dbias_out.sum(tuple(a for a in (0, 1) if bias.shape[a] == 1), keepdims=True).astype(
-            bias.dtype
-        )
-    return dq[:, :, : blocks.q_len], per_kv_head(dk, k), per_kv_head(dv, v), dbias_out
 
 
 # ----------------------------------------------------------------------------- differentiable

@@ -535,6 +535,106 @@ def _cut(group: Sequence[Factor], start: int, length: int) -> tuple[Factor] | No
     return (Factor(length, group[0].padded),)
 
 
+class _Hull(NamedTuple):
+    """The logical storage reshaped so each view dim is one axis (outer first)."""
+
+    sizes: list[int]  # per axis, in logical positions
+    dims: list[int | None]  # per axis, the view dim it steps along (None: below the smallest stride)
+    real: list[int]  # the view's non-broadcast dims, in order
+    by_stride: list[int]  # the same, largest stride first
+
+
+def _hull(shape: tuple[int, ...], strides: tuple[int, ...], numel: int) -> _Hull | None:
+    """The sizes between the view's strides, largest first, and the innermost stride when above
+    1; None where the strides do not nest (overlapping elements, a dim longer than its room)."""
+    real = [d for d, n in enumerate(shape) if n != 1 and strides[d] != 0]
+    by_stride = sorted(real, key=lambda d: -strides[d])
+    sizes, dims, outer = [], [], numel
+    for d in by_stride:
+        s = strides[d]
+        if s <= 0 or outer % s or outer // s < shape[d]:
+            return None
+        sizes.append(outer // s)
+        dims.append(d)
+        outer = s
+    if outer > 1 or not sizes:
+        sizes.append(outer)
+        dims.append(None)
+    return _Hull(sizes, dims, real, by_stride)
+
+
+def _hull_starts(sizes: list[int], offset: int) -> list[int] | None:
+    """``offset`` as a position in the hull (outer first); None past its end."""
+    starts, rest = [], offset
+    for n in reversed(sizes):
+        starts.append(rest % n)
+        rest //= n
+    if rest:
+        return None
+    starts.reverse()
+    return starts
+
+
+class _AxisReads(NamedTuple):
+    """How the view reads each hull axis of the padded array."""
+
+    slices: list[tuple[int, int]]  # per axis: (start, stop) in padded positions
+    kept: list[int]  # the axes that are view dims (others are indexed at start)
+    tails: list[int]  # per axis: padding appended after the slice (a cut's start)
+    dims: dict[int, tuple[Factor, ...]]  # view dim -> its factors in the view's layout
+
+
+def _axis_reads(groups, hull: _Hull, shape: tuple[int, ...], starts: list[int]) -> _AxisReads | None:
+    """Each axis's read: whole, cut from a fixed start (:func:`_cut`), or a static range; None
+    where the view cuts into a dynamic factor any other way (an index into it, ``x[:, -1]``)."""
+    slices, kept, tails, dims = [], [], [], {}
+    for axis, (group, d, start) in enumerate(zip(groups, hull.dims, starts)):
+        length = 1 if d is None else shape[d]
+        size = hull.sizes[axis]
+        if start + length > size:
+            return None
+        whole = d is not None and start == 0 and length == size
+        cut = _cut(group, start, length) if d is not None and not whole else None
+        if (
+            not whole
+            and cut is None
+            and any(f.bucket is not None and (d is not None or f.size > 1) for f in group)
+        ):
+            return None  # (a cut into a merged dynamic dim; a factor of size 1 is indexed at 0 below)
+        slices.append(_padded_range(group, start, length, whole, cut))
+        tails.append(start if cut is not None else 0)
+        if d is not None:
+            kept.append(axis)
+            dims[d] = tuple(group) if whole else cut or static_dim(length)
+    return _AxisReads(slices, kept, tails, dims)
+
+
+def _padded_range(group: Sequence[Factor], start: int, length: int, whole: bool, cut) -> tuple[int, int]:
+    """(start, stop) in padded positions of one axis's read: all of it, a cut's padded axis from
+    its start on, or the padded positions of a static range."""
+    if whole:
+        return 0, math.prod(f.padded for f in group)
+    if cut is not None:
+        return start, group[0].padded
+    first = _padded_position(group, start)
+    return first, first + length
+
+
+def _view_plan(shape: tuple[int, ...], hull: _Hull, groups, reads: _AxisReads) -> tuple[ViewPlan, Layout]:
+    """The plan and the view's layout, broadcast dims (stride 0) static."""
+    view_layout = Layout(tuple(reads.dims.get(d, static_dim(n)) for d, n in enumerate(shape)))
+    plan = ViewPlan(
+        hull=tuple(math.prod(f.padded for f in g) for g in groups),
+        slices=tuple(reads.slices),
+        kept=tuple(reads.kept),
+        order=tuple(hull.by_stride.index(d) for d in hull.real),
+        shape=view_layout.padded_shape,
+        broadcast=tuple(d for d in range(len(shape)) if d not in reads.dims),
+        tails=tuple(reads.tails) if any(reads.tails) else (),
+    )
+    return plan, view_layout
+
+
 def plan_view(layout: Layout, shape: Sequence[int], strides: Sequence[int], offset: int) -> tuple | None:
     """(:class:`ViewPlan`, the view's :class:`Layout`) for the view (``shape``, ``strides``,
     ``offset``, in elements of the logical storage ``layout`` describes), or None where the view
@@ -549,65 +649,17 @@ def plan_view(layout: Layout, shape: Sequence[int], strides: Sequence[int], offs
     numel = math.prod(layout.shape)
     if 0 in shape or numel == 0:
         return None
-    real = [d for d, n in enumerate(shape) if n != 1 and strides[d] != 0]
-    by_stride = sorted(real, key=lambda d: -strides[d])
-    hull, steps, outer = [], [], numel
-    for d in by_stride:
-        s = strides[d]
-        if s <= 0 or outer % s or outer // s < shape[d]:
-            return None
-        hull.append(outer // s)
-        steps.append(d)
-        outer = s
-    if outer > 1 or not hull:
-        hull.append(outer)
-        steps.append(None)
-    groups = _regroup(layout.factors, hull)
+    hull = _hull(shape, strides, numel)
+    if hull is None:
+        return None
+    groups = _regroup(layout.factors, hull.sizes)
     if groups is None:
         return None
-    coords, rest = [], offset
-    for n in reversed(hull):
-        coords.append(rest % n)
-        rest //= n
-    if rest:
+    starts = _hull_starts(hull.sizes, offset)
+    if starts is None:
         return None
-    dims, slices, kept, tails = {}, [], [], []
-    for axis, (group, d, start) in enumerate(zip(groups, steps, reversed(coords))):
-        length = 1 if d is None else shape[d]
-        if start + length > hull[axis]:
-            return None
-        whole = d is not None and start == 0 and length == hull[axis]
-        cut = _cut(group, start, length) if d is not None and not whole else None
-        if (
-            not whole
-            and cut is None
-            and any(f.bucket is not None and (d is not None or f.size > 1) for f in group)
-        ):
-            return None  # (a cut into a merged dynamic dim; a factor of size 1 is indexed at 0 below)
-        if whole:
-            slices.append((0, math.prod(f.padded for f in group)))
-        elif cut is not None:
-            slices.append((start, group[0].padded))
-        else:
-            first = _padded_position(group, start)
-            slices.append((first, first + length))
-        tails.append(start if cut is not None else 0)
-        if d is not None:
-            kept.append(axis)
-            dims[d] = tuple(group) if whole else cut or static_dim(length)
-    view_layout = Layout(tuple(dims.get(d, static_dim(n)) for d, n in enumerate(shape)))
-    order = tuple(by_stride.index(d) for d in sorted(real))
-    inserted = tuple(d for d in range(len(shape)) if d not in dims)
-    plan = ViewPlan(
-        tuple(math.prod(f.padded for f in g) for g in groups),
-        tuple(slices),
-        tuple(kept),
-        order,
-        view_layout.padded_shape,
-        inserted,
-        tuple(tails) if any(tails) else (),
-    )
-    return plan, view_layout
+    reads = _axis_reads(groups, hull, shape, starts)
+    return None if reads is None else _view_plan(shape, hull, groups, reads)
 
 
 def read_padded(value: Padded, shape, strides, offset: int) -> Padded | None:

@@ -284,57 +284,83 @@ def _elementwise_strides(shape: tuple, operands: tuple) -> tuple | None:
     shape all contiguous, all channels-last, or all dense with equal strides), else
     ``compute_strides`` + ``reorder_dimensions`` + ``allocate_or_resize_outputs``."""
     ndim = len(shape)
-    operands = [
-        o
-        for o in operands
-        if len(o[0]) <= ndim and all(n in (1, m) for n, m in zip(o[0], shape[ndim - len(o[0]) :]))
-    ]
+    operands = [o for o in operands if _broadcasts_to(o[0], shape)]
     if ndim <= 1 or not operands:
         return None
     if all(o[0] == shape for o in operands):
-        layouts = [torch.empty_strided(o[0], o[1], device="meta") for o in operands]
-        if all(t.is_contiguous() for t in layouts):
-            return None
-        if all(t.is_contiguous(memory_format=torch.channels_last) for t in layouts):
-            return torch.empty(shape, device="meta", memory_format=torch.channels_last).stride()
-        if len({o[1] for o in operands}) == 1 and _permutation_of_dense(shape, operands[0][1]):
-            return operands[0][1]
-    # byte strides after broadcasting (a broadcast dimension's is 0: it orders nothing)
-    byte_strides = []
-    for op_shape, op_strides, itemsize in operands:
-        offset = ndim - len(op_shape)
-        byte_strides.append(
-            [0] * offset
-            + [
-                0 if n == 1 and shape[offset + i] != 1 else s * itemsize
-                for i, (n, s) in enumerate(zip(op_shape, op_strides))
-            ]
-        )
+        strides = _fast_setup_strides(shape, operands)
+        if strides is not _NO_FAST_SETUP:
+            return strides
+    perm = _dimension_order(shape, [_broadcast_byte_strides(shape, *o) for o in operands])
+    return None if perm == list(reversed(range(ndim))) else _dense_strides(shape, perm)
 
-    def should_swap(dim0: int, dim1: int) -> int:
-        for strides in byte_strides:
-            s0, s1 = strides[dim0], strides[dim1]
-            if s0 == 0 or s1 == 0:
-                continue
-            if s0 != s1:
-                return -1 if s0 < s1 else 1
-            if shape[dim0] > shape[dim1]:
-                return 1
-        return 0
 
-    perm = list(reversed(range(ndim)))  # fastest-moving dimension first
-    for i in range(1, ndim):  # insertion sort that tolerates ambiguous comparisons
+def _broadcasts_to(op_shape: tuple, shape: tuple) -> bool:
+    ndim = len(shape)
+    return len(op_shape) <= ndim and all(n in (1, m) for n, m in zip(op_shape, shape[ndim - len(op_shape) :]))
+
+
+#: :func:`_fast_setup_strides`'s answer when no fast setup applies
+_NO_FAST_SETUP = object()
+
+
+def _fast_setup_strides(shape: tuple, operands: list):
+    """TensorIterator's fast setup for operands all of the output's ``shape``: None when all
+    are contiguous, channels-last strides when all are channels-last, their strides when all
+    share one dense layout, else :data:`_NO_FAST_SETUP`."""
+    layouts = [torch.empty_strided(o[0], o[1], device="meta") for o in operands]
+    if all(t.is_contiguous() for t in layouts):
+        return None
+    if all(t.is_contiguous(memory_format=torch.channels_last) for t in layouts):
+        return torch.empty(shape, device="meta", memory_format=torch.channels_last).stride()
+    if len({o[1] for o in operands}) == 1 and _permutation_of_dense(shape, operands[0][1]):
+        return operands[0][1]
+    return _NO_FAST_SETUP
+
+
+def _broadcast_byte_strides(shape: tuple, op_shape: tuple, op_strides: tuple, itemsize: int) -> list:
+    """An operand's strides in bytes over the output's dimensions (a broadcast dimension's is
+    0: it orders nothing)."""
+    offset = len(shape) - len(op_shape)
+    return [0] * offset + [
+        0 if n == 1 and shape[offset + i] != 1 else s * itemsize
+        for i, (n, s) in enumerate(zip(op_shape, op_strides))
+    ]
+
+
+def _dimension_order(shape: tuple, byte_strides: list) -> list:
+    """The output's dimensions, fastest-moving first (``reorder_dimensions``): an insertion sort
+    by the operands' strides that tolerates ambiguous comparisons."""
+    perm = list(reversed(range(len(shape))))
+    for i in range(1, len(shape)):
         dim1 = i
         for dim0 in reversed(range(i)):
-            comparison = should_swap(perm[dim0], perm[dim1])
+            comparison = _compare_dims(shape, byte_strides, perm[dim0], perm[dim1])
             if comparison > 0:
                 perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
                 dim1 = dim0
             elif comparison < 0:
                 break
-    if perm == list(reversed(range(ndim))):
-        return None
-    strides, step = [0] * ndim, 1
+    return perm
+
+
+def _compare_dims(shape: tuple, byte_strides: list, dim0: int, dim1: int) -> int:
+    """1 when ``dim0`` moves slower than ``dim1`` (swap them), -1 when faster, 0 when no
+    operand tells them apart (the first operand that does, with nonzero strides on both, decides)."""
+    for strides in byte_strides:
+        s0, s1 = strides[dim0], strides[dim1]
+        if s0 == 0 or s1 == 0:
+            continue
+        if s0 != s1:
+            return -1 if s0 < s1 else 1
+        if shape[dim0] > shape[dim1]:
+            return 1
+    return 0
+
+
+def _dense_strides(shape: tuple, perm: list) -> tuple:
+    """Dense strides laying out the dimensions in ``perm`` order, the first the fastest."""
+    strides, step = [0] * len(shape), 1
     for d in perm:
         strides[d] = step
         step *= shape[d]

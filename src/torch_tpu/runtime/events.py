@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from .. import config
 from .flags import flags
+from .library_dirs import USER_DIRS, library_dirs
 
 _log = logging.getLogger("torch_tpu")
 
@@ -89,27 +90,20 @@ def tell(kind: str, detail: str) -> None:
         listener(event)
 
 
-_PACKAGE = os.path.dirname(os.path.dirname(__file__))
-#: the demo and testing helpers: user-level code shipped in the package (a line to blame)
-_USER_DIRS = tuple(os.path.join(_PACKAGE, d) for d in ("demo", "testing"))
-
-
 @functools.cache
-def _library_dirs() -> tuple[str, ...]:
-    """torch_tpu, torch and jax: never the line to blame (imported when first asked)."""
-    import jax
-    import torch
-
-    return (_PACKAGE, os.path.dirname(jax.__file__), "<frozen", os.path.dirname(torch.__file__))
+def _skipped() -> tuple[str, ...]:
+    """Where the files never blamed start: the library folders' names without their separator
+    (so ``jaxlib``, ``torchvision`` too) and Python's frozen bootstrap."""
+    return (*(d[: -len(os.sep)] for d in library_dirs()), "<frozen")
 
 
 def user_line() -> str:
     """The innermost caller outside torch_tpu, torch and jax: the line to blame for an op."""
-    skip = _library_dirs()
+    skip = _skipped()
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith(skip) or name.startswith(_USER_DIRS):
+        if not name.startswith(skip) or name.startswith(USER_DIRS):
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"

@@ -44,6 +44,7 @@ from . import events, platform, transfer
 from .buffer import ARRAY_TYPE, Padded, apply, register_unpad
 from .context import context
 from .host_copies import host_copy, keep_host_copy
+from .library_dirs import USER_DIRS, library_dirs
 from .lru import Kind, caches
 
 # ----------------------------------------------------------------------------- buckets
@@ -330,7 +331,6 @@ live = False
 _sites = caches.lru("padding.sites", Kind.SIZES)
 #: code object -> what its frames are to :func:`user_call_site` (:func:`_frame_kind`)
 _library_code: dict = {}
-_LIBRARY_ROOTS: tuple[str, ...] = ()
 #: torch's frames a call may come through and still be the user's: a module's forward and the
 #: functional API it calls (any other torch frame, a module's ``__init__``, ``Module.to``'s
 #: ``_apply``, the autograd engine, the optimizers, a test helper, makes many different tensors
@@ -345,34 +345,20 @@ _THROUGH = {
 }
 
 
-def _library_roots() -> tuple[str, ...]:
-    global _LIBRARY_ROOTS
-    if not _LIBRARY_ROOTS:
-        import os
-
-        import torch
-
-        package = os.path.dirname(os.path.dirname(__file__))  # (torch_tpu's)
-        roots = (os.path.dirname(torch.__file__), package, os.path.dirname(jax.__file__))
-        _LIBRARY_ROOTS = tuple(root + os.sep for root in roots)
-    return _LIBRARY_ROOTS
-
-
 def _frame_kind(code) -> str:
     """``"user"``, ``"through"`` (a library frame a user's call may come through) or ``"stop"``."""
     kind = _library_code.get(code)
     if kind is None:
-        torch_root, tpu_root, jax_root = _library_roots()
+        libraries = library_dirs()
         name = code.co_filename
-        if name.startswith(tpu_root):
-            user = name.startswith((tpu_root + "demo", tpu_root + "testing"))
-            kind = "user" if user else "through"
-        elif name.startswith(torch_root):
-            relative = name[len(torch_root) :].replace("\\", "/")
+        if name.startswith(libraries.torch_tpu):
+            kind = "user" if name.startswith(USER_DIRS) else "through"
+        elif name.startswith(libraries.torch):
+            relative = name[len(libraries.torch) :].replace("\\", "/")
             allowed = _THROUGH.get(relative, ())
             forward = relative.startswith("nn/modules/") and code.co_name == "forward"
             kind = "through" if forward or allowed is None or code.co_name in allowed else "stop"
-        elif name.startswith(jax_root):
+        elif name.startswith(libraries.jax):
             kind = "through"
         else:
             kind = "user"

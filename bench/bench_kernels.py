@@ -4,14 +4,18 @@ same computation op by op on tpu and PyTorch on CPU, in one run: medians and rat
 Strict eager runs the op-by-op version as one XLA program per op; the ``jax_op`` is one program
 whatever its size. Usage::
 
-    python bench/bench_kernels.py            # all shapes
-    python bench/bench_kernels.py --quick    # fewer rounds
+    python bench/bench_kernels.py               # all shapes
+    python bench/bench_kernels.py --quick       # fewer rounds
+    python bench/bench_kernels.py --markdown    # the table as Markdown, for docs/benchmarks.md
+    python bench/bench_kernels.py --write-docs  # ... written into its section there
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import NamedTuple
 
+import _docs
 import jax
 import jax.numpy as jnp
 import torch
@@ -21,6 +25,7 @@ import torch_tpu
 from torch_tpu.pallas import jax_op
 
 EPS = 1e-6
+SHAPES = ((8, 512), (64, 1024), (512, 4096))
 
 
 @jax_op("bench_kernels::rms_norm")
@@ -37,42 +42,76 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + EPS) * weight.float()).to(x.dtype)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
-    rounds = 3 if parser.parse_args().quick else 7
-    print(f"device: {torch.tpu.get_device_name()}")
-    print(
+class Row(NamedTuple):
+    """One shape's median seconds a call, per contender."""
+
+    shape: tuple[int, ...]
+    jax_op: float
+    op_by_op: float
+    cpu: float
+
+
+def measure(shape: tuple[int, ...], rounds: int) -> Row:
+    """Median seconds a call at ``shape``, once the jax_op is checked against CPU's result."""
+    x, w = torch.randn(*shape), torch.randn(shape[-1])
+    xt, wt = x.to("tpu"), w.to("tpu")
+    torch.testing.assert_close(rms_norm(xt, wt).cpu(), rms_norm_torch(x, w))
+    last: list = [None]  # (the result is held, so the sync waits for it)
+
+    def held(fn, *args):
+        def run():
+            last[0] = fn(*args)
+
+        return run
+
+    median = compare(
+        {
+            "jax_op": (held(rms_norm, xt, wt), torch_tpu.sync),
+            "op by op": (held(rms_norm_torch, xt, wt), torch_tpu.sync),
+            "cpu": (held(rms_norm_torch, x, w), no_sync),
+        },
+        calls=20,
+        rounds=rounds,
+    )
+    return Row(shape, median["jax_op"], median["op by op"], median["cpu"])
+
+
+def table(rows: list[Row], markdown: bool) -> str:
+    """The medians and their ratios to the jax_op's, as plain columns or Markdown."""
+    if markdown:
+        lines = [
+            "| shape | jax_op | op by op | cpu | op by op / jax_op | cpu / jax_op |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r.shape} | {r.jax_op * 1e6:.0f} us | {r.op_by_op * 1e6:.0f} us | {r.cpu * 1e6:.0f} us "
+            f"| {r.op_by_op / r.jax_op:.2f} | {r.cpu / r.jax_op:.2f} |"
+            for r in rows
+        ]
+        return "\n".join(lines)
+    lines = [
         f"{'shape':>14} {'jax_op':>10} {'op by op':>10} {'cpu':>10} "
         f"{'op by op/jax_op':>16} {'cpu/jax_op':>11}"
-    )
-    for shape in ((8, 512), (64, 1024), (512, 4096)):
-        x, w = torch.randn(*shape), torch.randn(shape[-1])
-        xt, wt = x.to("tpu"), w.to("tpu")
-        torch.testing.assert_close(rms_norm(xt, wt).cpu(), rms_norm_torch(x, w))
-        last: list = [None]  # (the result is held, so the sync waits for it)
+    ]
+    lines += [
+        f"{str(r.shape):>14} {r.jax_op * 1e6:>8.0f}us {r.op_by_op * 1e6:>8.0f}us {r.cpu * 1e6:>8.0f}us "
+        f"{r.op_by_op / r.jax_op:>16.2f} {r.cpu / r.jax_op:>11.2f}"
+        for r in rows
+    ]
+    return "\n".join(lines)
 
-        def held(fn, *args):
-            def run():
-                last[0] = fn(*args)
 
-            return run
-
-        median = compare(
-            {
-                "jax_op": (held(rms_norm, xt, wt), torch_tpu.sync),
-                "op by op": (held(rms_norm_torch, xt, wt), torch_tpu.sync),
-                "cpu": (held(rms_norm_torch, x, w), no_sync),
-            },
-            calls=20,
-            rounds=rounds,
-        )
-        fused = median["jax_op"]
-        print(
-            f"{str(shape):>14} {fused * 1e6:>8.0f}us {median['op by op'] * 1e6:>8.0f}us "
-            f"{median['cpu'] * 1e6:>8.0f}us {median['op by op'] / fused:>16.2f} "
-            f"{median['cpu'] / fused:>11.2f}"
-        )
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    _docs.add_flag(parser)
+    args = parser.parse_args(argv)
+    rounds = 3 if args.quick else 7
+    print(f"device: {torch.tpu.get_device_name()}")
+    rows = [measure(shape, rounds) for shape in SHAPES]
+    with _docs.section("kernels", args):
+        print(table(rows, args.markdown))
 
 
 if __name__ == "__main__":

@@ -168,19 +168,23 @@ def _quick_compiles():
     optimization (``compiler.optimized``). Set through ``XLA_FLAGS`` while JAX's backend starts in
     this block (not left for child processes, which decide for themselves)."""
     global quick_compiles
-    xla_flags = os.environ.get("XLA_FLAGS")
-    if not config.quick_compile or "xla_backend_optimization_level" in (xla_flags or "") or not stand_in_is_cpu():
+    before = os.environ.get("XLA_FLAGS")
+    if (
+        not config.quick_compile
+        or "xla_backend_optimization_level" in (before or "")
+        or not stand_in_is_cpu()
+    ):
         yield  # (off, or the user's own level)
         return
-    os.environ["XLA_FLAGS"] = " ".join(filter(None, (xla_flags, *_QUICK_FLAGS)))
+    os.environ["XLA_FLAGS"] = " ".join(filter(None, (before, *_QUICK_FLAGS)))
     try:
         yield
         quick_compiles = True
     finally:
-        if xla_flags is None:
+        if before is None:
             del os.environ["XLA_FLAGS"]
         else:
-            os.environ["XLA_FLAGS"] = xla_flags
+            os.environ["XLA_FLAGS"] = before
 
 
 def _count_disk_hit(event: str, **_: object) -> None:

@@ -124,7 +124,8 @@ class TpuPlatform(Platform):
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
-        raise NotImplementedError("LoRA is not supported on tpu.")
+        # LoRA's batched matmuls as plain torch ops (vLLM's own, for CPU), which tpu lowers
+        return "torch_tpu.integrations.vllm.lora.TpuPunicaWrapper"
 
     @classmethod
     def use_custom_op_collectives(cls) -> bool:
@@ -142,7 +143,7 @@ class TpuPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        from vllm.config import CompilationMode
+        from vllm.config import CompilationMode, CUDAGraphMode
 
         cache_config = vllm_config.cache_config
         if not cache_config.user_specified_block_size:
@@ -168,6 +169,13 @@ class TpuPlatform(Platform):
         vllm_config.scheduler_config.async_scheduling = False
 
         compilation = vllm_config.compilation_config
+        if vllm_config.lora_config is not None:
+            # LoRA's Punica ops (vLLM's CPU wrapper) choose their path in Python from each step's
+            # adapters: a compiled piece or a replayed step would keep the first step's choice
+            # (no adapter) and ignore every adapter after it. The model runs in fused eager, as
+            # vLLM's CPU backend runs it with LoRA.
+            compilation.mode = CompilationMode.NONE
+            compilation.cudagraph_mode = CUDAGraphMode.NONE
         if compilation.mode in (CompilationMode.STOCK_TORCH_COMPILE, CompilationMode.DYNAMO_TRACE_ONCE):
             # These compile the whole model as one graph, attention included; attention reads
             # its per-step metadata from vLLM's forward context, not from the graph's inputs, so

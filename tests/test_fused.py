@@ -644,6 +644,40 @@ def test_the_core_records_nodes_returning_lists_and_tuples_with_none(monkeypatch
             assert not by_python if in_core else by_python
 
 
+@pytest.mark.skipif(not flags.record_in_core, reason="needs the C++ runtime core")
+def test_the_core_refuses_node_entries_it_would_misread(monkeypatch):
+    """The C++ core reads a template's NodeEntry by field position: ``configure_fused`` refuses
+    an entry record whose fields are not the ones it reads, before it takes anything, and the
+    core keeps recording repeated nodes."""
+    from typing import NamedTuple
+
+    from torch_tpu.runtime import buffer, checks, native
+
+    fused = execution.fused
+    fields = fused.NodeEntry._fields
+    Reordered = NamedTuple("NodeEntry", [(name, object) for name in (*fields[1:], fields[0])])
+    with pytest.raises(TypeError, match="NodeEntry's fields"):
+        native._C.configure_fused(
+            vars(fused), vars(checks), buffer.Deferred, buffer.StridedView, buffer.ARRAY_TYPE,
+            jax.Array, Reordered,
+        )  # fmt: skip
+    in_python = []
+    record = fused.Graph.record
+
+    def counted(self, fn, args, kwargs, name, *rest):
+        in_python.append(name)
+        return record(self, fn, args, kwargs, name, *rest)
+
+    monkeypatch.setattr(fused.Graph, "record", counted)
+    x = torch.arange(12.0).reshape(3, 4)
+    with torch_tpu.eager_mode("fused"):
+        for _ in range(3):
+            in_python.clear()
+            y = ((x.to("tpu") + 1) * 2 - 3).sum(0)  # (every graph starts on this line)
+            torch.testing.assert_close(y.cpu(), ((x + 1) * 2 - 3).sum(0))
+    assert len(in_python) == 1  # the graph's first op: the rest repeat the template's, in the core
+
+
 # ----------------------------------------------------------------------------- background compiles
 @pytest.fixture
 def in_background(fresh_churn):

@@ -39,6 +39,7 @@ struct FusedState {
   PyTypeObject* deferred = nullptr;  // buffer.Deferred
   PyTypeObject* strided = nullptr;  // buffer.StridedView
   PyTypeObject* array = nullptr;  // jax's concrete array type
+  PyTypeObject* entry = nullptr;  // fused.NodeEntry: a template's entries
   PyObject* jax_array = nullptr;  // jax.Array: any other array is Python's to record
   PyObject* open = nullptr;  // fused._OPEN
   PyObject* now = nullptr;  // fused._NOW
@@ -54,6 +55,11 @@ struct FusedState {
   Py_ssize_t buf = 0, start = 0, view_shape = 0, strides = 0;
 };
 FusedState F;
+
+// The fields of fused.NodeEntry (a NamedTuple: a tuple, read by position here), in its order;
+// configure_fused refuses a NodeEntry declared with others.
+enum EntryField : Py_ssize_t { kEntryNode, kEntryBuilt, kEntryAvals, kEntrySignature, kEntryKey, kEntryFields };
+constexpr const char* kEntryFieldNames[kEntryFields] = {"node", "built", "avals", "signature", "key"};
 
 // names read (PythonNames.h)
 struct Names {
@@ -389,16 +395,16 @@ PyObject* template_entry(PyObject* templ, Py_ssize_t node, PyObject* key) {
     return nullptr;
   }
   PyObject* entry = PyList_GET_ITEM(templ, node);
-  if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 5) {
+  if (Py_TYPE(entry) != F.entry) {
     return nullptr;
   }
-  const int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(entry, 4), key, Py_EQ);
+  const int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(entry, kEntryKey), key, Py_EQ);
   if (same <= 0) {
     PyErr_Clear();  // (Python compares again, and raises if it must)
     return nullptr;
   }
-  PyObject* built = PyTuple_GET_ITEM(entry, 1);
-  PyObject* avals = PyTuple_GET_ITEM(entry, 2);
+  PyObject* built = PyTuple_GET_ITEM(entry, kEntryBuilt);
+  PyObject* avals = PyTuple_GET_ITEM(entry, kEntryAvals);
   if (!PyList_Check(avals) || PyList_GET_SIZE(avals) == 0 || (built == Py_None && PyList_GET_SIZE(avals) != 1)) {
     return nullptr;
   }
@@ -487,9 +493,9 @@ PyObject* record_repeated(PyObject* graph, PyObject* fn, PyObject* args, PyObjec
     return not_implemented();
   }
   // the node repeats its template's: append it as Graph.record does
-  PyObject* node_spec = PyTuple_GET_ITEM(entry, 0);
-  PyObject* built = PyTuple_GET_ITEM(entry, 1);
-  PyObject* avals = PyTuple_GET_ITEM(entry, 2);
+  PyObject* node_spec = PyTuple_GET_ITEM(entry, kEntryNode);
+  PyObject* built = PyTuple_GET_ITEM(entry, kEntryBuilt);
+  PyObject* avals = PyTuple_GET_ITEM(entry, kEntryAvals);
   auto spec_key = attr(node_spec, N.key);
   auto leaf_avals = attr(graph, N.leaf_avals), interned = attr(graph, N.interned);
   auto entries = attr(graph, N.entries), positions = attr(graph, N.positions);
@@ -537,7 +543,7 @@ PyObject* record_repeated(PyObject* graph, PyObject* fn, PyObject* args, PyObjec
   }
   if (PyList_Append(nodes.ptr(), spec_key.ptr()) != 0 || PyList_Append(interned.ptr(), node_spec) != 0 ||
       PyList_Append(entries.ptr(), entry) != 0 || PyList_Append(positions.ptr(), seen.ptr()) != 0 ||
-      PyList_Append(signatures.ptr(), PyTuple_GET_ITEM(entry, 3)) != 0 ||
+      PyList_Append(signatures.ptr(), PyTuple_GET_ITEM(entry, kEntrySignature)) != 0 ||
       PyList_Append(taints.ptr(), depends.ptr()) != 0 ||
       (claimed && PyList_SetSlice(unclaimed.ptr(), 0, claimed, nullptr) != 0)) {
     return nullptr;
@@ -552,16 +558,35 @@ PyObject* record_repeated(PyObject* graph, PyObject* fn, PyObject* args, PyObjec
 
 namespace {
 
+// Refuse a fused.NodeEntry whose fields are not kEntryFieldNames, in that order (or that is no
+// tuple: its fields are read as a tuple's items).
+void check_entry_fields(py::handle entry) {
+  bool same = PyType_Check(entry.ptr()) &&
+      PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(entry.ptr()), &PyTuple_Type) && py::hasattr(entry, "_fields");
+  py::tuple fields = same ? py::tuple(entry.attr("_fields")) : py::tuple();
+  same = same && fields.size() == static_cast<size_t>(kEntryFields);
+  for (size_t i = 0; same && i < fields.size(); ++i) {
+    same = fields[i].cast<std::string>() == kEntryFieldNames[i];
+  }
+  if (!same) {
+    throw py::type_error(
+        "configure_fused: fused.NodeEntry's fields are not the ones FusedRecord.cpp reads (kEntryFieldNames): "
+        "rebuild it (pip install -e .)");
+  }
+}
+
 void configure_fused(
     py::dict fused,
     py::dict checks,
     py::handle deferred,
     py::handle strided,
     py::handle array,
-    py::handle jax_array) {
+    py::handle jax_array,
+    py::handle entry) {
   if (!PyType_Check(deferred.ptr()) || !PyType_Check(strided.ptr()) || !PyType_Check(array.ptr())) {
     throw py::type_error("configure_fused takes Deferred, StridedView and jax's array type");
   }
+  check_entry_fields(entry);
   // (new_deferred sets every slot Deferred.__init__ sets: a Deferred with other slots is refused)
   py::object slots = py::reinterpret_borrow<py::object>(deferred).attr("__slots__");
   py::object expected = py::make_tuple(
@@ -575,6 +600,7 @@ void configure_fused(
   F.strided = reinterpret_cast<PyTypeObject*>(strided.inc_ref().ptr());
   F.array = reinterpret_cast<PyTypeObject*>(array.inc_ref().ptr());
   F.jax_array = jax_array.inc_ref().ptr();
+  F.entry = reinterpret_cast<PyTypeObject*>(entry.inc_ref().ptr());
   auto global = [&](Name name) { return py::object(fused[py::handle(python_name(name))]).release().ptr(); };
   F.open = global(Name::fused_open);
   F.now = global(Name::fused_now);

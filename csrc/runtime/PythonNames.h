@@ -7,7 +7,7 @@
 // torch_tpu.runtime.native.check_python_names() checks at initialization that each owner has
 // its name, naming any that is missing. (The fields of the plan records, read by position, are
 // checked by configure_plans against ops/dispatch/plans.py: PlannedKernel.cpp's kRecordFields;
-// the order of Deferred.__slots__ by configure_fused.)
+// the order of Deferred.__slots__ and fused.NodeEntry's fields by configure_fused.)
 #pragma once
 
 #include <Python.h>

@@ -35,7 +35,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -128,6 +128,10 @@ explain = events.explain
 
 
 # ----------------------------------------------------------------------------- node specs
+#: How a node's argument enters the graph, a spec: ``(_LEAF, leaf index)``, ``(_NODE, node
+#: index, output index)``, ``(_STATIC, value, its key)``, ``(_SEQ, list or tuple, item specs)``,
+#: ``(_VIEW, storage's spec, start's spec or None, shape, strides)``. Plain tuples: the C++ core
+#: builds one per argument of every op it records (``PyTuple_New``), which a class would slow.
 _LEAF, _NODE, _STATIC, _SEQ, _VIEW = range(5)
 _STRIDED = buffer.StridedView
 _ARRAY = buffer.ARRAY_TYPE
@@ -136,15 +140,27 @@ _ARRAY = buffer.ARRAY_TYPE
 _shapes = caches.lru("fused.shapes", Kind.TRACES)
 
 
+class NodeCall(NamedTuple):
+    """A recorded node's program, with no arrays in it (inputs are leaf indices), so it doubles
+    as the node's part of the fingerprint (hashed and compared as a tuple)."""
+
+    fn: Callable
+    arg_specs: tuple
+    #: ((keyword, spec), ...)
+    kw_specs: tuple
+    #: the float32 matmul precision's JAX name (None: "highest")
+    matmul_precision: Any
+
+
 class _Node:
-    """A recorded node, (fn, arg specs, kwarg specs, matmul precision), shared by every graph
-    that records that op the same way (see ``_nodes``): a graph's fingerprint then hashes one
-    cached hash per node, and meets the same objects again when it is looked up (compared by
-    identity; by content only where ``_nodes`` forgot one in between)."""
+    """A recorded node's :class:`NodeCall`, shared by every graph that records that op the same
+    way (see ``_nodes``): a graph's fingerprint then hashes one cached hash per node, and meets
+    the same objects again when it is looked up (compared by identity; by content only where
+    ``_nodes`` forgot one in between)."""
 
     __slots__ = ("key", "_hash")
 
-    def __init__(self, key: tuple):
+    def __init__(self, key: NodeCall):
         self.key, self._hash = key, hash(key)
 
     def __hash__(self) -> int:
@@ -154,8 +170,24 @@ class _Node:
         return self is other or (type(other) is _Node and self._hash == other._hash and self.key == other.key)
 
 
-#: (fn, input signature, arg specs, kwarg specs, matmul precision) -> (its _Node, output treedef,
-#: output avals, (fn, input signature), the key itself): what ``_shapes`` holds, and the node, in
+class NodeEntry(NamedTuple):
+    """What a graph keeps per recorded node (``_nodes``' values, a template's items). The C++
+    core reads these fields by position (``FusedRecord.cpp``'s ``kEntryFieldNames``;
+    ``configure_fused`` checks they agree) and compares ``key`` with the key it builds."""
+
+    node: _Node
+    #: how the outputs become the function's result (:func:`_outputs_built_by`)
+    built: Any
+    #: the outputs' avals (``buffer.aval_of``)
+    avals: list
+    #: (fn, input signature): the node's key in ``_shapes``, and its signature for churn
+    signature: tuple
+    #: ((fn, input signature), arg specs, kwarg specs, matmul precision): its key in ``_nodes``
+    key: tuple
+
+
+#: ((fn, input signature), arg specs, kwarg specs, matmul precision) -> its :class:`NodeEntry`:
+#: what ``_shapes`` holds, and the node, in
 #: one lookup per recorded op; a graph keeps these objects, not the ones built to look them up
 #: (fewer objects alive per recorded op: fewer garbage collections)
 _nodes = caches.lru("fused.nodes", Kind.TRACES)
@@ -281,10 +313,9 @@ def _program(nodes: list, outputs: tuple) -> Callable:
     return run
 
 
-def _specs_of(node: tuple) -> Iterator[tuple]:
-    _, arg_specs, kw_specs, _ = node
-    yield from arg_specs
-    for _, spec in kw_specs:
+def _specs_of(node: NodeCall) -> Iterator[tuple]:
+    yield from node.arg_specs
+    for _, spec in node.kw_specs:
         yield spec
 
 
@@ -316,12 +347,34 @@ def _renumbered(spec: tuple, nodes: dict, leaves: dict) -> tuple:
     return spec
 
 
+def _renumbered_node(node: NodeCall, nodes: dict, leaves: dict) -> NodeCall:
+    """``node`` reading node ``nodes[n]`` for node ``n`` and leaf ``leaves[i]`` for leaf ``i``."""
+    return NodeCall(
+        node.fn,
+        tuple(_renumbered(s, nodes, leaves) for s in node.arg_specs),
+        tuple((k, _renumbered(s, nodes, leaves)) for k, s in node.kw_specs),
+        node.matmul_precision,
+    )
+
+
 #: most nodes a value check's inputs may take to compute apart from their graph, and most bytes
 #: those nodes may read (computing them apart computes them twice: never a model's matmul)
 APART_NODES = 4
 APART_BYTES = 1 << 20
 #: (the nodes computing a check's inputs, where its arguments come from, the check) -> program
 _apart = caches.lru("fused.apart", Kind.PROGRAMS)
+
+
+class _ApartInputs(NamedTuple):
+    """Where the arguments of a value check computed apart come from (``Graph.computed_apart``)."""
+
+    #: (node, output) of each argument the graph computes
+    wanted: list
+    #: per argument: ``(_NODE, i)``, the ``i``-th wanted; ``(_LEAF, i)``, the ``i``-th of
+    #: ``extra``; or ``(_STATIC, value, key)``
+    plan: list
+    #: the arguments computed already
+    extra: list
 
 
 def _apart_program(key: tuple) -> Callable:
@@ -337,14 +390,14 @@ def _apart_program(key: tuple) -> Callable:
     return jax.jit(run)
 
 
-def _difference(new: tuple, old: tuple) -> str:
+def _difference(new: NodeCall, old: NodeCall) -> str:
     """What differs between two recorded nodes: the op, or which static argument."""
-    if new[0] is not old[0]:
+    if new.fn is not old.fn:
         return "another op"
-    if new[3] != old[3]:
-        return f"the float32 matmul precision changed ({old[3] or 'highest'} -> {new[3] or 'highest'})"
-    new_specs, old_specs = (*new[1], *(s for _, s in new[2])), (*old[1], *(s for _, s in old[2]))
-    for position, (a, b) in enumerate(zip(new_specs, old_specs)):
+    if new.matmul_precision != old.matmul_precision:
+        was, now = old.matmul_precision or "highest", new.matmul_precision or "highest"
+        return f"the float32 matmul precision changed ({was} -> {now})"
+    for position, (a, b) in enumerate(zip(_specs_of(new), _specs_of(old))):
         if a != b and a[0] is _STATIC and b[0] is _STATIC:
             return f"its static argument {position} (a shape, dim or dtype) changed: {b[1]!r} -> {a[1]!r}"
     return "its arguments come from other ops or inputs"
@@ -483,6 +536,41 @@ def _without_scalars(signature: tuple) -> tuple:
     return signature[0], entries
 
 
+def _new_entry(fn: Callable, signature: list, key: tuple) -> NodeEntry:
+    """The entry of a node ``_nodes`` does not hold (met first, or forgotten since), kept there
+    under ``key``; ``signature``: its inputs' abstract signatures, in order."""
+    signature_key, arg_specs, kw_specs, matmul_precision = key
+    shapes = _shapes.get(signature_key)
+    if shapes is None:
+        shapes = _shapes[signature_key] = _output_shapes(fn, signature, arg_specs, kw_specs)
+    built, avals = shapes
+    node = _Node(NodeCall(fn, arg_specs, kw_specs, matmul_precision))
+    entry = _nodes[key] = NodeEntry(node, built, avals, signature_key, key)
+    return entry
+
+
+def _output_shapes(fn: Callable, signature: list, arg_specs: tuple, kw_specs: tuple) -> tuple:
+    """``fn``'s outputs on inputs of ``signature`` (``jax.eval_shape``): how they become its
+    result (:func:`_outputs_built_by`), and their avals; what ``_shapes`` keeps."""
+    walk = iter(signature)
+    abstract_args = [_abstract(s, walk) for s in arg_specs]
+    abstract_kwargs = {k: _abstract(s, walk) for k, s in kw_specs}
+    out = jax.eval_shape(fn, *abstract_args, **abstract_kwargs)
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    return _outputs_built_by(treedef, len(leaves)), [buffer.aval_of(leaf) for leaf in leaves]
+
+
+class Fingerprint(NamedTuple):
+    """What a graph's compiled program depends on: the key of :data:`_executables`."""
+
+    nodes: tuple  # its interned nodes (``_Node``)
+    outputs: tuple  # (node, output) of each live value it returns
+    leaf_avals: tuple  # its inputs' (shape, dtype, weak type)
+    donated: tuple  # the inputs XLA may reuse (``Graph._donatable``)
+    index: int  # the tpu it runs on (an executable runs on the device it was compiled for)
+    compiler_token: Any  # the compiler options then (``compiler.token()``)
+
+
 def _execute(executable: Callable, leaves: list) -> list:
     """Run a compiled graph (the one place XLA runs it: tests make it fail here)."""
     return executable(*leaves)
@@ -492,17 +580,15 @@ class Graph:
     """The ops one thread recorded since its last sync point."""
 
     def __init__(self, continuing: Graph | None = None, index: int = 0) -> None:
-        # (fn, arg specs, kwarg specs, matmul precision): the program, with no arrays in it
-        # (inputs are leaf indices), so it doubles as the node's part of the fingerprint
-        self.nodes: list[tuple] = []
+        self.nodes: list[NodeCall] = []
         self.leaves: list[jax.Array] = []  # concrete inputs, in first-use order
         self.leaf_avals: list[tuple] = []  # their (shape, dtype, weak type): the fingerprint's
         self.interned: list[_Node] = []  # the nodes as the fingerprint has them
-        self.entries: list[tuple] = []  # their ``_nodes`` entries (the next graph's template)
+        self.entries: list[NodeEntry] = []  # their ``_nodes`` entries (the next graph's template)
         #: the entries of the last graph with this one's start (a graph cut from another: none),
         #: or of another recent one (:data:`_templates`), where that one's matched
-        self.template: list[tuple] = []
-        self.recent: list[list] = []  # the start's recent graphs' entries, this one's first
+        self.template: list[NodeEntry] = []
+        self.recent: list[list[NodeEntry]] = []  # the start's recent graphs' entries, this one's first
         self.leaf_ids: dict[int, int] = {}
         #: its deferred values, alive while anything else references them (see _live_outputs)
         self.outputs: list[Deferred] = []
@@ -602,14 +688,7 @@ class Graph:
                 return None
             position = self.seen
             if position == 0:  # graphs that start with this op at this line: the same loop, mostly
-                self.start = (fn, checks.user_line())
-                self.origin = (getattr(fn, "padded_from", fn), self.start[1])
-                self.churning = _churning.get(self.start)
-                recent = self.recent = _templates.get(self.start) or []
-                self.template = recent[0] if recent else self.template
-                recent.insert(0, self.entries)  # (the next graph that starts here reads them first)
-                del recent[TEMPLATES_PER_START:]
-                _templates[self.start] = recent
+                self._start_with(fn)
             churning = self.churning is not None and self.churning.get(position) is fn
             if churning and not self._unclaimed:
                 if not any(map(self._computes, (*args, *kwargs.values()))):
@@ -620,65 +699,75 @@ class Graph:
                     return _RUN_GRAPH_FIRST
             self.churned |= churning
             self.seen += 1
-            signature: list = []
             depends = list(self._unclaimed)
-            known = len(self.leaves)
-            try:
-                arg_specs = self._specs(args, signature, depends)
-                kw_specs = (
-                    tuple(zip(kwargs, self._specs(kwargs.values(), signature, depends))) if kwargs else ()
-                )
-                signature_key = (fn, tuple(signature))
-                if matmul_precision is _NOW:
-                    matmul_precision = precision.current()
-                node_key = (signature_key, arg_specs, kw_specs, matmul_precision)
-                node = len(self.nodes)
-                template = self.template
-                if node < len(template) and template[node][4] == node_key:
-                    interned = template[node]
-                else:
-                    interned = self._from_other_template(node, node_key) or _nodes.get(node_key)
-                if interned is None:
-                    shapes = _shapes.get(signature_key)
-                    if shapes is None:
-                        walk = iter(signature)
-                        abstract_args = [_abstract(s, walk) for s in arg_specs]
-                        abstract_kwargs = {k: _abstract(s, walk) for k, s in kw_specs}
-                        out = jax.eval_shape(fn, *abstract_args, **abstract_kwargs)
-                        leaves, treedef = jax.tree_util.tree_flatten(out)
-                        avals = [buffer.aval_of(leaf) for leaf in leaves]
-                        shapes = _shapes[signature_key] = (_outputs_built_by(treedef, len(leaves)), avals)
-                    node_spec = _Node((fn, arg_specs, kw_specs, matmul_precision))
-                    interned = _nodes[node_key] = (node_spec, *shapes, signature_key, node_key)
-            except BaseException:  # not recorded (run alone, or an error): leaves no input behind
-                for x in self.leaves[known:]:
-                    self.leaf_ids.pop(id(x), None)
-                del self.leaves[known:], self.leaf_avals[known:]
-                raise
-            node_spec, treedef, avals, signature_key, _ = interned
+            entry = self._entry(fn, args, kwargs, matmul_precision, depends)
+            # (appended here, not by a method: one more call per op was 2% of recording it here)
+            node_spec, node = entry.node, len(self.nodes)
             self.nodes.append(node_spec.key)
             self.interned.append(node_spec)
-            self.entries.append(interned)
+            self.entries.append(entry)
             self.positions.append(position)
-            self.signatures.append(signature_key)
+            self.signatures.append(entry.signature)
             self.taints.append(frozenset(depends) if depends else _NO_CHECKS)
             self._unclaimed.clear()
             if flags.log_recompiles:
                 self.sources.append(f"{name or getattr(fn, '__name__', fn)} at {checks.user_line()}")
-            if treedef is None:
+            built, avals = entry.built, entry.avals
+            if built is None:
                 out = Deferred(avals[0], self, node, 0)
                 self.outputs.append(out)
                 return out
             outs = [Deferred(aval, self, node, i) for i, aval in enumerate(avals)]
             self.outputs.extend(outs)
-            return tuple(outs) if treedef is tuple else jax.tree_util.tree_unflatten(treedef, outs)
+            return tuple(outs) if built is tuple else jax.tree_util.tree_unflatten(built, outs)
 
-    def _from_other_template(self, node: int, node_key: tuple) -> tuple | None:
+    def _start_with(self, fn: Callable) -> None:
+        """This graph starts with ``fn`` at the user's line: what graphs that started there
+        learned (churning ops, their entries as templates), and this one's entries the first
+        template of the next."""
+        self.start = (fn, checks.user_line())
+        self.origin = (getattr(fn, "padded_from", fn), self.start[1])
+        self.churning = _churning.get(self.start)
+        recent = self.recent = _templates.get(self.start) or []
+        self.template = recent[0] if recent else self.template
+        recent.insert(0, self.entries)  # (the next graph that starts here reads them first)
+        del recent[TEMPLATES_PER_START:]
+        _templates[self.start] = recent
+
+    def _entry(
+        self, fn: Callable, args: tuple, kwargs: dict, matmul_precision: Any, depends: list
+    ) -> NodeEntry:
+        """The entry of the node ``fn(*args, **kwargs)``: its template's, another recent graph's,
+        ``_nodes``', or a new one. Adds its new leaves to the graph and the checks its inputs
+        depend on to ``depends``; where it raises (an unhashable static argument), leaves no
+        input behind."""
+        signature: list = []
+        known = len(self.leaves)
+        try:
+            arg_specs = self._specs(args, signature, depends)
+            kw_specs = tuple(zip(kwargs, self._specs(kwargs.values(), signature, depends))) if kwargs else ()
+            signature_key = (fn, tuple(signature))
+            if matmul_precision is _NOW:
+                matmul_precision = precision.current()
+            node_key = (signature_key, arg_specs, kw_specs, matmul_precision)
+            node = len(self.nodes)
+            template = self.template
+            if node < len(template) and template[node].key == node_key:
+                return template[node]
+            entry = self._from_other_template(node, node_key) or _nodes.get(node_key)
+            return entry if entry is not None else _new_entry(fn, signature, node_key)
+        except BaseException:  # not recorded (run alone, or an error): leaves no input behind
+            for x in self.leaves[known:]:
+                self.leaf_ids.pop(id(x), None)
+            del self.leaves[known:], self.leaf_avals[known:]
+            raise
+
+    def _from_other_template(self, node: int, node_key: tuple) -> NodeEntry | None:
         """The entry at ``node`` of another recent graph of this start whose node there has
         ``node_key``; that graph is this one's template from now on. None if none has."""
         for entries in self.recent:
             if entries is not self.template and entries is not self.entries:
-                if node < len(entries) and entries[node][4] == node_key:
+                if node < len(entries) and entries[node].key == node_key:
                     self.template = entries
                     return entries[node]
         return None
@@ -703,52 +792,23 @@ class Graph:
         without running, or waiting for, the whole graph. None when they are not (the caller
         records ``fn``)."""
         with self.lock:
-            wanted, plan, extra = [], [], []
-            for a in args:
-                if type(a) is Deferred and a.value is None:
-                    if a.graph is not self or self.state is not _OPEN:
-                        return None
-                    plan.append((_NODE, len(wanted)))
-                    wanted.append((a.node, a.index))
-                elif type(a) is Deferred or type(a) is _ARRAY:
-                    plan.append((_LEAF, len(extra)))
-                    extra.append(buffer.resolved(a))
-                elif type(a) in _PLAIN:
-                    plan.append((_STATIC, a, _typed(a)))  # (1 and True: different programs)
-                else:
+            inputs = self._apart_inputs(args)
+            if inputs is None:
+                return None
+            if not inputs.wanted:  # all computed already: no node to compute again
+                if not all(x.is_ready() for x in inputs.extra):
                     return None
-            if not wanted:  # all computed already: no node to compute again
-                if not all(x.is_ready() for x in extra):
-                    return None
-                return fn(*[extra[e[1]] if e[0] is _LEAF else e[1] for e in plan])
-            cone, stack = set(), [n for n, _ in wanted]
-            while stack:
-                n = stack.pop()
-                if n not in cone:
-                    cone.add(n)
-                    stack.extend(r for spec in _specs_of(self.nodes[n]) for r in _refs(spec, _NODE))
-                    if len(cone) > APART_NODES:
-                        return None
-            order = sorted(cone)
-            node_at = {n: i for i, n in enumerate(order)}
+                return fn(*[inputs.extra[e[1]] if e[0] is _LEAF else e[1] for e in inputs.plan])
+            order = self._cone(inputs.wanted)
+            if order is None:
+                return None
             used = sorted({i for n in order for spec in _specs_of(self.nodes[n]) for i in _refs(spec, _LEAF)})
-            leaves = [self.leaves[i] for i in used] + extra
+            leaves = [self.leaves[i] for i in used] + inputs.extra
             if sum(buffer.nbytes(self.leaves[i]) for i in used) > APART_BYTES:
                 return None
             if not all(x.is_ready() for x in leaves):
                 return None
-            leaf_at = {i: j for j, i in enumerate(used)}
-            nodes = tuple(
-                (
-                    f,
-                    tuple(_renumbered(x, node_at, leaf_at) for x in a),
-                    tuple((k, _renumbered(x, node_at, leaf_at)) for k, x in kw),
-                    p,
-                )
-                for f, a, kw, p in (self.nodes[n] for n in order)
-            )
-            plan = tuple((_LEAF, e[1] + len(used)) if e[0] is _LEAF else e for e in plan)
-            key = (nodes, tuple((node_at[n], i) for n, i in wanted), plan, fn)
+            key = self._apart_key(order, used, inputs, fn)
         try:
             program = _apart.get(key)
             if program is None:
@@ -757,6 +817,48 @@ class Graph:
             return None
         with jax.default_device(platform.jax_device(self.index)):
             return program(*leaves)
+
+    def _apart_inputs(self, args: tuple) -> _ApartInputs | None:
+        """Where a value check's arguments come from (see :class:`_ApartInputs`); None where one
+        is another graph's pending value, or no array or plain static."""
+        inputs = _ApartInputs([], [], [])
+        for a in args:
+            if type(a) is Deferred and a.value is None:
+                if a.graph is not self or self.state is not _OPEN:
+                    return None
+                inputs.plan.append((_NODE, len(inputs.wanted)))
+                inputs.wanted.append((a.node, a.index))
+            elif type(a) is Deferred or type(a) is _ARRAY:
+                inputs.plan.append((_LEAF, len(inputs.extra)))
+                inputs.extra.append(buffer.resolved(a))
+            elif type(a) in _PLAIN:
+                inputs.plan.append((_STATIC, a, _typed(a)))  # (1 and True: different programs)
+            else:
+                return None
+        return inputs
+
+    def _cone(self, wanted: list) -> list[int] | None:
+        """The nodes that compute the ``(node, output)`` values ``wanted``, in order; None where
+        they are more than :data:`APART_NODES`."""
+        cone, stack = set(), [n for n, _ in wanted]
+        while stack:
+            n = stack.pop()
+            if n not in cone:
+                cone.add(n)
+                stack.extend(r for spec in _specs_of(self.nodes[n]) for r in _refs(spec, _NODE))
+                if len(cone) > APART_NODES:
+                    return None
+        return sorted(cone)
+
+    def _apart_key(self, order: list, used: list, inputs: _ApartInputs, fn: Callable) -> tuple:
+        """The key of the program computing ``fn`` over the nodes ``order`` apart (see
+        :data:`_apart`): its nodes read their leaves ``used`` as its first inputs, then the
+        check's computed arguments."""
+        node_at = {n: i for i, n in enumerate(order)}
+        leaf_at = {i: j for j, i in enumerate(used)}
+        nodes = tuple(_renumbered_node(self.nodes[n], node_at, leaf_at) for n in order)
+        plan = tuple((_LEAF, e[1] + len(used)) if e[0] is _LEAF else e for e in inputs.plan)
+        return (nodes, tuple((node_at[n], i) for n, i in inputs.wanted), plan, fn)
 
     def _computes(self, value: Any) -> bool:
         """Whether ``value`` (or an element of a list of them) is one this graph computes."""
@@ -824,13 +926,8 @@ class Graph:
         profiled = time.time_ns() if profiling.active else 0
         live, outputs = self._live_outputs()
         donated = self._donatable(live) if donate else ()
-        fingerprint = (
-            tuple(self.interned),
-            outputs,
-            tuple(self.leaf_avals),
-            donated,
-            self.index,  # (an executable runs on the device it was compiled for)
-            compiler.token(),  # (and was compiled with the options then)
+        fingerprint = Fingerprint(
+            tuple(self.interned), outputs, tuple(self.leaf_avals), donated, self.index, compiler.token()
         )
         stats.requests += 1
         executable = self._executable(fingerprint, outputs, donated)
@@ -872,10 +969,10 @@ class Graph:
     def _profile_metadata(self, reason: str) -> dict[str, str]:
         """What a profile's trace says of this graph's run: its ops (with their lines where
         reasons are explained) and why it ran."""
-        ops = self.sources or [getattr(fn, "__name__", str(fn)) for fn, *_ in self.nodes]
+        ops = self.sources or [getattr(node.fn, "__name__", str(node.fn)) for node in self.nodes]
         return {"ops": ", ".join(ops), "op_count": str(len(ops)), "reason": reason}
 
-    def _executable(self, fingerprint: tuple, outputs: tuple, donated: tuple) -> Any:
+    def _executable(self, fingerprint: Fingerprint, outputs: tuple, donated: tuple) -> Any:
         """The graph's compiled program: cached, compiled in the background and ready now, or
         compiled now; None while it compiles in the background (this run goes op by op)."""
         executable = _executables.get(fingerprint)
@@ -950,7 +1047,7 @@ class Graph:
         self._release()
         if not isinstance(error, Exception):  # an interrupt: delivered as it is
             return error
-        ops = self.sources or [getattr(fn, "__name__", str(fn)) for fn, *_ in self.nodes]
+        ops = self.sources or [getattr(node.fn, "__name__", str(node.fn)) for node in self.nodes]
         try:
             return type(error)(
                 f"{error}\n[torch_tpu] while running a fused graph of "
@@ -961,13 +1058,13 @@ class Graph:
         except Exception:  # noqa: BLE001  (an exception type with another signature)
             return error
 
-    def _explain_miss(self, fingerprint: tuple) -> None:
+    def _explain_miss(self, fingerprint: Fingerprint) -> None:
         """Say which recorded op made this graph differ from the last one that started the same
         way (``TORCH_TPU_LOG_RECOMPILES=1``)."""
-        keys = [node.key for node in fingerprint[0]]
+        keys = [node.key for node in fingerprint.nodes]
         if len(self.sources) != len(keys):  # (explaining began while this graph recorded)
             return
-        start = keys[0][0] if keys else None  # the first op's function, whatever its arguments
+        start = keys[0].fn if keys else None  # the first op's function, whatever its arguments
         previous = _previous_by_start.get(start)
         _previous_by_start[start] = (fingerprint, list(self.sources))
         if previous is None:
@@ -976,8 +1073,8 @@ class Graph:
                 f"{self.sources[0] if self.sources else '?'})"
             )
             return
-        (old_nodes, old_outputs, old_avals, *_), old_sources = previous
-        old_keys = [node.key for node in old_nodes]
+        before, old_sources = previous
+        old_keys = [node.key for node in before.nodes]
         for i, (new, old) in enumerate(zip(keys, old_keys)):
             if new != old:
                 explain(f"recompiling: op {i} differs from the previous graph: {_difference(new, old)}")
@@ -985,17 +1082,22 @@ class Graph:
                 return
         if len(keys) != len(old_keys):
             explain(f"recompiling: {len(keys)} ops instead of {len(old_keys)} (ends at {self.sources[-1]})")
-        elif fingerprint[2] != old_avals:
-            changed = next(i for i, (a, b) in enumerate(zip(fingerprint[2], old_avals)) if a != b)
+        elif fingerprint.leaf_avals != before.leaf_avals:
+            changed = next(
+                i for i, (a, b) in enumerate(zip(fingerprint.leaf_avals, before.leaf_avals)) if a != b
+            )
             user = next(
                 (
                     self.sources[n]
-                    for n, (_, args, kwargs, _) in enumerate(self.nodes)
-                    if _uses_leaf((*args, *(s for _, s in kwargs)), changed)
+                    for n, node in enumerate(self.nodes)
+                    if _uses_leaf(_specs_of(node), changed)
                 ),
                 "?",
             )
-            (old_shape, old_dtype, _), (shape, dtype, _) = old_avals[changed], fingerprint[2][changed]
+            (old_shape, old_dtype, _), (shape, dtype, _) = (
+                before.leaf_avals[changed],
+                fingerprint.leaf_avals[changed],
+            )
             explain(
                 f"recompiling: an input changed shape or dtype, {old_dtype}"
                 f"{list(old_shape)} -> {dtype}{list(shape)}, first used by {user}"
@@ -1124,7 +1226,7 @@ def _graph_records(graph: Graph, fn: Callable, args: Any, matmul_precision: Any)
 # it off to compare.
 flags.record_in_core = native.available()
 if native.available():
-    native._C.configure_fused(globals(), vars(checks), Deferred, _STRIDED, _ARRAY, jax.Array)
+    native._C.configure_fused(globals(), vars(checks), Deferred, _STRIDED, _ARRAY, jax.Array, NodeEntry)
 #: ``_record_repeated(graph, fn, args, matmul_precision)``: the node's outputs where the core
 #: recorded it, else NotImplemented (``Graph.record`` decides)
 _record_repeated = native._C.record_repeated if native.available() else _graph_records

@@ -2,7 +2,6 @@
 
 #include "PythonNames.h"
 
-#include <structmember.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <string>
@@ -25,21 +24,12 @@ constexpr Name kFlagNames[] = {
 };
 static_assert(sizeof(kFlagNames) / sizeof(kFlagNames[0]) == static_cast<size_t>(Flag::count));
 
-Py_ssize_t flag_offset(PyTypeObject* type, Name slot) {
-  const char* name = python_name_entry(slot).name;
-  PyObject* descr = PyDict_GetItemString(type->tp_dict, name);
-  if (descr == nullptr || Py_TYPE(descr) != &PyMemberDescr_Type) {
-    throw py::type_error(std::string("configure_flags: ") + type->tp_name + " has no __slots__ entry " + name);
-  }
-  return reinterpret_cast<PyMemberDescrObject*>(descr)->d_member->offset;
-}
-
 // Reads `flags` (runtime.flags.flags) from now on; its type's slots are located by name.
 void configure_flags(py::handle flags) {
   PyTypeObject* type = Py_TYPE(flags.ptr());
   CoreFlagsState state;
   for (int i = 0; i < static_cast<int>(Flag::count); ++i) {
-    state.offsets[i] = flag_offset(type, kFlagNames[i]);
+    state.offsets[i] = slot_offset(type, kFlagNames[i], "configure_flags");
   }
   state.object = flags.inc_ref().ptr();
   Py_XDECREF(g_core_flags.object);

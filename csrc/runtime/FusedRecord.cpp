@@ -65,22 +65,12 @@ constexpr const char* kEntryFieldNames[kEntryFields] = {"node", "built", "avals"
 struct Names {
   PyObject *state, *seen, *churning, *unclaimed, *nodes, *leaves, *leaf_avals, *leaf_ids, *taints, *templ,
       *interned, *entries, *positions, *signatures, *outputs, *lock, *acquire, *release, *key, *aval, *shape,
-      *dtype, *weak_type, *checks_taints, *taint_of,
-      *unflatten;
+      *dtype, *weak_type, *checks_taints, *taint_of, *unflatten;
 };
 Names N;
 
 PyObject* not_implemented() {
   return Py_NewRef(Py_NotImplemented);
-}
-
-Py_ssize_t slot_offset(PyTypeObject* type, Name slot) {
-  const char* name = python_name_entry(slot).name;
-  PyObject* descr = PyDict_GetItemString(type->tp_dict, name);
-  if (descr == nullptr || Py_TYPE(descr) != &PyMemberDescr_Type) {
-    throw py::type_error(std::string("configure_fused: ") + type->tp_name + " has no __slots__ entry " + name);
-  }
-  return reinterpret_cast<PyMemberDescrObject*>(descr)->d_member->offset;
 }
 
 // An object's __slots__ entry at `offset` (nullptr where never set: then Python records the op).
@@ -610,19 +600,19 @@ void configure_fused(
   F.static_ = global(Name::fused_static);
   F.seq = global(Name::fused_seq);
   F.view = global(Name::fused_view);
-  F.shape = slot_offset(F.deferred, Name::deferred_shape);
-  F.dtype = slot_offset(F.deferred, Name::deferred_dtype);
-  F.size = slot_offset(F.deferred, Name::deferred_size);
-  F.weak_type = slot_offset(F.deferred, Name::deferred_weak_type);
-  F.graph = slot_offset(F.deferred, Name::deferred_graph);
-  F.node_at = slot_offset(F.deferred, Name::deferred_node);
-  F.index = slot_offset(F.deferred, Name::deferred_index);
-  F.value = slot_offset(F.deferred, Name::deferred_value);
-  F.error = slot_offset(F.deferred, Name::deferred_error);
-  F.buf = slot_offset(F.strided, Name::strided_buf);
-  F.start = slot_offset(F.strided, Name::strided_start);
-  F.view_shape = slot_offset(F.strided, Name::strided_shape);
-  F.strides = slot_offset(F.strided, Name::strided_strides);
+  F.shape = slot_offset(F.deferred, Name::deferred_shape, "configure_fused");
+  F.dtype = slot_offset(F.deferred, Name::deferred_dtype, "configure_fused");
+  F.size = slot_offset(F.deferred, Name::deferred_size, "configure_fused");
+  F.weak_type = slot_offset(F.deferred, Name::deferred_weak_type, "configure_fused");
+  F.graph = slot_offset(F.deferred, Name::deferred_graph, "configure_fused");
+  F.node_at = slot_offset(F.deferred, Name::deferred_node, "configure_fused");
+  F.index = slot_offset(F.deferred, Name::deferred_index, "configure_fused");
+  F.value = slot_offset(F.deferred, Name::deferred_value, "configure_fused");
+  F.error = slot_offset(F.deferred, Name::deferred_error, "configure_fused");
+  F.buf = slot_offset(F.strided, Name::strided_buf, "configure_fused");
+  F.start = slot_offset(F.strided, Name::strided_start, "configure_fused");
+  F.view_shape = slot_offset(F.strided, Name::strided_shape, "configure_fused");
+  F.strides = slot_offset(F.strided, Name::strided_strides, "configure_fused");
   N = {python_name(Name::graph_state),
        python_name(Name::graph_seen),
        python_name(Name::graph_churning),

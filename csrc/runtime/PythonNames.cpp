@@ -1,5 +1,10 @@
 #include "PythonNames.h"
 
+#include <structmember.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <string>
+
 namespace torch_tpu {
 
 PyObject* g_python_names[static_cast<int>(Name::count)] = {};
@@ -27,6 +32,15 @@ PyObject* python_names_list() {
     PyList_SET_ITEM(names, i, entry);
   }
   return names;
+}
+
+Py_ssize_t slot_offset(PyTypeObject* type, Name slot, const char* who) {
+  const char* name = python_name_entry(slot).name;
+  PyObject* descr = PyDict_GetItemString(type->tp_dict, name);
+  if (descr == nullptr || Py_TYPE(descr) != &PyMemberDescr_Type) {
+    throw py::type_error(std::string(who) + ": " + type->tp_name + " has no __slots__ entry " + name);
+  }
+  return reinterpret_cast<PyMemberDescrObject*>(descr)->d_member->offset;
 }
 
 }  // namespace torch_tpu

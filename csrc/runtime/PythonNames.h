@@ -132,4 +132,8 @@ int intern_python_names();
 // The table as a list of (owner, name) tuples (_C.python_names()); nullptr with the error set.
 PyObject* python_names_list();
 
+// Where instances of `type` keep the __slots__ entry `slot` (its offset in the object), for the
+// core to read it as a field; a TypeError naming `who`, the type and the slot where it has none.
+Py_ssize_t slot_offset(PyTypeObject* type, Name slot, const char* who);
+
 }  // namespace torch_tpu

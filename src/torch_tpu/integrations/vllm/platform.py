@@ -143,7 +143,7 @@ class TpuPlatform(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        from vllm.config import CompilationMode, CUDAGraphMode
+        from vllm.config import CompilationMode
 
         cache_config = vllm_config.cache_config
         if not cache_config.user_specified_block_size:
@@ -169,13 +169,7 @@ class TpuPlatform(Platform):
         vllm_config.scheduler_config.async_scheduling = False
 
         compilation = vllm_config.compilation_config
-        if vllm_config.lora_config is not None:
-            # LoRA's Punica ops (vLLM's CPU wrapper) choose their path in Python from each step's
-            # adapters: a compiled piece or a replayed step would keep the first step's choice
-            # (no adapter) and ignore every adapter after it. The model runs in fused eager, as
-            # vLLM's CPU backend runs it with LoRA.
-            compilation.mode = CompilationMode.NONE
-            compilation.cudagraph_mode = CUDAGraphMode.NONE
+        _uncompiled_with_lora(vllm_config)
         if compilation.mode in (CompilationMode.STOCK_TORCH_COMPILE, CompilationMode.DYNAMO_TRACE_ONCE):
             # These compile the whole model as one graph, attention included; attention reads
             # its per-step metadata from vLLM's forward context, not from the graph's inputs, so
@@ -202,6 +196,17 @@ class TpuPlatform(Platform):
                     parallel_config.all2all_backend, parallel_config.data_parallel_size
                 )
             compilation.splitting_ops += [op for op in COLLECTIVE_OPS if op not in compilation.splitting_ops]
+
+
+def _uncompiled_with_lora(vllm_config: VllmConfig) -> None:
+    """With LoRA on, the model runs in fused eager, as vLLM's CPU backend runs it: LoRA's Punica
+    ops (``lora.py``) choose their path in Python from each step's adapters, so a compiled piece
+    or a replayed step would keep the first step's choice (no adapter) for every adapter after it."""
+    from vllm.config import CompilationMode, CUDAGraphMode
+
+    if vllm_config.lora_config is not None:
+        vllm_config.compilation_config.mode = CompilationMode.NONE
+        vllm_config.compilation_config.cudagraph_mode = CUDAGraphMode.NONE
 
 
 def _graph_sizes(vllm_config: VllmConfig) -> None:

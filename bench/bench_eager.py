@@ -5,7 +5,8 @@ helpers of ``bench_ops.py``), so read the ratios; absolute times on a shared 2-c
 Per-op figures also give their quietest round ("min"): noise only adds time.
 
 - **dispatch**: strict eager per op (a 16-element ``add``, a ``linear`` on a transposed weight,
-  indexing with an index tensor) against PyTorch CPU, ``jnp`` eager and a ``jax.jit`` call;
+  indexing with an index tensor, and the ``linear`` on an input padded to its size bucket)
+  against PyTorch CPU, ``jnp`` eager and a ``jax.jit`` call;
 - **fused recording**: a 4-layer GPT (d=128, batch 8 x 64, where Python dominates) in fused
   eager, per recorded op: recording its forward with the device idle (on this 2-core stand-in,
   XLA's compute of the previous graph otherwise competes with Python for the cores), the same
@@ -35,6 +36,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import gc
@@ -88,6 +90,26 @@ def _row(
 
 
 # ----------------------------------------------------------------------------- dispatch
+@contextlib.contextmanager
+def _unbucketed():
+    """Tensors made in the block are not padded to size buckets: the line below makes the cases'
+    inputs, of several shapes, and would otherwise teach the runtime that their sizes change
+    (docs/execution.md, "Shapes that change"); the padded path has a row of its own."""
+    before, torch_tpu.config.buckets = torch_tpu.config.buckets, False
+    try:
+        yield
+    finally:
+        torch_tpu.config.buckets = before
+
+
+def _size_bucketed(shape: tuple[int, ...]) -> torch.Tensor:
+    """A tpu tensor of ``shape`` padded to its size bucket along dim 0 (made at one line at two
+    sizes, as a data loader's batches are)."""
+    for rows in (shape[0] + 1, shape[0]):
+        x = torch.randn(rows, *shape[1:]).to("tpu")
+    return x
+
+
 def _dispatch_rows(rounds: int) -> list[tuple]:
     x, w = torch.randn(4, 16), torch.randn(32, 16)
     a, b, idx = torch.randn(16), torch.randn(16), torch.tensor([0, 2, 3])
@@ -95,10 +117,15 @@ def _dispatch_rows(rounds: int) -> list[tuple]:
         "add, 16 elements": (lambda a, b: a + b, jnp.add, (a, b)),
         "linear, transposed weight": (F.linear, lambda x, w: x @ w.T, (x, w)),
         "index with a tensor": (lambda w, i: w[i], lambda w, i: w[i], (w, idx)),
+        "linear, size-bucketed input": (F.linear, lambda x, w: x @ w.T, (x, w)),
     }
     rows = []
     for name, (torch_op, jax_op, cpu_args) in cases.items():
-        tpu_args = [t.to("tpu") for t in cpu_args]
+        with _unbucketed():
+            tpu_args = [t.to("tpu") for t in cpu_args]
+        if "bucketed" in name:  # (its input padded: 4 rows in a bucket of 8)
+            tpu_args[0] = _size_bucketed(tuple(cpu_args[0].shape))
+            cpu_args = (tpu_args[0].cpu(), *cpu_args[1:])
         jax_args = [torch_tpu.to_jax(t) for t in tpu_args]
         jitted = jax.jit(jax_op)
         last: list = [None]

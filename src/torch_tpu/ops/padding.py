@@ -27,6 +27,7 @@ import numpy as np
 from ..runtime import padding
 from ..runtime.buffer import ARRAY_TYPE, Deferred, Padded, StridedView, apply
 from ..runtime.host_copies import host_copy
+from ..runtime.lru import Kind, caches
 from ..runtime.padding import Factor, Layout, static_dim
 
 __all__ = [
@@ -715,13 +716,72 @@ def _program_of(spec: _Spec) -> Callable:
     return program
 
 
+#: (rule, each value's layout or static value, names) -> the rule's plan: a loop's calls repeat
+#: their layouts, and planning costs more than the padded program's own dispatch
+_plans = caches.lru("padding.call_plans", Kind.TRACES)
+_MISSING = object()
+
+
+class _Same:
+    """A device scalar in a plan's key: equal to the same array only, and kept alive by the key
+    (device scalars are kept per number: ``transfer.device_scalar``)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        self.array = array
+
+    def __hash__(self) -> int:
+        return id(self.array)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Same and other.array is self.array
+
+
+def _plan_key(rule, values: list, names: Sequence[str]) -> tuple | None:
+    """What a rule's plan may read of a call: its operands' layouts and dtypes (never their
+    contents) and its static arguments; None where one cannot be a key."""
+    key = [rule, tuple(names)]
+    for v in values:
+        kind = type(v)
+        if kind is Padded:
+            key.append((kind, v.layout, getattr(v.array, "dtype", None)))
+        elif kind is ARRAY_TYPE and not v.ndim:  # (a number made a device scalar: a plan may
+            key.append(_Same(v))  # read its value, as constant_pad_nd's does)
+        elif kind is ARRAY_TYPE or kind is Deferred:
+            key.append((kind, tuple(v.shape), v.dtype))
+        elif kind is StridedView:  # (a view its program reads: its shape is what plans see)
+            key.append((kind, tuple(v.shape)))
+        elif kind is list:
+            key.append((kind, tuple(v)))
+        else:
+            key.append((kind, v))
+    try:
+        hash(key := tuple(key))
+    except TypeError:
+        return None
+    return key
+
+
+def _plan(rule, values: list, names: Sequence[str]) -> Plan | None:
+    """``rule.plan(values, names)``, remembered by :func:`_plan_key` (plans are read, never
+    changed)."""
+    key = _plan_key(rule, values, names)
+    if key is None:
+        return rule.plan(values, names)
+    plan = _plans.get(key, _MISSING)
+    if plan is _MISSING:
+        plan = _plans[key] = rule.plan(values, names)
+    return plan
+
+
 def run(rule, program: Callable, values: list, extra: dict, names: Sequence[str], index: int = 0):
     """The op's outputs for arguments ``values`` (some :class:`Padded`) run padded as ``rule``
     plans it (padded outputs where their layout has a dynamic factor), or None where the rule
     does not serve this call."""
     if rule is UNREAD or rule is BY_LOWERING:
         return program(*values, **extra)
-    plan = rule.plan(values, names)
+    plan = _plan(rule, values, names)
     if plan is None:
         return None
     values = list(values)

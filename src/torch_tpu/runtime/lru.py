@@ -146,9 +146,6 @@ class Caches:
         """Each cache's number of entries, by name."""
         return {name: len(registered.cache) for name, registered in self._registered.items()}
 
-    def __iter__(self):
-        return iter(self._registered.values())
-
 
 #: The process's caches.
 caches = Caches()

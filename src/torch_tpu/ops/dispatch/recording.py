@@ -13,11 +13,6 @@ from ...runtime.flags import flags
 cpu_fallback_counts: collections.Counter = collections.Counter()
 
 
-def recorded_ops() -> set | None:
-    """The set every kernel call adds its ATen overload to, while recording (else None)."""
-    return flags.recorded_ops
-
-
 def record_ops(enabled: bool = True) -> set:
     """Start recording which ATen overloads reach a tpu kernel; returns the live set."""
     flags.recorded_ops = set() if enabled else None

@@ -126,6 +126,15 @@ def test_factories_and_ranges_learn_as_copies_do():
     assert ranges[-1].tolist() == list(range(9))
 
 
+def test_sizes_zero_and_one_teach_nothing_and_stay_unpadded():
+    # Dynamo's 0/1 specialization: a generation loop's prompt (length P) and its steps (length 1)
+    ranges = _site([7, 1, 1, 7, 0, 5, 1, 9], lambda n: torch.arange(n, device="tpu"))
+    assert [is_padded(t) for t in ranges] == [False, False, False, False, False, True, False, True]
+    first_is_one = _site([(1, 4), (6, 4), (9, 4)], lambda s: torch.zeros(s, device="tpu"))
+    assert [is_padded(t) for t in first_is_one] == [False, False, True]
+    assert [t.tolist() for t in ranges[5:]] == [list(range(5)), [0], list(range(9))]
+
+
 def test_parameters_are_never_padded():
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 3), torch.nn.Linear(3, 5))
     model.to("tpu")

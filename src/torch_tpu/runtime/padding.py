@@ -382,12 +382,36 @@ def user_call_site() -> tuple | None:
     return None
 
 
+class _Sighting:
+    """What one call site has made: per dim the first size above 1 seen there (None before
+    one), and the dims whose size has changed since (dynamic from then on)."""
+
+    __slots__ = ("first", "dynamic")
+
+    def __init__(self, ndim: int):
+        self.first: list[int | None] = [None] * ndim
+        self.dynamic: frozenset[int] = frozenset()
+
+    def learn(self, shape: tuple) -> list[int]:
+        """Note ``shape`` made here; the dims to pad it along. Sizes 0 and 1 teach nothing and
+        are never padded (Dynamo's 0/1 specialization): a generation loop's prompt of length P
+        and its steps of length 1 stay two static shapes."""
+        for d, n in enumerate(shape):
+            if n > 1 and d not in self.dynamic:
+                if self.first[d] is None:
+                    self.first[d] = n
+                elif self.first[d] != n:
+                    self.dynamic |= {d}
+        return [d for d in self.dynamic if shape[d] > 1]
+
+
 def learned_layout(kind: str, shape: Sequence[int], dtype) -> Layout | None:
     """The layout a tensor of ``shape`` made by ``kind`` (``"host"``, ``"full"``, ``"arange"``)
     from the current user call site gets: padded along the dimensions whose size changed since
-    the first tensor made there (None while none has, or where padding is off or cannot apply:
-    a compiled program's trace, a call not made by user code). Inside a bucketed compiled graph
-    the dimensions are those Dynamo made symbolic (``context.symbolic_dims``)."""
+    the first tensor made there, where it is above 1 (None while none has, or where padding is
+    off or cannot apply: a compiled program's trace, a call not made by user code). Inside a
+    bucketed compiled graph the dimensions are those Dynamo made symbolic
+    (``context.symbolic_dims``)."""
     if not config.buckets or context.trace is not None or not shape:
         return None
     if context.symbolic_dims is not None:  # made inside a bucketed compiled graph: Dynamo knows
@@ -399,13 +423,8 @@ def learned_layout(kind: str, shape: Sequence[int], dtype) -> Layout | None:
     key = (site, kind, dtype, len(shape))
     seen = _sites.get(key)
     if seen is None:
-        _sites[key] = [shape, frozenset()]
-        return None
-    first, dynamic = seen
-    changed = frozenset(d for d, (a, b) in enumerate(zip(first, shape)) if a != b)
-    if not changed <= dynamic:
-        dynamic = seen[1] = dynamic | changed
-    dynamic = [d for d in dynamic if shape[d] > 0]
+        seen = _sites[key] = _Sighting(len(shape))
+    dynamic = seen.learn(shape)
     if not dynamic:
         return None
     return Layout.of(shape, dynamic)

@@ -5,6 +5,7 @@ promotion keyed by the operands' dtypes and the default dtype."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -1208,3 +1209,22 @@ def test_a_device_scalars_number_read_by_its_id_is_the_one_it_holds(monkeypatch)
             assert _same_number(read, number), number
     assert transfer.number_of(jnp.asarray(0.5)) is None  # (not one device_scalar made)
     assert transfer.number_of(0.5) is None
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_flips_of_the_same_elements_share_one_program(mode):
+    """``flip`` runs at its canonical dims (wrapped, sorted, size-1 dims dropped): PyTorch's
+    own tests flip along every permutation of the dims, each a program of its own before."""
+    x = torch.arange(2 * 3 * 1 * 5, dtype=torch.float32).reshape(2, 3, 1, 5)
+    with torch_tpu.eager_mode(mode):
+        on_tpu = x.to("tpu")
+        on_tpu.flip((0, 1, 3)).cpu()
+        before = _executables_built()
+        for dims in [(0, 1, 3), (3, 1, 0), (-4, 1, -1, 2), (1, 2, 0, 3)]:
+            assert torch.equal(on_tpu.flip(dims).cpu(), x.flip(dims))
+        assert _executables_built() == before
+        for bad in [(0, -4), (4,)]:  # CPU's errors, not the canonical call's
+            with pytest.raises(Exception) as expected:
+                x.flip(bad)
+            with pytest.raises(type(expected.value), match=f"^{re.escape(str(expected.value))}$"):
+                on_tpu.flip(bad)

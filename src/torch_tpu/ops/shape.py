@@ -92,7 +92,25 @@ def cat(tensors, dim=0):
     return jnp.concatenate(kept, axis=dim)
 
 
-@lower(aten.flip.default)
+def _flip_canonically(x, dims):
+    """``x.flip(dims)`` as the flip of the same elements along its canonical dims (wrapped,
+    sorted, those of size 1 dropped), so that ``flip((0, 1))``, ``flip((1, 0))`` and
+    ``flip((-2, 1))`` share one program; None where ``dims`` already are. Bad dims raise CPU's
+    errors."""
+    ndim, bound = x.dim(), max(x.dim(), 1)  # (a 0-d tensor takes dim 0 or -1, as on CPU)
+    for d in dims:
+        if not -bound <= d < bound:
+            raise IndexError(
+                f"Dimension out of range (expected to be in range of [{-bound}, {bound - 1}], but got {d})"
+            )
+    wrapped = [d + bound if d < 0 else d for d in dims]
+    for i, d in enumerate(wrapped):
+        _require(d not in wrapped[:i], f"dim {d} appears multiple times in the list of dims")
+    canonical = [d for d in sorted(wrapped) if ndim and x.shape[d] > 1]
+    return None if canonical == list(dims) else aten.flip.default(x, canonical)
+
+
+@lower(aten.flip.default, shortcut=_flip_canonically)
 def flip(x, dims):
     axes = [wrap_dim(d, x.ndim) for d in dims]  # a 0-d tensor takes dim 0 or -1, as on CPU
     return jnp.flip(x, axis=axes) if x.ndim else x

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import torch_tpu
 from torch_tpu.execution import fused
+from torch_tpu.runtime import checks
 
 
 @pytest.fixture
@@ -213,6 +214,35 @@ def test_an_index_made_out_of_range_between_replays_raises_when_the_result_is_re
     ids.copy_(torch.tensor([4, 2]).to("tpu"))
     g.replay()  # the graph survives the failed check
     torch.testing.assert_close(out.cpu(), weight_cpu[[4, 2]])
+
+
+def test_a_replays_checks_are_read_as_one_flag_and_a_failure_names_its_op(monkeypatch):
+    """A serving step's bounds checks (token ids, positions, cache slots) are summed up by the
+    program in one flag: a replay queues one check, and a failure is still the failing op's."""
+    table, rows = torch.arange(15.0).reshape(5, 3).to("tpu"), torch.arange(8.0).reshape(4, 2).to("tpu")
+    ids, positions = torch.tensor([0, 1], device="tpu"), torch.tensor([2, 3], device="tpu")
+    g = torch.tpu.TPUGraph()
+    with torch.tpu.graph(g):
+        out = F.embedding(ids, table).sum(-1) + rows.index_select(0, positions).sum(-1)
+    queued = []
+    monkeypatch.setattr(checks, "queue", lambda check, pending=None: queued.append(check))
+    g.replay()
+    assert [type(c).__name__ for c in queued] == ["Summary"]
+    monkeypatch.undo()
+    expected = lambda i, p: table.cpu()[i].sum(-1) + rows.cpu()[p].sum(-1)  # noqa: E731
+    torch.testing.assert_close(out.cpu(), expected([0, 1], [2, 3]))
+    positions.copy_(torch.tensor([1, 9]))
+    g.replay()
+    with pytest.raises(IndexError, match=r"index out of range in self \(raised by aten.index_select"):
+        out.cpu()
+    positions.copy_(torch.tensor([1, 0]))
+    ids.copy_(torch.tensor([6, 0]))
+    g.replay()
+    with pytest.raises(IndexError, match=r"index out of range in self \(raised by aten.embedding"):
+        torch.tpu.synchronize()
+    ids.copy_(torch.tensor([4, 2]))
+    g.replay()
+    torch.testing.assert_close(out.cpu(), expected([4, 2], [1, 0]))
 
 
 # ----------------------------------------------------------------------------- fused eager

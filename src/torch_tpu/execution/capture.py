@@ -114,6 +114,16 @@ class _Check:
     values: Any
     callback: Callable[[Any], None]
     origin: str
+    flags: list | None  # (``checks.Check.flags``, as positions or constants too)
+
+    def made(self, values: list | dict) -> checks.Check:
+        """The check of one run whose outputs are ``values`` (by position)."""
+
+        def filled(v: Any) -> Any:
+            return values[v] if type(v) is int else v
+
+        flags = None if self.flags is None else [filled(f) for f in self.flags]
+        return checks.Check(jax.tree_util.tree_map(filled, self.values), self.callback, self.origin, flags)
 
 
 @dataclasses.dataclass
@@ -125,8 +135,10 @@ class _Program:
     inputs: list[_Input]
     holders: list[list[weakref.ref]]  # per output, the storages given it
     donated: tuple[int, ...]
-    checks: list[_Check]
+    checks: list[_Check]  # each queued at every replay
+    summarized: list[_Check]  # summed up by the program's last output (``checks.Summary``)
     index: int  # the tpu it runs on
+    summary_reads: tuple[int, ...] = ()  # the outputs the summarized checks read
     executables: dict = dataclasses.field(default_factory=dict)  # donating? -> executable
 
 
@@ -164,7 +176,7 @@ class TPUGraph:
         self._leave_capture()
         graph = recorder.graph
         if not graph.nodes:
-            self._program = _Program(None, [], [], [], (), [], graph.index)
+            self._program = _Program(None, [], [], [], (), [], [], graph.index)
             return
         try:
             self._program, live = _captured(graph)
@@ -218,7 +230,11 @@ class TPUGraph:
                     storage = ref()
                     if storage is not None:
                         buffer.put(storage, value)
-        _queue_checks(program.checks, values)
+        if program.summarized:
+            values, flag = values[:-1], values[-1]
+            _queue_checks(program, values, flag)
+        elif program.checks:
+            _queue_checks(program, values, None)
         return values
 
     def reset(self) -> None:
@@ -285,11 +301,7 @@ def _captured(graph: _CapturedGraph) -> tuple[_Program, list[Deferred]]:
         for i, leaf in enumerate(graph.leaves)
         if id(leaf) in overwritten and inputs[i].storage is not None and inputs[i].aval in free
     )
-    position = {id(d): i for i, d in enumerate(live)}
-    captured_checks = [
-        _Check(jax.tree_util.tree_map(lambda v: position.get(id(v), v), c.values), c.callback, c.origin)
-        for c in graph.checks
-    ]
+    captured_checks = _captured_checks(graph.checks, live)
     graph.checks = []
     graph.ending = True
     specs = [
@@ -297,9 +309,51 @@ def _captured(graph: _CapturedGraph) -> tuple[_Program, list[Deferred]]:
         for leaf, aval in zip(graph.leaves, graph.leaf_avals)
     ]
     fused.stats.captures += 1
-    function = fused._program(graph.nodes, outputs)
+    summarized = [c for c in captured_checks if c.flags is not None]
+    function = _summarizing(fused._program(graph.nodes, outputs), summarized)
     holders = [held[id(d)] for d in live]
-    return _Program(function, specs, inputs, holders, donated, captured_checks, graph.index), live
+    queued = [c for c in captured_checks if c.flags is None]
+    reads = tuple(
+        sorted({v for c in summarized for v in jax.tree_util.tree_leaves(c.values) if type(v) is int})
+    )
+    program = _Program(function, specs, inputs, holders, donated, queued, summarized, graph.index, reads)
+    return program, live
+
+
+def _captured_checks(recorded: list[checks.Check], live: list[Deferred]) -> list[_Check]:
+    """The region's checks, their results as the program's output positions."""
+    position = {id(d): i for i, d in enumerate(live)}
+
+    def at(v: Any) -> Any:
+        return position.get(id(v), v)
+
+    return [
+        _Check(
+            jax.tree_util.tree_map(at, c.values),
+            c.callback,
+            c.origin,
+            None if c.flags is None else [at(f) for f in c.flags],
+        )
+        for c in recorded
+    ]
+
+
+def _summarizing(function: Callable, summarized: list[_Check]) -> Callable:
+    """``function`` with one more output where checks are summarized: whether any of their
+    flags is set (``checks.Summary``)."""
+    if not summarized:
+        return function
+
+    def run(*leaves):
+        outputs = function(*leaves)
+        flags = [
+            jax.numpy.asarray(outputs[f] if type(f) is int else f, bool).reshape(())
+            for c in summarized
+            for f in c.flags
+        ]
+        return [*outputs, jax.numpy.any(jax.numpy.stack(flags))]
+
+    return run
 
 
 def _restore_overwritten(graph: _CapturedGraph) -> None:
@@ -343,15 +397,17 @@ def _read(source: _Input) -> jax.Array:
 _reshape = jax.jit(jax.numpy.reshape, static_argnums=1)
 
 
-def _queue_checks(captured: list[_Check], values: list) -> None:
-    def filled(v: Any) -> Any:
-        return values[v] if type(v) is int else v
-
-    made = [checks.Check(jax.tree_util.tree_map(filled, c.values), c.callback, c.origin) for c in captured]
+def _queue_checks(program: _Program, values: list, flag: jax.Array | None) -> None:
+    """Queue a replay's checks, tainting its outputs: those the program summed up in ``flag``
+    as one ``checks.Summary``, the others one by one."""
+    made = [c.made(values) for c in program.checks]
+    if flag is not None:
+        summarized = program.summarized
+        results = {i: values[i] for i in program.summary_reads}  # (not the rest: a KV cache)
+        made.append(checks.Summary(flag, lambda: [c.made(results) for c in summarized], summarized[0].origin))
     for check in made:
         checks.queue(check)
-    if made:
-        checks.taint(values, made)
+    checks.taint(values, made)
     checks.poll()
 
 

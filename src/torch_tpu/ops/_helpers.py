@@ -167,15 +167,16 @@ def apply_check(fn: Callable, *args: Any) -> Any:
     return result
 
 
-def report_values(results, report: Callable[[Any], None]) -> None:
+def report_values(results, report: Callable[[Any], None], flags: list | None = None) -> None:
     """Call ``report`` with the host values of ``results`` (small arrays a value check computed
     with ``apply``), which raises PyTorch's error if they show one: at once in strict eager; in
     fused eager and compiled programs, with the graph or program that computes them, reported
-    where a value depending on them is read (``runtime.checks``)."""
+    where a value depending on them is read (``runtime.checks``). ``flags``: leaves of
+    ``results`` all False when ``report`` would pass (``checks.Check.flags``)."""
     if context.trace is not None:
         context.trace.check(results, report)
     else:
-        checks.when_ready(results, report)
+        checks.when_ready(results, report, flags)
 
 
 def _first_out_of_bounds_in(xp, index, low, high, ignore=None) -> tuple:
@@ -235,7 +236,7 @@ def check_bounds(
             if any_bad:
                 raise error(int(element) if by_element else position, int(value), size)
 
-    report_values(results, report)
+    report_values(results, report, flags=[any_bad for any_bad, _, _ in results])
 
 
 @functools.partial(jax.jit, static_argnums=1)

@@ -38,10 +38,14 @@ class Check:
     """One deferred check: its result arrays, the callback that raises PyTorch's exception from
     their host values, and the op and source line it came from."""
 
-    __slots__ = ("values", "callback", "origin", "state", "error", "reported")
+    __slots__ = ("values", "callback", "origin", "flags", "state", "error", "reported")
 
-    def __init__(self, values: Any, callback: Callable[[Any], None], origin: str):
+    def __init__(self, values: Any, callback: Callable[[Any], None], origin: str, flags: list | None = None):
         self.values, self.callback, self.origin = values, callback, origin
+        #: leaves of ``values`` (boolean scalars) that are all False when the check passes, so a
+        #: program computing several checks can sum them up in one flag (:class:`Summary`);
+        #: None where the callback alone can tell
+        self.flags = flags
         self.state = _PENDING
         self.error: BaseException | None = None
         self.reported = False
@@ -69,7 +73,7 @@ class Check:
             self.state = _PASSED
         except Exception as error:  # noqa: BLE001  (kept, raised where the value is read)
             self.error, self.state = error, _FAILED
-        self.values = self.callback = None  # (nor keep what the callback refers to alive)
+        self.values = self.callback = self.flags = None  # (nor keep what the callback refers to alive)
 
     def exception(self, where: str) -> BaseException:
         """The check's exception, saying where it came from and where it is reported."""
@@ -86,6 +90,28 @@ class Check:
             raised = RuntimeError(message)
         raised.__cause__ = error
         return raised
+
+
+class Summary(Check):
+    """The checks of one program run, summed up by the program in one boolean (True where any of
+    their flags is set): settled by reading that one value, and each member's results only
+    where it is set (a serving step's several bounds checks cost one small read, not several).
+    A failure is the first failing member's, from where it came."""
+
+    __slots__ = ("members",)
+
+    def __init__(self, flag: Any, members: Callable[[], list[Check]], origin: str):
+        super().__init__(flag, None, origin)
+        self.members = members
+
+    def conclude(self, host_values: Any) -> None:
+        self.state = _PASSED
+        if host_values:
+            for member in self.members():
+                if member.settle() == _FAILED:
+                    self.error, self.origin, self.state = member.error, member.origin, _FAILED
+                    break
+        self.values = self.members = None
 
 
 #: Called before the host waits on the device (a tensor read, a check's result,
@@ -113,11 +139,11 @@ def settle_together(checks: Iterable[Check]) -> None:
 
 
 # ----------------------------------------------------------------------------- recording checks
-def when_ready(values: Any, callback: Callable[[Any], None]) -> None:
+def when_ready(values: Any, callback: Callable[[Any], None], flags: list | None = None) -> None:
     """Call ``callback`` with the host copy of ``values`` (a pytree of result arrays): now in
     strict eager; while a fused graph records, with that graph (reported as the module
     docstring says), even if ``values`` are computed already. An exception from ``callback`` is
-    PyTorch's error for the op."""
+    PyTorch's error for the op. ``flags``: see :attr:`Check.flags`."""
     leaves = jax.tree_util.tree_leaves(values)
     pending = [v for v in leaves if type(v) is Deferred and v.value is None]
     if pending:
@@ -144,7 +170,7 @@ def when_ready(values: Any, callback: Callable[[Any], None]) -> None:
             events.tell("sync", "value check")
         callback(jax.device_get(jax.tree_util.tree_map(resolved, values)))
         return
-    graph.add_check(Check(values, callback, f"{context.op or 'an op'} at {user_line()}"))
+    graph.add_check(Check(values, callback, f"{context.op or 'an op'} at {user_line()}", flags))
 
 
 def deferred(values: Any, callback: Callable[[Any], None], origin: str) -> Check:

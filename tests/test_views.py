@@ -432,6 +432,127 @@ def test_overlapping_write_cpu_computes_in_loop_order_raises(name):
     assert_same(tpu, _base())
 
 
+# ----------------------------------------------------------------------------- copies between views
+# ``x[...] = y[...]`` where ``y[...]`` is a view its own program would read: one program reads it
+# and writes it into the part of x's storage (``tensor.write_view``). ``x`` is a 3x4 base, ``y``
+# another of the dtype given (ten times x), or ``x`` itself.
+VIEW_COPIES = {
+    "select": (lambda x, y: x[1].copy_(y[2]), torch.float32),
+    "slice_step": (lambda x, y: x[:, ::2].copy_(y[:, 1::2]), torch.float32),
+    "transposed": (lambda x, y: x[:2, 1:3].copy_(y[1:, :2].t()), torch.float32),
+    "row_into_column": (lambda x, y: x[:, 3].copy_(y[1, :3]), torch.float32),
+    "expanded_source": (lambda x, y: x[1:].copy_(y[2:].expand(2, 4)), torch.float32),
+    "broadcast_setitem": (
+        lambda x, y: x.__setitem__((slice(1, None), slice(1, None)), y[0, 1:]),
+        torch.float32,
+    ),
+    "int_to_float": (lambda x, y: x[2, ::3].copy_(y[1, 1:3]), torch.int64),
+    "own_other_row": (lambda x, y: x.__setitem__(0, x[1]), None),
+    "own_interleaved": (lambda x, y: _flat(x)[0::2].copy_(_flat(x)[1::2]), None),
+    "own_columns_shifted_left": (lambda x, y: x.__setitem__((slice(None), slice(None, -1)), x[:, 1:]), None),
+    "own_transposed_shifted_left": (lambda x, y: x.t()[:-1].copy_(x.t()[1:]), None),
+}
+
+
+def _programs(monkeypatch) -> list:
+    """The jitted helpers ``tensor``'s reads and writes run (or record, in fused eager) from now
+    on, in order."""
+    from torch_tpu.runtime import tensor
+
+    programs, apply = [], tensor.apply
+    monkeypatch.setattr(tensor, "apply", lambda fn, *args: programs.append(fn) or apply(fn, *args))
+    return programs
+
+
+@pytest.mark.parametrize("name", VIEW_COPIES)
+def test_a_copy_between_views_is_one_program_and_matches_cpu(name, monkeypatch):
+    from torch_tpu.runtime import tensor
+
+    fn, dtype = VIEW_COPIES[name]
+    cpu = _base()
+    cpu_source = cpu if dtype is None else _base(dtype=dtype) * 10
+    tpu = cpu.to(TPU)
+    tpu_source = tpu if dtype is None else cpu_source.to(TPU)
+    torch_tpu.sync()
+    programs = _programs(monkeypatch)
+    fn(cpu, cpu_source)
+    fn(tpu, tpu_source)
+    assert programs == [tensor._copy_strided]
+    monkeypatch.undo()
+    assert_same(tpu, cpu)
+    assert_same(tpu_source, cpu_source)
+    assert tpu._version == cpu._version
+
+
+VIEW_COPIES_APART = {  # copies ``write_view`` leaves to ``write`` as they were (x, y of dtype)
+    "conjugated_source": (lambda x, y: x[1].copy_(y.conj()[2]), torch.complex64),
+    "negated_source": (lambda x, y: x[1].copy_(torch._neg_view(y)[2]), torch.float32),
+    "reinterpreted_source": (lambda x, y: x[1].copy_(y.view(torch.int32)[2]), torch.float32),
+    "into_whole_storage": (lambda x, y: x.copy_(y[1:2].expand(3, 4)), torch.float32),
+    "into_real_part": (lambda x, y: x.real[1].copy_(y[2].real), torch.complex64),
+}
+
+
+@pytest.mark.parametrize("name", VIEW_COPIES_APART)
+def test_a_copy_one_program_cannot_take_reads_apart_and_matches_cpu(name, monkeypatch):
+    """Lazy conjugate/negative bits, a storage read in another dtype, a target that is all of
+    its storage: the source is read apart (or not at all), then written, as before."""
+    from torch_tpu.runtime import tensor
+
+    fn, dtype = VIEW_COPIES_APART[name]
+    cpu, cpu_source = _base().to(dtype), _base().to(dtype) * 10 + (1j if dtype.is_complex else 0)
+    tpu, tpu_source = cpu.to(TPU), cpu_source.to(TPU)
+    torch_tpu.sync()
+    programs = _programs(monkeypatch)
+    fn(cpu, cpu_source)
+    fn(tpu, tpu_source)
+    assert tensor._copy_strided not in programs
+    monkeypatch.undo()
+    assert_same(tpu, cpu)
+
+
+@pytest.mark.parametrize("name", ["copy_shifted_right", "setitem_rows_shifted"])
+def test_a_copy_between_overlapping_views_cpu_refuses_runs_nothing(name, monkeypatch):
+    """The overlap check comes first: CPU's error, no program, nothing written."""
+    tpu = _base().to(TPU)
+    torch_tpu.sync()
+    programs = _programs(monkeypatch)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        OVERLAP_ERRORS[name](tpu)
+    assert programs == []
+    monkeypatch.undo()
+    assert_same(tpu, _base())
+
+
+def test_a_row_copied_at_each_step_of_a_loop_is_one_program_of_one_executable(monkeypatch):
+    """``x[j] = y[i]`` over a loop (PyTorch's index_copy determinism test runs 120,000 steps):
+    one program a step, the same executable for every ``i`` and ``j`` (offsets are its inputs),
+    and CPU's result."""
+    from torch_tpu.runtime import tensor
+
+    rows = torch.randint(20, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    cpu, cpu_source = torch.zeros(20, 4, 3), torch.rand(40, 4, 3)
+    tpu, tpu_source = cpu.to(TPU), cpu_source.to(TPU)
+    # the first two steps compile: for x's value as copied, then as written (flat); y[0], at
+    # y's start, would be one more
+    for i in (1, 2):
+        for x, y in ((cpu, cpu_source), (tpu, tpu_source)):
+            x[rows[i]] = y[i]
+    torch_tpu.sync()
+    stats = torch.tpu.compilation_cache_stats()
+    compiles = stats["xla_compiles"] + stats["disk_hits"]
+    programs = _programs(monkeypatch)
+    for i, j in enumerate(rows[3:], 3):
+        cpu[j] = cpu_source[i]
+        tpu[j] = tpu_source[i]
+    assert programs == [tensor._copy_strided] * (len(rows) - 3)
+    monkeypatch.undo()
+    if torch_tpu.get_eager_mode() == torch_tpu.EagerMode.STRICT:  # (fused compiles its graph)
+        stats = torch.tpu.compilation_cache_stats()
+        assert stats["xla_compiles"] + stats["disk_hits"] == compiles
+    assert_same(tpu, cpu)
+
+
 def test_version_counter_is_shared_by_views():
     cpu, tpu = _base(), _base().to(TPU)
     for x in (cpu, tpu):

@@ -187,14 +187,25 @@ def copy_(self, src, non_blocking=False):
         if _discards_imaginary(src, self.dtype):
             src = src.real
         index = tensor.device_index(self)
-        value = _on_device(src, index) if tensor.is_tpu(src) else _host_to_device(src, self.dtype, index)
-        if tuple(src.shape) != tuple(self.shape):
-            torch.broadcast_shapes(src.shape, self.shape)  # PyTorch's error for bad shapes
-        overlap.check_writes([self], [src], copy=True)
-        tensor.write(self, value)
+        if tensor.is_tpu(src):
+            _check_copy(self, src)
+            if not tensor.write_view(self, src):  # (a view into part of a storage: one program)
+                tensor.write(self, _on_device(src, index))
+        else:
+            value = _host_to_device(src, self.dtype, index)
+            _check_copy(self, src)
+            tensor.write(self, value)
     else:
         self.copy_(_to_host(src))
     return self
+
+
+def _check_copy(self: torch.Tensor, src: torch.Tensor) -> None:
+    """PyTorch's errors for a copy between shapes that do not broadcast, or into a target that
+    overlaps itself or its source (before anything is read or written)."""
+    if tuple(src.shape) != tuple(self.shape):
+        torch.broadcast_shapes(src.shape, self.shape)  # PyTorch's error for bad shapes
+    overlap.check_writes([self], [src], copy=True)
 
 
 @runtime(aten._to_copy)

@@ -764,13 +764,93 @@ _conj, _negative = jax.jit(jnp.conj), jax.jit(jnp.negative)
 
 
 # ----------------------------------------------------------------------------- writes
-@functools.partial(jax.jit, static_argnums=(2, 3))
-def _strided_write(buf: jax.Array, value: jax.Array, shape, strides, offset) -> jax.Array:
+def _write_view(buf: jax.Array, value: jax.Array, shape, strides, offset) -> jax.Array:
+    """The flat storage array ``buf`` with its view (``shape``, ``strides``, starting at
+    ``offset``) set to ``value``, cast to ``buf``'s dtype and broadcast to ``shape``."""
     flat = buf.reshape(-1)
     value = jnp.broadcast_to(cast(value, buf.dtype), shape)
     if _permutation_of_dense(shape, strides) == list(range(len(shape))):
         return lax.dynamic_update_slice(flat, value.reshape(-1), (offset,))
     return flat.at[_flat_indices(shape, strides, offset).reshape(-1)].set(value.reshape(-1))
+
+
+_strided_write = jax.jit(_write_view, static_argnums=(2, 3))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 5, 6))
+def _copy_strided(
+    buf: jax.Array, shape, strides, offset, source: jax.Array, source_shape, source_strides, start
+) -> jax.Array:
+    """:func:`_write_view` of the view (``source_shape``, ``source_strides``, ``start``) of the
+    flat storage array ``source`` (which may be ``buf``: both are read before the write), read
+    in the same program. Like :func:`_strided_read`, the offsets are runtime arguments: a copy
+    from row ``i`` to row ``j`` is one executable for every ``i`` and ``j``."""
+    value = _read_view(source, source_shape, source_strides, start)
+    return _write_view(buf, value, shape, strides, offset)
+
+
+#: the storage values a view copy (:func:`write_view`) reads and writes in its program
+_PLAIN = (buffer.ARRAY_TYPE, Deferred)
+
+
+def write_view(t: torch.Tensor, src: torch.Tensor) -> bool:
+    """``t.copy_(src)`` of tpu tensors on one device in one program, where ``src`` is a view read
+    by a program of its own (:func:`_read_apart`) and ``t`` a part of its storage (``x[i] =
+    y[j]`` at each step of a loop): reading the view apart, then writing it, dispatches two.
+    False, writing nothing, for any other copy (:func:`write` takes it): a target that is its
+    whole storage, a storage of another dtype (read reinterpreted), a padded or uninitialized
+    one, lazy conjugate/negative bits (:func:`read_resolved`), tensors of two devices. The
+    caller checks the shapes and overlap first (``overlap.check_writes``); a source sharing
+    the target's storage is read before the write, as a copy of it would be.
+
+    Example::
+
+        >>> x, y = torch.zeros(4, 3, device="tpu"), torch.rand(8, 3, device="tpu")
+        >>> write_view(x[1], y[5])  # one program: x's storage with y[5] as its row 1
+        True
+    """
+    source = _copy_source(t, src)
+    if source is None:
+        return False
+    target = _copy_target(t)
+    if target is None:
+        return False
+    offset = device_scalar(t.storage_offset(), device_index(t))
+    value = apply(_copy_strided, target, tuple(t.shape), t.stride(), offset, *source)
+    buffer.put(t.untyped_storage(), value)
+    return True
+
+
+def _copy_source(t: torch.Tensor, src: torch.Tensor) -> tuple | None:
+    """(storage array, shape, strides, start) of the view ``src`` that :func:`write_view` reads
+    into ``t``; None where the copy is :func:`write`'s (see there)."""
+    if src.is_conj() or src.is_neg() or device_index(src) != device_index(t):
+        return None
+    stored = buffer.peek(src.untyped_storage())
+    if type(stored) not in _PLAIN or stored.dtype != TORCH_TO_JAX.get(src.dtype):
+        return None
+    buf, view = _view(src)
+    return None if view is None else (buf, *view)
+
+
+def _copy_target(t: torch.Tensor) -> buffer.Value | None:
+    """The storage array :func:`write_view` writes ``t`` into: one of ``t``'s dtype of which ``t``
+    is a part; else None."""
+    if t.is_conj() or t.is_neg():
+        return None
+    storage = t.untyped_storage()
+    stored = buffer.peek(storage)
+    dtype = TORCH_TO_JAX.get(t.dtype)
+    if type(stored) not in _PLAIN or stored.dtype != dtype or _is_whole(t, stored, dtype):
+        return None
+    return buffer.get_array(storage)  # (a deferred value whose graph has run: its array)
+
+
+def _is_whole(t: torch.Tensor, current: buffer.Value, dtype: np.dtype) -> bool:
+    """Whether ``t`` is all of its storage (value ``current``, seen as ``dtype``) in order."""
+    return (
+        t.storage_offset() == 0 and t.is_contiguous() and t.numel() * dtype.itemsize == buffer.nbytes(current)
+    )
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
@@ -819,10 +899,7 @@ def write(t: torch.Tensor, value) -> None:
     storage = t.untyped_storage()
     dtype = to_jax(t.dtype)
     shape = tuple(t.shape)
-    current = buffer.get(storage)
-    whole = (
-        t.storage_offset() == 0 and t.is_contiguous() and t.numel() * dtype.itemsize == buffer.nbytes(current)
-    )
+    whole = _is_whole(t, buffer.get(storage), dtype)
     filled = first_fill_on_host(shape, value, dtype, device_index(t)) if whole else None
     if filled is not None:  # (a model's initial weights: zeros_(bias), ones_(norm.weight))
         buffer.put(storage, filled)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
+import numpy as np
 
 from . import events
 from .buffer import Deferred, resolved
@@ -51,7 +52,7 @@ class Check:
         self.reported = False
 
     def ready(self) -> bool:
-        leaves = jax.tree_util.tree_leaves(self.values)
+        leaves = jax.tree_util.tree_leaves(self.values if self.flags is None else self.flags)
         if not all(type(v) is not Deferred or v.value is not None for v in leaves):
             return False
         arrays = (resolved(v) for v in leaves)  # (host values, ``host_copies.host_copy``'s, are)
@@ -65,6 +66,21 @@ class Check:
     def arrays(self) -> Any:
         """The result arrays (the pytree of ``values``, each computed)."""
         return jax.tree_util.tree_map(resolved, self.values)
+
+    def first_read(self) -> Any:
+        """What settling reads first: the flags where the check has them, else its results."""
+        return self.arrays() if self.flags is None else [resolved(f) for f in self.flags]
+
+    def conclude_first(self, host_values: Any) -> None:
+        """Conclude from the host values of :meth:`first_read`: flags all clear pass without
+        reading the results; otherwise the results are read and the callback runs."""
+        if self.flags is not None:
+            if not any(np.any(f) for f in host_values):
+                self.state = _PASSED
+                self.values = self.callback = self.flags = None
+                return
+            host_values = jax.device_get(self.arrays())
+        self.conclude(host_values)
 
     def conclude(self, host_values: Any) -> None:
         """Run the callback on the results' host copies; remember how it went."""
@@ -134,8 +150,8 @@ def settle_together(checks: Iterable[Check]) -> None:
             before_host_wait()
         if events.listeners:
             events.tell("sync", "value check")
-        for check, host_values in zip(pending, jax.device_get([c.arrays() for c in pending])):
-            check.conclude(host_values)
+        for check, host_values in zip(pending, jax.device_get([c.first_read() for c in pending])):
+            check.conclude_first(host_values)
 
 
 # ----------------------------------------------------------------------------- recording checks

@@ -325,6 +325,41 @@ def test_index_errors_like_cpu(fn, shape):
     assert_raises_like_cpu(fn, torch.arange(float(torch.Size(shape).numel())).reshape(shape))
 
 
+def _on(x: torch.Tensor, values) -> tuple:
+    return tuple(v.to(x.device) if isinstance(v, torch.Tensor) else v for v in values)
+
+
+# advanced indexing refused for its shapes alone (PyTorch's test_indexing.py checks each message)
+ADVANCED_INDEX_ERRORS = {
+    "no_index": (lambda x: aten.index.Tensor(x, []), (3,)),
+    "indices_do_not_broadcast": (
+        lambda x: x[_on(x, [torch.tensor([[0, 1]]), slice(None), torch.tensor([0, 1, 2])])],
+        (2, 3, 4),
+    ),
+    "false_mask_and_a_list": (lambda x: x[_on(x, [torch.tensor(False), [0, 1], Ellipsis])], (2, 3, 4)),
+    "dim_of_size_0": (lambda x: x[:, [0, 1]], (10, 0)),
+    "write_into_dim_of_size_0": (lambda x: x.__setitem__((slice(None), [1]), 1.0), (10, 0)),
+    "values_do_not_broadcast": (lambda x: x.__setitem__(x > -1, torch.ones(3, device=x.device)), (4,)),
+    "empty_values_of_another_dtype": (
+        lambda x: x.__setitem__(x > -1, torch.ones(0, dtype=torch.int64, device=x.device)),
+        (4,),
+    ),
+    "values_of_another_dtype": (
+        lambda x: x.__setitem__(x > -1, torch.ones(4, dtype=torch.int64, device=x.device)),
+        (4,),
+    ),
+}
+
+
+@pytest.mark.parametrize("fn,shape", ADVANCED_INDEX_ERRORS.values(), ids=ADVANCED_INDEX_ERRORS.keys())
+def test_advanced_index_errors_are_cpus_messages(fn, shape):
+    x = torch.arange(float(torch.Size(shape).numel())).reshape(shape)
+    with pytest.raises(Exception) as expected:
+        fn(x.clone())
+    error = assert_raises_like_cpu(fn, x)
+    assert str(error) == str(expected.value)
+
+
 # ----------------------------------------------------------------------------- integer division
 # Each division of a tensor ``x`` by a divisor ``d`` that is zero somewhere (PyTorch CPU raises
 # ``RuntimeError("ZeroDivisionError")``; XLA would return an arbitrary integer).

@@ -146,8 +146,31 @@ def _advanced_indices(x: jax.Array, indices) -> list[jax.Array | None]:
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
     if len(expanded) > len(shape):
         raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
+    _indexed_shape(shape, expanded)  # (CPU's IndexError for indices that do not broadcast)
+    for index, size, _ in bounds:
+        if size == 0 and index.size:  # (no value to read: CPU's message for it)
+            raise IndexError("index is out of bounds for dimension with size 0")
     check_bounds(bounds, _out_of_bounds)
     return expanded
+
+
+def _indexed_shape(shape: tuple, indices: list) -> tuple:
+    """The shape of ``x[indices]`` (``indices`` as :func:`_advanced_indices` gives them): the
+    index tensors' broadcast shape in place of the dims they index where those are adjacent,
+    else in front, as NumPy and PyTorch place it."""
+    at = [d for d, index in enumerate(indices) if index is not None]
+    given = [tuple(indices[d].shape) for d in at]
+    try:
+        broadcast = np.broadcast_shapes(*given)
+    except ValueError:
+        shapes = ", ".join(str(list(g)) for g in given)
+        raise IndexError(
+            f"shape mismatch: indexing tensors could not be broadcast together with shapes {shapes}"
+        ) from None
+    kept = [n for d, n in enumerate(shape) if d not in at]
+    if at == list(range(at[0], at[-1] + 1)):
+        return (*shape[: at[0]], *broadcast, *kept[at[0] :])
+    return (*broadcast, *kept)
 
 
 def _numpy_key(indices) -> tuple:
@@ -168,6 +191,8 @@ def _put_advanced(x, indices, values, accumulate):
 # shape); with integer indices the jitted pieces record into fused eager's graph like any op.
 @lower(aten.index.Tensor, runs=Runs.EAGER, pad=BY_LOWERING)
 def index(x, indices):
+    if not indices:
+        raise IndexError("at least one index must be provided")
     if type(x) is Padded or any(type(i) is Padded for i in indices):
         return _padded_index(x, indices)
     return apply(_take_advanced, x, tuple(_advanced_indices(x, indices)))
@@ -237,13 +262,26 @@ def _report_out_of_bounds(lengths: tuple, results) -> None:
 
 @lower(aten.index_put.default, runs=Runs.EAGER)
 def index_put(x, indices, values, accumulate=False):
+    expanded = _advanced_indices(x, indices)
+    _check_put_values(x, expanded, values)
+    return apply(_put_advanced, x, tuple(expanded), values, accumulate)
+
+
+def _check_put_values(x, indices: list, values) -> None:
+    """CPU's errors, in its order, for values that cannot go where ``indices`` point."""
+    shape = _indexed_shape(x.shape, indices)
+    given = tuple(getattr(values, "shape", ()))
+    if len(given) > len(shape) or any(v not in (1, n) for v, n in zip(reversed(given), reversed(shape))):
+        raise RuntimeError(
+            f"shape mismatch: value tensor of shape {list(given)} cannot be broadcast to indexing "
+            f"result of shape {list(shape)}"
+        )
     if hasattr(values, "dtype") and values.dtype != x.dtype:
         raise RuntimeError(
             f"Index put requires the source and destination dtypes match, got "
             f"{type_name(x.dtype)} for the destination and "
             f"{type_name(values.dtype)} for the source."
         )
-    return apply(_put_advanced, x, tuple(_advanced_indices(x, indices)), values, accumulate)
 
 
 @lower(aten._index_put_impl.default, runs=Runs.EAGER)

@@ -409,6 +409,21 @@ def test_scalar_divided_by_a_tensor_with_a_zero_raises_like_cpu():
         assert str(assert_raises_like_cpu(fn, torch.tensor([1, 0, 2]))) == "ZeroDivisionError"
 
 
+def test_a_weakly_typed_divisor_of_several_elements_is_checked_as_a_tensor():
+    """A weakly typed device array is a Python number's copy only when it has no dims (PyTorch's
+    test_index_reduce met one of several elements: 'The truth value of an array ... is
+    ambiguous')."""
+    import jax.numpy as jnp
+
+    from torch_tpu.ops._helpers import check_nonzero
+
+    check_nonzero(jnp.full((3,), 2), jnp.int64)
+    with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):
+        check_nonzero(jnp.full((3,), 0), jnp.int64)
+    with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):
+        check_nonzero(jnp.full((), 0), jnp.int64)
+
+
 DIVISION_VALUES = {  # results CPU defines, which the checks must leave alone
     "signs": (torch.tensor([-7, 7, -7, 7]), torch.tensor([2, -2, -2, 2])),
     "int8_min_by_minus_one": (

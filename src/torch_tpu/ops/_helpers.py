@@ -279,6 +279,7 @@ def check_nonzero(divisor, dtype) -> None:
         getattr(divisor, "weak_type", False)
         and isinstance(divisor, jax.Array)
         and not isinstance(divisor, jax.core.Tracer)
+        and divisor.ndim == 0  # (a weakly typed array of several elements is a tensor's)
     )
     if python_scalar and context.trace is None:
         _zero_division(_is_zero_number(divisor, dtype))

@@ -1228,3 +1228,21 @@ def test_flips_of_the_same_elements_share_one_program(mode):
                 x.flip(bad)
             with pytest.raises(type(expected.value), match=f"^{re.escape(str(expected.value))}$"):
                 on_tpu.flip(bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.complex64, torch.int32, torch.bool])
+def test_assert_close_compares_in_one_program_per_shape(dtype):
+    """``isclose`` (CompositeImplicitAutograd: a dozen ops per call on CPU) is one tpu program,
+    so ``assert_close`` of two tpu tensors of a new shape compiles it and the ``all``, no more."""
+    cpu = (torch.arange(12.0).reshape(3, 4) - 5).to(dtype)
+    a, b = cpu.to("tpu"), (cpu + torch.ones((), dtype=dtype)).to("tpu")
+    torch.testing.assert_close(a, a)  # (the comparison's other programs, made once)
+    shape = (5, 7)
+    x = torch.ones(shape, dtype=dtype, device="tpu")
+    before = _executables_built()
+    torch.testing.assert_close(x, x.clone())
+    assert _executables_built() - before <= 2
+    with pytest.raises(AssertionError, match="Mismatched elements"):
+        torch.testing.assert_close(a, b)
+    assert torch.isclose(a, b).cpu().tolist() == torch.isclose(cpu, cpu + torch.ones((), dtype=dtype)).tolist()
+

@@ -545,6 +545,41 @@ for _name, _fn in [
     predicate(getattr(aten, _name).Tensor, _fn)
     predicate(getattr(aten, _name).Scalar, _fn)
 
+def _check_isclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False) -> None:
+    """CPU's refusals, in its order."""
+    if x.dtype != other.dtype:
+        raise RuntimeError(f"{type_name(x.dtype)} did not match {type_name(other.dtype)}")
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value < 0:
+            raise RuntimeError(f"{name} must be greater than or equal to zero, but got {value:g}")
+
+
+@lower(
+    aten.isclose.default,
+    promote=INT_TO_FLOAT,
+    static=("rtol", "atol"),
+    check=_check_isclose,
+    nondifferentiable=True,
+)
+def isclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False, *, types):
+    """PyTorch's decomposition of ``isclose`` as one program (``assert_close`` calls it on
+    every comparison): each step rounded to the dtype it returns on CPU, computed in the op
+    math dtype with the tolerances converted to it; integers and bools compared in the default
+    float dtype."""
+    close = x == other
+    if equal_nan and jnp.issubdtype(x.dtype, jnp.inexact):
+        close = close | (jnp.isnan(x) & jnp.isnan(other))
+    if rtol == 0 and atol == 0:
+        return close
+    dtype, wide = types.result, types.compute
+    real = jnp.finfo(dtype).dtype
+    other = other.astype(wide)
+    scaled = (other * jnp.asarray(rtol, wide)).astype(dtype)
+    allowed = (jnp.abs(scaled).astype(accumulator(real)) + atol).astype(real)
+    actual = jnp.abs((x.astype(wide) - other).astype(dtype))
+    return close | (jnp.isfinite(actual) & (actual <= allowed))
+
+
 for _name, _fn in [
     ("logical_and", jnp.logical_and),
     ("logical_or", jnp.logical_or),

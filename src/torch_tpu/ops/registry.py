@@ -121,6 +121,10 @@ class Lowering:
     # The C++ runtime core registers its own kernel for this op (the views): ``fn`` serves only
     # where no such kernel is registered
     native: bool = False
+    # A CompositeImplicitAutograd op whose outputs are never differentiable (``isclose``'s
+    # booleans): its tpu kernel takes nothing from autograd, and runs one program where the
+    # decomposition would run a dozen ops (each compiled per shape and dtype)
+    nondifferentiable: bool = False
     # How the op runs on values padded to size buckets (``ops.padding``: a rule object with a
     # ``plan(values, names)``); None: its padded inputs are read unpadded (a program per shape).
     # The op's ``check``, if any, sees padded operands as their logical shapes and dtypes

@@ -63,9 +63,10 @@ def _is_purely_composite(op: torch._ops.OpOverload) -> bool:
     return has("CompositeImplicitAutograd") and not has("CPU")
 
 
-def check_installable(op: torch._ops.OpOverload) -> None:
-    """Refuse lowerings PyTorch would never call, or would call behind autograd's back."""
-    if _is_purely_composite(op):
+def check_installable(op: torch._ops.OpOverload, nondifferentiable: bool = False) -> None:
+    """Refuse lowerings PyTorch would never call, or would call behind autograd's back (a
+    composite op whose outputs autograd never tracks, ``nondifferentiable``, may be lowered)."""
+    if _is_purely_composite(op) and not nondifferentiable:
         raise RuntimeError(
             f"{op} is CompositeImplicitAutograd: lower the ops it decomposes "
             "into instead (a tpu kernel would bypass autograd)"
@@ -189,7 +190,7 @@ def install() -> None:
     explicit = set(LOWERINGS)
     has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
     for op, entry in LOWERINGS.items():
-        check_installable(op)
+        check_installable(op, entry.nondifferentiable)
         if entry.native and has_kernel(qualified_name(op), "PrivateUse1"):
             SERVED_BY_THE_CORE.add(op)  # (no core, or one built before it had this kernel: ours)
             continue

@@ -1246,3 +1246,56 @@ def test_assert_close_compares_in_one_program_per_shape(dtype):
         torch.testing.assert_close(a, b)
     assert torch.isclose(a, b).cpu().tolist() == torch.isclose(cpu, cpu + torch.ones((), dtype=dtype)).tolist()
 
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_a_masked_write_of_a_number_or_row_needs_no_count(mode):
+    """``x[mask] = v`` with ``v`` a number or a row of the dims after the mask's is a
+    ``masked_fill``, as PyTorch's ``index_put_`` makes it: a new mask of a known shape compiles
+    nothing and reads nothing back; values that need the count still take the general path."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 5, 3)
+    with torch_tpu.eager_mode(mode):
+        on_tpu = x.to("tpu")
+
+        def put(key, value, accumulate=False):
+            indices = key if isinstance(key, tuple) else (key,)
+            return on_tpu.index_put(
+                tuple(None if i is None else i.to("tpu") for i in indices), value.to("tpu"), accumulate
+            ).cpu()
+
+        mask = torch.randn(6, 5) > 0
+        row = torch.tensor([1.0, 2.0, 3.0])
+        assert torch.equal(put(mask, torch.tensor(0.0)), x.index_put((mask,), torch.tensor(0.0)))
+        assert torch.equal(put(mask, row, True), x.index_put((mask,), row, True))
+        assert torch.equal(put(mask, row), x.index_put((mask,), row))
+        before = _executables_built()
+        for _ in range(3):
+            mask = torch.randn(6, 5) > 0
+            assert torch.equal(put(mask, row), x.index_put((mask,), row))
+        assert _executables_built() == before
+        column = torch.randn(5) > 0
+        aten = torch.ops.aten.index_put.default
+        on_cpu = aten(x, [None, column], row)
+        assert torch.equal(aten(on_tpu, [None, column.to("tpu")], row.to("tpu")).cpu(), on_cpu)
+        counted = torch.randn(int(mask.sum()), 3)
+        assert torch.equal(put(mask, counted), x.index_put((mask,), counted))
+        with pytest.raises(RuntimeError, match=r"shape mismatch: value tensor of shape \[2\]"):
+            put(mask, torch.ones(2))
+
+
+@pytest.mark.parametrize("listing_bytes", [None, 0])
+def test_nonzero_coordinates_equal_cpus_on_the_host_and_on_the_device(listing_bytes, monkeypatch):
+    """Small inputs are listed on the host (no program per count), large ones on the device."""
+    from torch_tpu.ops import indexing
+
+    if listing_bytes is not None:
+        monkeypatch.setattr(indexing, "HOST_LISTING_BYTES", listing_bytes)
+    torch.manual_seed(1)
+    for x in [torch.randn(4, 5), torch.randint(0, 2, (3, 2, 2)), torch.tensor([0.0, float("nan"), 2]), torch.zeros(3, 0)]:
+        on_tpu = x.to("tpu")
+        assert torch.equal(torch.nonzero(on_tpu).cpu(), torch.nonzero(x))
+        mask = x > 0
+        assert torch.equal(on_tpu[mask.to("tpu")].cpu(), x[mask])
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(on_tpu.nonzero(as_tuple=True), x.nonzero(as_tuple=True)))
+    assert torch.nonzero(torch.tensor(3.0, device="tpu")).shape == (1, 0)
+    assert torch.nonzero(torch.tensor(0, device="tpu")).shape == (0, 0)

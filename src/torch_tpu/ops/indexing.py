@@ -23,11 +23,11 @@ import numpy as np
 import torch
 from jax import lax
 
-from ..runtime import buffer, checks
+from ..runtime import buffer, checks, transfer
 from ..runtime import padding as padding_state
 from ..runtime.buffer import Padded, apply
 from ..runtime.dtypes import overflow_error
-from ..runtime.host_copies import host_range
+from ..runtime.host_copies import host_copy, host_range, keep_host_copy
 from . import padding as padding_rules
 from ._helpers import (
     check_bounds,
@@ -109,6 +109,59 @@ _UINT8_MASK_DEPRECATED = (
 )
 
 
+def _check_mask(shape: tuple, dim: int, mask) -> None:
+    """CPU's warning and errors for a boolean (or uint8) ``mask`` indexing ``shape`` from ``dim``."""
+    if mask.dtype == np.uint8:
+        warn(_UINT8_MASK_DEPRECATED)
+    if mask.ndim == 0:
+        _reject("0-dim mask index")
+    if shape[dim : dim + mask.ndim] != mask.shape:
+        for k, (mask_size, size) in enumerate(zip(mask.shape, shape[dim:])):
+            if mask_size != size:
+                raise IndexError(
+                    f"The shape of the mask {list(mask.shape)} at index {k} does not "
+                    f"match the shape of the indexed tensor {list(shape)} at index {dim + k}"
+                )
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
+
+
+@jax.jit
+def _count_nonzero(x):
+    return jnp.count_nonzero(x)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _listed_nonzero(x, count: int, stacked: bool):
+    coordinates = jnp.nonzero(x, size=count)
+    return jnp.stack(coordinates, axis=1).astype(jnp.int64) if stacked else coordinates
+
+
+#: The largest input whose nonzero coordinates are listed on the host: reading it costs less
+#: than compiling the device's listing, a program per shape and count
+HOST_LISTING_BYTES = 1 << 20
+
+
+def _coordinates(x, stacked: bool = False):
+    """The coordinates of ``x``'s nonzero elements, one array per dim (``stacked``: one
+    (count, ndim) matrix): a host sync, as on CUDA, whose count sets the result's shape. A
+    small ``x`` (its host copy, or its value read back) is listed on the host and the
+    coordinates copied over, no program compiled for any count; a large one is counted, then
+    listed at that count on the device."""
+    host = host_copy(x)
+    x = checks.before_host_read(x)  # (a sync point in fused eager)
+    if host is None and x.nbytes <= HOST_LISTING_BYTES:
+        host = np.asarray(x)
+    if host is None:
+        return _listed_nonzero(x, int(_count_nonzero(x)), stacked)
+    listed = [c.astype(np.int64) for c in np.nonzero(host)]
+    listed = [np.stack(listed, axis=1)] if stacked else listed
+    device = x.sharding._device
+    coordinates = [transfer.put(c, device) for c in listed]
+    for array, c in zip(coordinates, listed):
+        keep_host_copy(array, c)
+    return coordinates[0] if stacked else tuple(coordinates)
+
+
 def _advanced_indices(x: jax.Array, indices) -> list[jax.Array | None]:
     """``Tensor?[] indices`` with boolean masks replaced by their nonzero coordinates (a host
     sync), validated and bounds-checked like PyTorch CPU."""
@@ -125,23 +178,8 @@ def _advanced_indices(x: jax.Array, indices) -> list[jax.Array | None]:
                 bounds.append((index, shape[len(expanded)], True))
             expanded.append(index)
         elif dtype in _MASK_DTYPES:
-            if dtype == np.uint8:
-                warn(_UINT8_MASK_DEPRECATED)
-            if index.ndim == 0:
-                _reject("0-dim mask index")
-            dim = len(expanded)
-            if shape[dim : dim + index.ndim] != index.shape:
-                for k, (mask_size, size) in enumerate(zip(index.shape, shape[dim:])):
-                    if mask_size != size:
-                        raise IndexError(
-                            f"The shape of the mask {list(index.shape)} at index {k} does not "
-                            f"match the shape of the indexed tensor {list(shape)} at index "
-                            f"{dim + k}"
-                        )
-                raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
-            coordinates = jnp.nonzero(checks.before_host_read(index))  # a sync point in fused eager
-            bounds.extend((c, size, True) for c, size in zip(coordinates, shape[dim:]))
-            expanded.extend(coordinates)
+            _check_mask(shape, len(expanded), index)
+            expanded.extend(_coordinates(index))  # (in bounds: the mask has the dims' sizes)
         else:
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
     if len(expanded) > len(shape):
@@ -260,8 +298,35 @@ def _report_out_of_bounds(lengths: tuple, results) -> None:
             raise _out_of_bounds(k, int(first[k]), length)
 
 
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _put_masked(x, mask, values, dim: int, accumulate: bool):
+    where = mask.astype(jnp.bool_).reshape((1,) * dim + mask.shape + (1,) * (x.ndim - dim - mask.ndim))
+    return jnp.where(where, x + values if accumulate else values, x)
+
+
+def _put_by_mask(x, indices, values, accumulate: bool):
+    """``x[mask] = values`` where the one index is a mask and ``values`` broadcasts to the dims
+    after the mask's (a number, a row): as ``masked_fill``, where PyTorch's own ``index_put_``
+    sends a number, one program per shape and no host sync; None for other calls (their
+    result's shape, or CPU's error, needs the mask's count)."""
+    given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(given) != 1 or given[0][1].dtype not in _MASK_DTYPES or len(indices) > x.ndim:
+        return None
+    dim, mask = given[0]
+    after = x.shape[dim + mask.ndim :]
+    shape = tuple(getattr(values, "shape", ()))
+    fits = len(shape) <= len(after) and all(v in (1, n) for v, n in zip(reversed(shape), reversed(after)))
+    if not fits or getattr(values, "dtype", x.dtype) != x.dtype:
+        return None
+    _check_mask(x.shape, dim, mask)
+    return apply(_put_masked, x, mask, values, dim, accumulate)
+
+
 @lower(aten.index_put.default, runs=Runs.EAGER)
 def index_put(x, indices, values, accumulate=False):
+    by_mask = _put_by_mask(x, indices, values, accumulate)
+    if by_mask is not None:
+        return by_mask
     expanded = _advanced_indices(x, indices)
     _check_put_values(x, expanded, values)
     return apply(_put_advanced, x, tuple(expanded), values, accumulate)
@@ -597,10 +662,9 @@ def masked_select(x, mask):
     ),
 )
 def nonzero(x):
-    coordinates = jnp.nonzero(_as_1d(x))
     if x.ndim == 0:
-        return jnp.zeros((coordinates[0].size, 0), jnp.int64)
-    return jnp.stack(coordinates, axis=1).astype(jnp.int64)
+        return jnp.zeros((int(bool(x)), 0), jnp.int64)
+    return _coordinates(x, stacked=True)
 
 
 @lower(aten.nonzero_static.default)

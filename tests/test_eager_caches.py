@@ -1299,3 +1299,13 @@ def test_nonzero_coordinates_equal_cpus_on_the_host_and_on_the_device(listing_by
         assert all(torch.equal(a.cpu(), b) for a, b in zip(on_tpu.nonzero(as_tuple=True), x.nonzero(as_tuple=True)))
     assert torch.nonzero(torch.tensor(3.0, device="tpu")).shape == (1, 0)
     assert torch.nonzero(torch.tensor(0, device="tpu")).shape == (0, 0)
+
+
+def test_an_unwritten_storage_of_a_new_size_is_read_without_a_program():
+    """``torch.empty(n)`` read before anything wrote it (``torch.empty(n).uniform_()``, whose
+    lowering takes its input) is zeros built on the host: no program per new ``n``."""
+    torch.tensor([1.0], device="tpu").cpu()
+    before = _executables_built()
+    for n in (37, 41, 43):
+        assert torch.empty(n, device="tpu").cpu().shape == (n,)
+    assert _executables_built() == before

@@ -855,8 +855,10 @@ def _is_whole(t: torch.Tensor, current: buffer.Value, dtype: np.dtype) -> bool:
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def fill(value: jax.Array, shape: tuple, dtype) -> jax.Array:
-    """``value`` cast to ``dtype`` (as CPU casts) and broadcast to ``shape``."""
-    return jnp.broadcast_to(cast(value, dtype), shape)
+    """``value`` cast to ``dtype`` (as CPU casts) and broadcast to ``shape``: a strongly typed
+    array even from a weakly typed scalar of that dtype (a storage's value is never weak: the
+    programs reading it would compile once more for its weak type)."""
+    return jnp.broadcast_to(lax.convert_element_type(cast(value, dtype), dtype), shape)
 
 
 def _writes_padded_whole(t: torch.Tensor, value: Padded) -> bool:

@@ -515,6 +515,9 @@ PADDED_OPINFOS = [
     "nn.functional.pad.constant",
     "nn.functional.nll_loss",
     "__getitem__",
+    "index_put",
+    "cumsum",
+    "cumprod",
 ]
 _BY_NAME = {(f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name): op for op in op_db}
 
@@ -808,3 +811,59 @@ def test_the_warm_up_example_runs():
     from torch_tpu.execution import warmup
 
     assert doctest.testmod(warmup).failed == 0
+
+
+def _random_walk_put(n: int) -> tuple:
+    """PyTorch's ``test_index_put_accumulate_duplicate_indices``, one size of its loop."""
+    delta = torch.empty(n, dtype=torch.float64, device="tpu").uniform_(-1, 1)
+    indices = delta.cumsum(0).long()
+    x = torch.randn(int(indices.abs().max()) + 1, device="tpu")
+    values = torch.randn(indices.size(0), device="tpu")
+    return x, indices, values, x.index_put((indices,), values, accumulate=True)
+
+
+def test_random_fills_scans_and_puts_at_new_sizes_in_a_bucket_compile_nothing():
+    """A loop over sizes: ``torch.empty(n)`` and ``torch.randn(n)`` are learned factories, random
+    fills, ``cumsum`` and ``index_put`` run padded, and each result equals CPU's."""
+    torch.manual_seed(0)  # (the walks' lengths, and so the buckets of ``x``, are the seed's)
+    for n in (17, 18):
+        _random_walk_put(n)
+    before = compiles()
+    for n in range(19, 31):
+        x, indices, values, out = _random_walk_put(n)
+        assert is_padded(indices) and is_padded(values) and is_padded(out), n
+        expected = x.cpu().index_put((indices.cpu(),), values.cpu(), accumulate=True)
+        torch.testing.assert_close(out.cpu(), expected)
+        assert torch.equal(indices.cpu(), torch.tensor(indices.tolist()))
+    assert compiles() == before
+
+
+def test_random_draws_padded_keep_the_values_of_the_seed(monkeypatch):
+    """A draw at a line whose sizes change is padded along its first dim and holds, at its
+    logical positions, the values the unpadded draw gives for the same seed."""
+
+    def draws(n):
+        torch.manual_seed(3)
+        return (
+            torch.randn(n, 2, device="tpu"),
+            torch.empty(n, dtype=torch.float64, device="tpu").uniform_(-1, 1),
+            torch.rand(n, device="tpu"),
+            torch.empty(n, 3, device="tpu").normal_(),
+            torch.empty(n, dtype=torch.int64, device="tpu").random_(0, 100),
+            torch.empty(n, device="tpu").bernoulli_(0.3),
+        )
+
+    sizes = (5, 9, 11, 12)
+    got = [draws(n) for n in sizes]
+    assert all(is_padded(t) for t in got[-1])
+    monkeypatch.setattr(torch_tpu.config, "buckets", False)
+    for n, drawn in zip(sizes, got):
+        assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(drawn, draws(n))), n
+
+
+def test_a_draw_padded_along_another_dim_is_drawn_unpadded():
+    x = padded(torch.zeros(3, 9), [1])
+    torch.manual_seed(4)
+    drawn = x.uniform_()
+    torch.manual_seed(4)
+    assert torch.equal(drawn.cpu(), torch.empty(3, 9, device="tpu").uniform_().cpu())

@@ -16,6 +16,7 @@ import torch
 
 from ..runtime import buffer, checks, overlap, padding, platform, tensor, transfer
 from ..runtime.buffer import apply
+from ..runtime.context import context
 from ..runtime.dtypes import TORCH_TO_JAX, cast, check_scalar, to_jax
 from ..runtime.flags import flags
 from ._helpers import warn
@@ -35,7 +36,28 @@ def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_fo
     if memory_format not in (None, torch.contiguous_format):  # channels-last strides (or the
         # error PyTorch raises for the formats ``empty`` does not take) from the Meta kernel
         strides = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    else:
+        made = _padded_empty(size, _target_dtype(dtype))
+        if made is not None:
+            return made
     return tensor.empty(size, _target_dtype(dtype), strides=strides)
+
+
+def _padded_empty(size, dtype: torch.dtype) -> torch.Tensor | None:
+    """``torch.empty(size)`` padded to its buckets where the user's line has made tensors of
+    other sizes before (``padding.learned_layout``: ``torch.empty(n).uniform_()`` for each new
+    ``n`` then runs the bucket's programs); None elsewhere. Its storage holds zeros."""
+    if any(n < 0 for n in size):
+        return None  # (the unpadded path raises PyTorch's error)
+    jdtype = to_jax(dtype)
+    layout = padding.learned_layout("empty", size, jdtype)
+    if layout is None:
+        return None
+    index = context.index
+    zeros = transfer.first_fill_on_host(layout.padded_shape, 0, jdtype, index)
+    if zeros is None:
+        zeros = apply(tensor.fill, transfer.device_scalar(0, index), layout.padded_shape, jdtype)
+    return tensor.wrap_padded(buffer.Padded(zeros, layout))
 
 
 @runtime(aten.empty_strided)

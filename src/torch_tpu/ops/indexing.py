@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -85,7 +86,7 @@ def _as_1d(x: jax.Array) -> jax.Array:
     return x.reshape(1) if x.ndim == 0 else x
 
 
-def _at_reduce(x: jax.Array, key, values, reduce: str) -> jax.Array:
+def _at_reduce(x: jax.Array, key, values, reduce: str, mode: str | None = None) -> jax.Array:
     """``x`` with ``values`` combined in at ``key`` (``set``/``sum``/``prod``/``amax``/``amin``).
 
     Booleans combine as torch does (sum and amax are "or", prod and amin "and"), computed in
@@ -100,7 +101,7 @@ def _at_reduce(x: jax.Array, key, values, reduce: str) -> jax.Array:
         "amax": target.max,
         "amin": target.min,
     }[reduce]
-    return combine(values).astype(x.dtype)
+    return combine(values, mode=mode).astype(x.dtype)
 
 
 # ----------------------------------------------------------------------------- advanced indexing
@@ -240,10 +241,20 @@ def _logical_shape(value) -> tuple:
     return value.layout.shape if type(value) is Padded else tuple(value.shape)
 
 
-def _padded_index(x, indices) -> Padded | None:
-    """``x[indices]`` where ``x`` or an integer index is padded (``ops.padding.INDEX``): the
-    indices checked against the logical sizes, as :func:`_advanced_indices` checks them; None
-    for a call it does not serve (a mask index, an empty one), read unpadded."""
+class _PaddedIndices(NamedTuple):
+    """Integer indices of a padded call: the dims they index, the indices, the logical lengths
+    of those dims (and as a device array, the programs' runtime argument)."""
+
+    dims: tuple
+    given: list
+    lengths: tuple
+    sizes: jax.Array
+
+
+def _checked_padded_indices(x, indices, operands: tuple) -> _PaddedIndices | None:
+    """The integer ``indices`` of ``x`` where some of ``operands`` is padded, checked against the
+    logical sizes as :func:`_advanced_indices` checks them; None for a call the padded programs
+    do not serve (a mask index, an empty one): it is read unpadded."""
     if len(indices) > len(_logical_shape(x)):
         return None
     if any(i is not None and i.dtype not in _INDEX_DTYPES for i in indices):
@@ -253,14 +264,33 @@ def _padded_index(x, indices) -> Padded | None:
     lengths = tuple(_logical_shape(x)[d] for d in dims)
     if not dims or 0 in lengths or any(0 in _logical_shape(i) for i in given):
         return None
-    first_padded = next(v for v in (x, *given) if type(v) is Padded)
+    first_padded = next(v for v in operands if type(v) is Padded)
     sizes = padding_state.sizes_array(lengths, buffer.index_of(first_padded.array))
-    if not all(_within(i, n) for i, n in zip(given, lengths)):  # (checked first: it taints the take)
+    if not all(_within(i, n) for i, n in zip(given, lengths)):  # (checked first: it taints the op)
         outside = padding_rules.indexed(_indices_outside, x, dims, given, sizes, checking=True)
         if outside is None:
             return None
         report_values(outside, functools.partial(_report_out_of_bounds, lengths))
-    return padding_rules.indexed(_take_within, x, dims, given, sizes)
+    return _PaddedIndices(dims, given, lengths, sizes)
+
+
+def _padded_index(x, indices) -> Padded | None:
+    """``x[indices]`` where ``x`` or an integer index is padded (``ops.padding.INDEX``)."""
+    checked = _checked_padded_indices(x, indices, (x, *indices))
+    if checked is None:
+        return None
+    return padding_rules.indexed(_take_within, x, checked.dims, checked.given, checked.sizes)
+
+
+def _padded_put(x, indices, values, accumulate: bool) -> Padded | None:
+    """``x[indices] = values`` where an operand is padded (``ops.padding.PUT``): CPU's shape and
+    dtype errors over the logical shapes, then the put by the bucket's program."""
+    checked = _checked_padded_indices(x, indices, (x, values, *indices))
+    if checked is None:
+        return None
+    _check_put_values(x, list(indices), values)
+    program = _add_within if accumulate else _set_within
+    return padding_rules.put_indexed(program, x, checked.dims, values, checked.given, checked.sizes)
 
 
 def _within(index, length: int) -> bool:
@@ -270,14 +300,30 @@ def _within(index, length: int) -> bool:
     return known is not None and -length <= known[0] and known[1] < length
 
 
-def _take_within(x, dims: tuple, *given, lengths):
-    """``x`` indexed by ``given`` along ``dims`` (their padding filled with 0), negative indices
-    wrapped by the logical ``lengths``, not the padded ones."""
+def _key_within(x, dims: tuple, given, lengths) -> tuple:
+    """The key indexing ``x`` by ``given`` along ``dims``, negative indices wrapped by the
+    logical ``lengths``, not the padded ones."""
     key = [slice(None)] * x.ndim
     for k, (d, index) in enumerate(zip(dims, given)):
         n = lengths[k].astype(index.dtype)
         key[d] = jnp.where(index < 0, index + n, index)
-    return x[tuple(key)]
+    return tuple(key)
+
+
+def _take_within(x, dims: tuple, *given, lengths):
+    """``x`` indexed by ``given`` along ``dims`` (their padding filled with 0)."""
+    return x[_key_within(x, dims, given, lengths)]
+
+
+def _set_within(x, dims: tuple, values, *given, lengths):
+    """``x`` with ``values`` put at ``given`` along ``dims`` (their padding filled with a
+    position past every dim: dropped)."""
+    return _at_reduce(x, _key_within(x, dims, given, lengths), values, "set", mode="drop")
+
+
+def _add_within(x, dims: tuple, values, *given, lengths):
+    """:func:`_set_within`, accumulating."""
+    return _at_reduce(x, _key_within(x, dims, given, lengths), values, "sum", mode="drop")
 
 
 def _indices_outside(x, dims: tuple, *given, lengths):
@@ -322,8 +368,10 @@ def _put_by_mask(x, indices, values, accumulate: bool):
     return apply(_put_masked, x, mask, values, dim, accumulate)
 
 
-@lower(aten.index_put.default, runs=Runs.EAGER)
+@lower(aten.index_put.default, runs=Runs.EAGER, pad=BY_LOWERING)
 def index_put(x, indices, values, accumulate=False):
+    if any(type(v) is Padded for v in (x, values, *indices)):
+        return _padded_put(x, indices, values, accumulate)  # (None: called again, unpadded)
     by_mask = _put_by_mask(x, indices, values, accumulate)
     if by_mask is not None:
         return by_mask

@@ -42,6 +42,8 @@ __all__ = [
     "UNREAD",
     "BY_LOWERING",
     "TRIANGLE",
+    "SCAN",
+    "DRAWN",
     "run",
 ]
 
@@ -279,6 +281,52 @@ class Positional:
 
 #: ``tril`` and ``triu``: positions in the last two dims
 TRIANGLE = Positional((-2, -1))
+
+
+class Scan:
+    """A cumulative op along ``dim`` (``cumsum``): each output element depends on the elements
+    before it along that dim, exact where the dim is one factor (its padding after every logical
+    position) or static. The output is laid out as the input."""
+
+    def __init__(self, dim: str = "dim"):
+        self.dim = dim
+
+    def plan(self, values: list, names: Sequence[str]) -> Plan | None:
+        x = values[0]
+        if type(x) is not Padded or not x.layout.dims:
+            return None
+        dims = x.layout.dims
+        d = _wrap_dim(_named(values, names, self.dim, 0), len(dims))
+        if len(dims[d]) > 1 and _is_dynamic(dims[d]):
+            return None
+        return Plan({}, {}, (x.layout,))
+
+
+SCAN = Scan()
+
+
+class Drawn:
+    """A random fill of its first operand's shape (``uniform``, ``normal``), which it never
+    reads: exact where that operand is padded along its first dim alone, one factor. JAX's
+    counter-based bits at a position depend on its row-major index, which padding after the
+    last row leaves as it is, so the padded draw's logical elements are the unpadded draw's
+    (the same values for one seed, padded or not). Other layouts are drawn unpadded."""
+
+    @staticmethod
+    def plan(values: list, names: Sequence[str]) -> Plan | None:
+        x = values[0]
+        if type(x) is not Padded or not leading_only(x.layout):
+            return None
+        return Plan({}, {}, (x.layout,))
+
+
+def leading_only(layout: Layout) -> bool:
+    """Whether ``layout`` pads its first dim alone, as one factor (a draw's exact layouts)."""
+    dims = layout.dims
+    return bool(dims) and len(dims[0]) == 1 and not any(_is_dynamic(d) for d in dims[1:])
+
+
+DRAWN = Drawn()
 
 
 class Rowwise:
@@ -558,6 +606,35 @@ def _index_plan(values: list, names: Sequence[str], checking: bool = False) -> P
 
 INDEX = Planned(_index_plan)
 INDEX_CHECK = Planned(functools.partial(_index_plan, checking=True))
+
+
+def _put_plan(values: list, names: Sequence[str]) -> Plan | None:
+    """``x[indices] = v`` (:func:`put_indexed`: the values are ``x``, the dims indexed, ``v``,
+    then the indices): the indices laid out as :data:`INDEX` lays them out, their padding the
+    dtype's largest number (a position past every dim, which the put drops), ``v`` padded as
+    the indexed result where it is not yet; the output laid out as ``x``."""
+    x, dims, given = values[0], values[1], values[3:]
+    indexed = _index_plan([x, dims, *given], names)
+    v = _layout(values[2])
+    if indexed is None or v is None:
+        return None
+    broadcast = _broadcast_dims({0: indexed.outputs[0], 1: v})
+    if broadcast is None or 0 in broadcast[1]:
+        return None
+    pads = {1 + p: lay for p, lay in indexed.pad.items()}
+    if 1 in broadcast[1]:
+        pads[2] = broadcast[1][1]
+    fills = {1 + p: int(np.iinfo(values[1 + p].dtype).max) for p in indexed.fills}
+    return Plan(pads, fills, (_layout(x),))
+
+
+PUT = Planned(_put_plan)
+
+
+def put_indexed(program: Callable, x, dims: tuple, v, given: list, lengths: jax.Array):
+    """``program(x, dims, v, *given, lengths=)`` run as :data:`PUT` plans it (the padded
+    result), or None where it does not serve the call."""
+    return run(PUT, program, [x, dims, v, *given], {"lengths": lengths}, ())
 
 
 def indexed(program: Callable, x, dims: tuple, given: list, lengths: jax.Array, checking: bool = False):

@@ -18,9 +18,12 @@ import numpy as np
 import torch
 from jax.scipy.special import digamma
 
+from ..runtime import padding as padding_state
+from ..runtime.buffer import Padded
 from ..runtime.random import key_of
 from ._helpers import accumulator, check_values, result_dtype, type_name
 from .creation import _factory_out, _float_or_default
+from .padding import DRAWN, leading_only
 from .registry import Layout, OutDtype, Runs, lower, runtime
 
 aten = torch.ops.aten
@@ -92,7 +95,7 @@ def _integers(key, shape, low, high):
 
 
 # ----------------------------------------------------------------------------- fills
-@lower(aten.uniform.default, random=True)
+@lower(aten.uniform.default, random=True, pad=DRAWN)
 def uniform(x, low=0.0, high=1.0, generator=None, *, key):
     _require_dtype("check_uniform_bounds", x.dtype, complex_=True)
     if low > high:
@@ -107,7 +110,7 @@ def _check_std(std: float) -> None:
         raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
 
 
-@lower(aten.normal_functional.default, random=True)
+@lower(aten.normal_functional.default, random=True, pad=DRAWN)
 def normal_functional(x, mean=0.0, std=1.0, generator=None, *, key):
     _require_dtype("normal_kernel_cpu", x.dtype, complex_=True)
     _check_std(std)
@@ -148,17 +151,17 @@ def _random_integers(key, shape, dtype, low: int, high: int | None):
     return _integers(key, shape, low, high).astype(dtype)
 
 
-@lower(getattr(aten.random, "from"), random=True)
+@lower(getattr(aten.random, "from"), random=True, pad=DRAWN)
 def random_from(x, low, high=None, generator=None, *, key):
     return _random_integers(key, x.shape, x.dtype, low, high)
 
 
-@lower(aten.random.to, random=True)
+@lower(aten.random.to, random=True, pad=DRAWN)
 def random_to(x, high, generator=None, *, key):
     return _random_integers(key, x.shape, x.dtype, 0, high)
 
 
-@lower(aten.random.default, random=True)
+@lower(aten.random.default, random=True, pad=DRAWN)
 def random(x, generator=None, *, key):
     return _random_integers(key, x.shape, x.dtype, 0, None)
 
@@ -168,7 +171,7 @@ def _bernoulli(key, probability, shape, dtype):
     return jax.random.bernoulli(key, jnp.broadcast_to(wide, shape), shape).astype(dtype)
 
 
-@lower(aten.bernoulli.p, random=True)
+@lower(aten.bernoulli.p, random=True, pad=DRAWN)
 def bernoulli_p(x, p, generator=None, *, key):
     _require_dtype("bernoulli_scalar_cpu_", x.dtype, integral=True, boolean=True)
     if not 0 <= p <= 1:
@@ -201,7 +204,7 @@ def bernoulli(x, generator=None, *, key):
     return _bernoulli(key, x, x.shape, x.dtype)
 
 
-@lower(aten.exponential.default, random=True)
+@lower(aten.exponential.default, random=True, pad=DRAWN)
 def exponential(x, lambd=1.0, generator=None, *, key):
     _require_continuous("Exponential", x.dtype)
     if not lambd > 0:
@@ -209,7 +212,7 @@ def exponential(x, lambd=1.0, generator=None, *, key):
     return _continuous(key, x.shape, x.dtype, lambda k, s, d: jax.random.exponential(k, s, d) / lambd)
 
 
-@lower(aten.cauchy.default, random=True)
+@lower(aten.cauchy.default, random=True, pad=DRAWN)
 def cauchy(x, median=0.0, sigma=1.0, generator=None, *, key):
     _require_continuous("Cauchy", x.dtype)
     if not sigma > 0:
@@ -217,7 +220,7 @@ def cauchy(x, median=0.0, sigma=1.0, generator=None, *, key):
     return _continuous(key, x.shape, x.dtype, lambda k, s, d: median + sigma * jax.random.cauchy(k, s, d))
 
 
-@lower(aten.geometric.default, random=True)
+@lower(aten.geometric.default, random=True, pad=DRAWN)
 def geometric(x, p, generator=None, *, key):
     _require_dtype("geometric_cpu", x.dtype, integral=True)
     if not 0 < p < 1:
@@ -225,7 +228,7 @@ def geometric(x, p, generator=None, *, key):
     return jax.random.geometric(key, p, x.shape, jnp.int64).astype(x.dtype)
 
 
-@lower(aten.log_normal.default, random=True)
+@lower(aten.log_normal.default, random=True, pad=DRAWN)
 def log_normal(x, mean=1.0, std=2.0, generator=None, *, key):
     _require_dtype("log_normal_cpu", x.dtype)
     if not std > 0:
@@ -610,14 +613,24 @@ def _factory_dtype(dtype, kernel: str) -> np.dtype:
 _NO_GENERATOR = {"generator": None}
 
 
+def _drawn(sampler, key, size, dtype):
+    """A random factory's draw; padded to its buckets where the user's line has made tensors
+    whose first dim changed (``padding.learned_layout``) and no other did: the logical elements
+    are then the unpadded draw's (:data:`~torch_tpu.ops.padding.DRAWN`)."""
+    layout = padding_state.learned_layout("random", size, dtype)
+    if layout is None or not leading_only(layout):
+        return _draw(sampler, key, size, dtype)
+    return padding_state.made(Padded(_draw(sampler, key, layout.padded_shape, dtype), layout))
+
+
 @_lower_overloads(aten.rand.generator, aten.rand.default, missing=_NO_GENERATOR, runs=Runs.EAGER)
 def rand(size, generator=None, dtype=None, layout=None, device=None, pin_memory=None, *, key):
-    return _draw(_uniform, key, size, _factory_dtype(dtype, "check_uniform_bounds"))
+    return _drawn(_uniform, key, size, _factory_dtype(dtype, "check_uniform_bounds"))
 
 
 @_lower_overloads(aten.randn.generator, aten.randn.default, missing=_NO_GENERATOR, runs=Runs.EAGER)
 def randn(size, generator=None, dtype=None, layout=None, device=None, pin_memory=None, *, key):
-    return _draw(_normal, key, size, _factory_dtype(dtype, "normal_kernel_cpu"))
+    return _drawn(_normal, key, size, _factory_dtype(dtype, "normal_kernel_cpu"))
 
 
 @lower(aten.normal.float_float, random=True, runs=Runs.EAGER)

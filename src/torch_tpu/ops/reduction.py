@@ -18,7 +18,7 @@ from jax import lax
 from ..runtime.buffer import apply
 from ._helpers import accumulator, has_values, input_dtype, report_values, structured_out, type_name
 from ._nn_helpers import require
-from .padding import Reduce
+from .padding import SCAN, Reduce
 from .registry import OutDtype, Promote, lower, runtime
 
 aten = __import__("torch").ops.aten
@@ -376,8 +376,8 @@ def _scan(fn):
     return along
 
 
-lower(aten.cumsum.default)(_scan(jnp.cumsum))
-lower(aten.cumprod.default)(_scan(jnp.cumprod))
+lower(aten.cumsum.default, pad=SCAN)(_scan(jnp.cumsum))
+lower(aten.cumprod.default, pad=SCAN)(_scan(jnp.cumprod))
 
 
 @lower(aten.logcumsumexp.default, aten._logcumsumexp.default)

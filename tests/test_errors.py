@@ -613,3 +613,13 @@ def test_unfold_backward_checks_its_window_like_cpu(size, step):
             torch.ops.aten.unfold_backward(grad, [6], 0, size, step)
         raised.append((error.type, str(error.value)))
     assert raised[0] == raised[1]
+
+
+def test_index_put_with_no_index_raises():
+    """PyTorch's ``test_index_put_accumulate_empty``: CPU's shape error where the values do not
+    fit, a RuntimeError where they do (CPU's kernels fail an internal assert)."""
+    for device in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError, match=r"shape mismatch: value tensor of shape \[1\] cannot be"):
+            torch.rand([], device=device).index_put([], torch.tensor([1.0], device=device), True)
+    with pytest.raises(RuntimeError, match="at least one index"):
+        torch.rand(3, device="tpu").index_put([], torch.tensor([1.0], device="tpu"), True)

@@ -84,6 +84,8 @@ RUNS = {
     "ne.Tensor": lambda a, b: a != b,
     "ne.Scalar": lambda a, b: a != 1.0,
     "isnan": lambda a, b: a.isnan(),
+    "isclose": lambda a, b: torch.isclose(a, b, rtol=0, atol=0),
+    "assert_close": lambda a, b: (torch.testing.assert_close(a, a.clone()), a.new_ones(2))[1],
     "where": lambda a, b: torch.where(a.float() > 0, a, b),
     "cat": lambda a, b: torch.cat([a, b], 1),
     "stack": lambda a, b: torch.stack([a, b]),
@@ -201,8 +203,14 @@ def test_products_cpu_runs_in_float8_round_and_saturate_alike(dtype, name):
 
 @pytest.mark.parametrize(
     "call",
-    [lambda a: a * 2, lambda a: a * a[0, 0], lambda a: a * a[:1, :1], lambda a: a.clone().mul_(2)],
-    ids=["number", "0-dim", "one element", "in place"],
+    [
+        lambda a: a * 2,
+        lambda a: a * a[0, 0],
+        lambda a: a * a[:1, :1],
+        lambda a: a.clone().mul_(2),
+        lambda a: torch.isclose(a, a),
+    ],
+    ids=["number", "0-dim", "one element", "in place", "isclose with tolerances"],
 )
 def test_float8_mul_by_one_element_is_cpus_refusal(call):
     """CPU's kernel sends a one-element ``other`` to a loop for the half types only."""

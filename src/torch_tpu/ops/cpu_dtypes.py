@@ -179,6 +179,7 @@ FLOAT8_OPS = frozenset(
         "abs.default",
         "eq.Scalar",
         "eq.Tensor",
+        "isclose.default",
         "isnan.default",
         "ne.Scalar",
         "ne.Tensor",
@@ -232,7 +233,16 @@ def _float8_mul(values, dtype) -> NotImplementedError | None:
     return NotImplementedError(f"\"mul_cpu_reduced_float\" not implemented for '{type_name(dtype)}'")
 
 
-FLOAT8_RULES = {"mul.Tensor": _float8_mul, "mul_.Tensor": _float8_mul}
+def _float8_isclose(values, dtype) -> NotImplementedError | None:
+    """CPU compares float8 tensors with zero tolerances only (``assert_close``'s for them): a
+    tolerance multiplies ``other`` by a number, which its kernel does not."""
+    given = [v for v in values[2:4] if v is not None]
+    if all(v == 0 for v in (given + [1e-05, 1e-08][len(given) :])):
+        return None
+    return NotImplementedError(f"\"mul_cpu_reduced_float\" not implemented for '{type_name(dtype)}'")
+
+
+FLOAT8_RULES = {"mul.Tensor": _float8_mul, "mul_.Tensor": _float8_mul, "isclose.default": _float8_isclose}
 #: ``float8_e8m0fnu`` (MX scales): the float8 overloads but those CPU's kernels lack for it
 E8M0_OPS = FLOAT8_OPS - {
     "abs.default",

@@ -198,6 +198,8 @@ def _indexed_shape(shape: tuple, indices: list) -> tuple:
     index tensors' broadcast shape in place of the dims they index where those are adjacent,
     else in front, as NumPy and PyTorch place it."""
     at = [d for d, index in enumerate(indices) if index is not None]
+    if not at:
+        return tuple(shape)
     given = [tuple(indices[d].shape) for d in at]
     try:
         broadcast = np.broadcast_shapes(*given)
@@ -377,6 +379,8 @@ def index_put(x, indices, values, accumulate=False):
         return by_mask
     expanded = _advanced_indices(x, indices)
     _check_put_values(x, expanded, values)
+    if all(i is None for i in expanded):  # (CPU's kernels fail on it, each its own way)
+        raise RuntimeError("index_put: at least one index tensor must be given")
     return apply(_put_advanced, x, tuple(expanded), values, accumulate)
 
 

@@ -1244,7 +1244,9 @@ def test_assert_close_compares_in_one_program_per_shape(dtype):
     assert _executables_built() - before <= 2
     with pytest.raises(AssertionError, match="Mismatched elements"):
         torch.testing.assert_close(a, b)
-    assert torch.isclose(a, b).cpu().tolist() == torch.isclose(cpu, cpu + torch.ones((), dtype=dtype)).tolist()
+    assert (
+        torch.isclose(a, b).cpu().tolist() == torch.isclose(cpu, cpu + torch.ones((), dtype=dtype)).tolist()
+    )
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
@@ -1291,12 +1293,19 @@ def test_nonzero_coordinates_equal_cpus_on_the_host_and_on_the_device(listing_by
     if listing_bytes is not None:
         monkeypatch.setattr(indexing, "HOST_LISTING_BYTES", listing_bytes)
     torch.manual_seed(1)
-    for x in [torch.randn(4, 5), torch.randint(0, 2, (3, 2, 2)), torch.tensor([0.0, float("nan"), 2]), torch.zeros(3, 0)]:
+    for x in [
+        torch.randn(4, 5),
+        torch.randint(0, 2, (3, 2, 2)),
+        torch.tensor([0.0, float("nan"), 2]),
+        torch.zeros(3, 0),
+    ]:
         on_tpu = x.to("tpu")
         assert torch.equal(torch.nonzero(on_tpu).cpu(), torch.nonzero(x))
         mask = x > 0
         assert torch.equal(on_tpu[mask.to("tpu")].cpu(), x[mask])
-        assert all(torch.equal(a.cpu(), b) for a, b in zip(on_tpu.nonzero(as_tuple=True), x.nonzero(as_tuple=True)))
+        assert all(
+            torch.equal(a.cpu(), b) for a, b in zip(on_tpu.nonzero(as_tuple=True), x.nonzero(as_tuple=True))
+        )
     assert torch.nonzero(torch.tensor(3.0, device="tpu")).shape == (1, 0)
     assert torch.nonzero(torch.tensor(0, device="tpu")).shape == (0, 0)
 

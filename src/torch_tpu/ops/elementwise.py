@@ -545,6 +545,7 @@ for _name, _fn in [
     predicate(getattr(aten, _name).Tensor, _fn)
     predicate(getattr(aten, _name).Scalar, _fn)
 
+
 def _check_isclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False) -> None:
     """CPU's refusals, in its order."""
     if x.dtype != other.dtype:

@@ -55,13 +55,6 @@ class Uninitialized:
         return self.size * self.dtype.itemsize
 
     def materialize(self) -> jax.Array:
-        """Zeros, built on the host while storages of this size are one-offs (a program
-        compiled per size otherwise: ``torch.empty(n).uniform_()`` for each new ``n``)."""
-        from .transfer import first_fill_on_host  # (transfer reads values through this module)
-
-        zeros = first_fill_on_host((self.size,), 0, self.dtype, self.index)
-        if zeros is not None:
-            return zeros
         return jnp.zeros((self.size,), self.dtype, device=platform.jax_device(self.index))
 
 

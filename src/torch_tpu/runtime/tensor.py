@@ -461,9 +461,21 @@ def _reinterpret(flat: jax.Array, dtype: np.dtype) -> jax.Array:
     return out
 
 
+def _stored_array(storage) -> jax.Array | Deferred:
+    """``buffer.get_array``, with an unwritten storage's zeros built on the host while storages
+    of its size are one-offs (the fills' rule, ``first_fill_on_host``): a program compiled per
+    size otherwise, for ``torch.empty(n).uniform_()`` at each new ``n``."""
+    value = buffer.peek(storage)
+    if type(value) is buffer.Uninitialized:
+        zeros = first_fill_on_host((value.size,), 0, value.dtype, value.index)
+        if zeros is not None:
+            buffer.put(storage, zeros)
+    return buffer.get_array(storage)
+
+
 def storage_array(storage, dtype: np.dtype) -> jax.Array:
     """The storage value as elements of ``dtype`` (reinterpreting bytes if a view changed dtype)."""
-    value = buffer.get_array(storage)
+    value = _stored_array(storage)
     if value.dtype != dtype:
         if (value.size * value.dtype.itemsize) % dtype.itemsize:
             raise RuntimeError("tpu: storage size is not a multiple of the viewed dtype's size")
@@ -643,7 +655,7 @@ def read_on_host(t: torch.Tensor) -> np.ndarray | None:
         return view_on_host(_padded_on_host(stored), t)  # (any size: cut on the host)
     if storage.nbytes() > WHOLE_HOST_READ_BYTES or t.is_conj() or t.is_neg():
         return None
-    value, dtype = buffer.get_array(storage), TORCH_TO_JAX.get(t.dtype)
+    value, dtype = _stored_array(storage), TORCH_TO_JAX.get(t.dtype)
     if dtype is None or (value.dtype == dtype and _is_whole_reshape(t, storage)):
         return None  # (a dtype tpu has no storage for: the device read raises PyTorch's error)
     array = checks.before_host_read(value)  # (runs a pending graph)

@@ -16,10 +16,10 @@ import torch
 
 from ..runtime import buffer, checks, overlap, padding, platform, tensor, transfer
 from ..runtime.buffer import apply
-from ..runtime.context import context
 from ..runtime.dtypes import TORCH_TO_JAX, cast, check_scalar, to_jax
 from ..runtime.flags import flags
 from ._helpers import warn
+from .creation import _filled
 from .registry import lower, runtime
 
 aten = torch.ops.aten
@@ -53,11 +53,7 @@ def _padded_empty(size, dtype: torch.dtype) -> torch.Tensor | None:
     layout = padding.learned_layout("empty", size, jdtype)
     if layout is None:
         return None
-    index = context.index
-    zeros = transfer.first_fill_on_host(layout.padded_shape, 0, jdtype, index)
-    if zeros is None:
-        zeros = apply(tensor.fill, transfer.device_scalar(0, index), layout.padded_shape, jdtype)
-    return tensor.wrap_padded(buffer.Padded(zeros, layout))
+    return tensor.wrap_padded(buffer.Padded(_filled(layout.padded_shape, 0, jdtype), layout))
 
 
 @runtime(aten.empty_strided)

@@ -244,12 +244,11 @@ def _logical_shape(value) -> tuple:
 
 
 class _PaddedIndices(NamedTuple):
-    """Integer indices of a padded call: the dims they index, the indices, the logical lengths
-    of those dims (and as a device array, the programs' runtime argument)."""
+    """Integer indices of a padded call: the dims they index, the indices, and the logical
+    lengths of those dims as a device array (the programs' runtime argument)."""
 
     dims: tuple
     given: list
-    lengths: tuple
     sizes: jax.Array
 
 
@@ -273,7 +272,7 @@ def _checked_padded_indices(x, indices, operands: tuple) -> _PaddedIndices | Non
         if outside is None:
             return None
         report_values(outside, functools.partial(_report_out_of_bounds, lengths))
-    return _PaddedIndices(dims, given, lengths, sizes)
+    return _PaddedIndices(dims, given, sizes)
 
 
 def _padded_index(x, indices) -> Padded | None:

@@ -1321,3 +1321,18 @@ def test_an_unwritten_storage_of_a_new_size_is_read_without_a_program(monkeypatc
     for n in (1237, 1241, 1243):
         assert torch.empty(n, device="tpu").cpu().shape == (n,)
     assert _executables_built() == before
+
+
+def test_an_unwritten_storage_takes_the_shape_of_its_first_whole_reader(monkeypatch):
+    """``torch.empty(m, n)`` read whole and in order (``make_tensor``'s ``uniform_``) gets its
+    zeros in that shape: no program reshaping a flat storage for each new shape. A reader of
+    part of it still sees zeros."""
+    monkeypatch.setattr(torch_tpu.config, "buckets", False)
+    torch.tensor([1.0], device="tpu").cpu()
+    before = _executables_built()
+    for m, n in ((13, 17), (19, 23), (29, 31)):
+        x = torch.empty(m, n, device="tpu")
+        assert torch.equal(x.cpu(), torch.zeros(m, n))
+    assert _executables_built() == before
+    part = torch.empty(6, 7, device="tpu")[1:, ::2]
+    assert torch.equal(part.cpu(), torch.zeros(5, 4))

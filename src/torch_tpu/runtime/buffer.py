@@ -54,8 +54,10 @@ class Uninitialized:
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
-    def materialize(self) -> jax.Array:
-        return jnp.zeros((self.size,), self.dtype, device=platform.jax_device(self.index))
+    def materialize(self, shape: tuple | None = None) -> jax.Array:
+        """Its zeros, flat or in ``shape`` (of ``size`` elements)."""
+        shape = (self.size,) if shape is None else shape
+        return jnp.zeros(shape, self.dtype, device=platform.jax_device(self.index))
 
 
 def aval_of(struct) -> tuple:
@@ -299,12 +301,12 @@ def peek(storage) -> Value:
     return getattr(storage, _ATTR)
 
 
-def get_array(storage) -> jax.Array | Deferred:
-    """The storage value as an array (an uninitialized storage becomes zeros, like fresh HBM);
-    in fused eager, possibly a :class:`Deferred` one."""
+def get_array(storage, shape: tuple | None = None) -> jax.Array | Deferred:
+    """The storage value as an array (an uninitialized storage becomes zeros, like fresh HBM,
+    flat or in ``shape``); in fused eager, possibly a :class:`Deferred` one."""
     value = get(storage)
     if type(value) is Uninitialized:
-        value = value.materialize()
+        value = value.materialize(shape)
         setattr(storage, _ATTR, value)
     return value
 

@@ -461,21 +461,26 @@ def _reinterpret(flat: jax.Array, dtype: np.dtype) -> jax.Array:
     return out
 
 
-def _stored_array(storage) -> jax.Array | Deferred:
+def _stored_array(storage, reader: tuple | None = None) -> jax.Array | Deferred:
     """``buffer.get_array``, with an unwritten storage's zeros built on the host while storages
     of its size are one-offs (the fills' rule, ``first_fill_on_host``): a program compiled per
-    size otherwise, for ``torch.empty(n).uniform_()`` at each new ``n``."""
+    size otherwise, for ``torch.empty(n).uniform_()`` at each new ``n``. The zeros take the
+    shape ``reader`` (the first reader's, when it reads the whole storage in order, as that
+    ``uniform_`` does), which then reads them as they are: no view program per shape."""
     value = buffer.peek(storage)
     if type(value) is buffer.Uninitialized:
-        zeros = first_fill_on_host((value.size,), 0, value.dtype, value.index)
+        if reader is None or math.prod(reader) != value.size:
+            reader = (value.size,)
+        zeros = first_fill_on_host(reader, 0, value.dtype, value.index)
         if zeros is not None:
             buffer.put(storage, zeros)
-    return buffer.get_array(storage)
+    return buffer.get_array(storage, reader)
 
 
-def storage_array(storage, dtype: np.dtype) -> jax.Array:
-    """The storage value as elements of ``dtype`` (reinterpreting bytes if a view changed dtype)."""
-    value = _stored_array(storage)
+def storage_array(storage, dtype: np.dtype, reader: tuple | None = None) -> jax.Array:
+    """The storage value as elements of ``dtype`` (reinterpreting bytes if a view changed dtype);
+    ``reader``: the shape of a tensor reading all of it in order (:func:`_stored_array`)."""
+    value = _stored_array(storage, reader)
     if value.dtype != dtype:
         if (value.size * value.dtype.itemsize) % dtype.itemsize:
             raise RuntimeError("tpu: storage size is not a multiple of the viewed dtype's size")
@@ -564,7 +569,7 @@ def _view(t: torch.Tensor) -> tuple:
             return view, None
     # the common case first: an array of the tensor's dtype (``aval``: what its properties read)
     if type(buf) is not buffer.ARRAY_TYPE or buf.aval.dtype != TORCH_TO_JAX.get(t.dtype):
-        buf = storage_array(storage, to_jax(t.dtype))
+        buf = storage_array(storage, to_jax(t.dtype), _in_order(t))
     shape = t.shape
     offset = t.storage_offset()
     if offset == 0 and buf.shape == shape and t.is_contiguous():
@@ -573,6 +578,11 @@ def _view(t: torch.Tensor) -> tuple:
     if 1 in shape:
         strides = _addressing_strides(shape, strides)
     return buf, (shape, strides, device_scalar(offset, device_index(t)) if offset else None)
+
+
+def _in_order(t: torch.Tensor) -> tuple | None:
+    """``t``'s shape where it reads its storage from the start in order, else None."""
+    return tuple(t.shape) if t.storage_offset() == 0 and t.is_contiguous() else None
 
 
 def read(t: torch.Tensor) -> jax.Array:
@@ -655,7 +665,7 @@ def read_on_host(t: torch.Tensor) -> np.ndarray | None:
         return view_on_host(_padded_on_host(stored), t)  # (any size: cut on the host)
     if storage.nbytes() > WHOLE_HOST_READ_BYTES or t.is_conj() or t.is_neg():
         return None
-    value, dtype = _stored_array(storage), TORCH_TO_JAX.get(t.dtype)
+    value, dtype = _stored_array(storage, _in_order(t)), TORCH_TO_JAX.get(t.dtype)
     if dtype is None or (value.dtype == dtype and _is_whole_reshape(t, storage)):
         return None  # (a dtype tpu has no storage for: the device read raises PyTorch's error)
     array = checks.before_host_read(value)  # (runs a pending graph)

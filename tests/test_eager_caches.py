@@ -1336,3 +1336,21 @@ def test_an_unwritten_storage_takes_the_shape_of_its_first_whole_reader(monkeypa
     assert _executables_built() == before
     part = torch.empty(6, 7, device="tpu")[1:, ::2]
     assert torch.equal(part.cpu(), torch.zeros(5, 4))
+
+
+def test_small_unwritten_storages_never_compile_zeros(monkeypatch):
+    """Small unwritten storages read again and again (a test's ``make_tensor`` of one shape)
+    get their zeros from the host every time, not a program once the size recurs; large ones
+    still follow the fills' rule."""
+    from torch_tpu.runtime import transfer
+
+    monkeypatch.setattr(torch_tpu.config, "buckets", False)
+    torch.tensor([1.0], device="tpu").cpu()
+    before = _executables_built()
+    for _ in range(transfer.HOST_FILLS + 3):
+        assert torch.equal(torch.empty(41, 3, device="tpu").cpu(), torch.zeros(41, 3))
+    assert _executables_built() == before
+    large = transfer.SMALL_HOST_FILL_BYTES // 4 + 7
+    for _ in range(transfer.HOST_FILLS + 1):
+        torch.empty(large, device="tpu").cpu()
+    assert _executables_built() > before  # (its zeros became a program)

@@ -31,7 +31,7 @@ from .host_copies import (
     view_on_host,
 )
 from .lru import cached
-from .transfer import device_scalar, first_fill_on_host
+from .transfer import device_scalar, first_fill_on_host, small_fill_on_host
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
@@ -462,16 +462,19 @@ def _reinterpret(flat: jax.Array, dtype: np.dtype) -> jax.Array:
 
 
 def _stored_array(storage, reader: tuple | None = None) -> jax.Array | Deferred:
-    """``buffer.get_array``, with an unwritten storage's zeros built on the host while storages
-    of its size are one-offs (the fills' rule, ``first_fill_on_host``): a program compiled per
-    size otherwise, for ``torch.empty(n).uniform_()`` at each new ``n``. The zeros take the
+    """``buffer.get_array``, with an unwritten storage's zeros built on the host where they are
+    small (``small_fill_on_host``), or while storages of its size are one-offs (the fills'
+    rule, ``first_fill_on_host``): a program compiled per size otherwise, for
+    ``torch.empty(n).uniform_()`` at each new ``n``. The zeros take the
     shape ``reader`` (the first reader's, when it reads the whole storage in order, as that
     ``uniform_`` does), which then reads them as they are: no view program per shape."""
     value = buffer.peek(storage)
     if type(value) is buffer.Uninitialized:
         if reader is None or math.prod(reader) != value.size:
             reader = (value.size,)
-        zeros = first_fill_on_host(reader, 0, value.dtype, value.index)
+        zeros = small_fill_on_host(reader, 0, value.dtype, value.index)
+        if zeros is None:
+            zeros = first_fill_on_host(reader, 0, value.dtype, value.index)
         if zeros is not None:
             buffer.put(storage, zeros)
     return buffer.get_array(storage, reader)

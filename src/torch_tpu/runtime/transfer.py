@@ -110,6 +110,9 @@ def _held_exactly(value: bool | int | float | complex, dtype: np.dtype) -> np.ge
 #: it runs the compiled program instead (enough for an optimizer's two or three zero states
 #: per parameter shape, or a few layers' norm weights)
 HOST_FILLS = 4
+#: Fills :func:`small_fill_on_host` always builds on the host: copying a few KB over costs about
+#: what running a compiled fill does, and a new shape compiles nothing
+SMALL_HOST_FILL_BYTES = 16 << 10
 #: (shape, dtype, value) -> how many times strict eager made that fill (up to HOST_FILLS)
 _fills = caches.lru("transfer.fills", Kind.TRACES)
 _NUMBERS = (bool, int, float, complex)
@@ -122,7 +125,7 @@ def first_fill_on_host(shape: tuple, value, dtype: np.dtype, index: int = 0) -> 
     would otherwise each compile a program before the first step. None where the fill should
     run as a program: made more often than that (compiled once, it then runs on the device),
     recorded into a fused graph or traced into a compiled one, or not buildable on the host."""
-    if context.recorder is not None or context.trace is not None or type(value) not in _NUMBERS:
+    if not _fills_on_host(value):
         return None
     key = (shape, dtype, value)
     made = _fills.get(key, 0)
@@ -142,6 +145,21 @@ def put(array: np.ndarray, device: jax.Device) -> jax.Array:
 @functools.cache
 def _sharding(device: jax.Device) -> jax.sharding.SingleDeviceSharding:
     return jax.sharding.SingleDeviceSharding(device)
+
+
+def small_fill_on_host(shape: tuple, value, dtype: np.dtype, index: int = 0) -> jax.Array | None:
+    """A strict-eager fill of at most :data:`SMALL_HOST_FILL_BYTES`, built on the host however
+    often it recurs (an unwritten storage's zeros, which the reader overwrites: ``torch.empty``
+    then ``uniform_``); None where :func:`first_fill_on_host` decides."""
+    if math.prod(shape) * dtype.itemsize > SMALL_HOST_FILL_BYTES or not _fills_on_host(value):
+        return None
+    return _filled_on_host(shape, value, dtype, index)
+
+
+def _fills_on_host(value) -> bool:
+    """Whether a fill with ``value`` may be built on the host: a number, in strict eager (a graph
+    recording or a trace makes it part of its program)."""
+    return context.recorder is None and context.trace is None and type(value) in _NUMBERS
 
 
 def _filled_on_host(shape: tuple, value, dtype: np.dtype, index: int = 0) -> jax.Array | None:

@@ -1354,3 +1354,15 @@ def test_small_unwritten_storages_never_compile_zeros(monkeypatch):
     for _ in range(transfer.HOST_FILLS + 1):
         torch.empty(large, device="tpu").cpu()
     assert _executables_built() > before  # (its zeros became a program)
+
+
+def test_randint_draws_any_range_with_one_program_per_shape(monkeypatch):
+    """``randint``'s bounds are its program's arguments (a test's indices into each size it
+    makes): new bounds compile nothing, and the values stay in range."""
+    monkeypatch.setattr(torch_tpu.config, "buckets", False)
+    torch.randint(0, 3, (11,), device="tpu").cpu()
+    before = _executables_built()
+    for low, high in ((0, 4), (0, 5), (0, 1000), (-7, 2)):
+        x = torch.randint(low, high, (11,), device="tpu").cpu()
+        assert low <= int(x.min()) and int(x.max()) < high
+    assert _executables_built() == before

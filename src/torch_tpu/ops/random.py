@@ -136,9 +136,9 @@ def _random_bounds(dtype) -> tuple[int, int]:
     return -digits, digits
 
 
-def _random_integers(key, shape, dtype, low: int, high: int | None):
-    """``random_(from, to)``'s semantics: [low, high), or up to the dtype's limit when ``high``
-    is None."""
+def _integer_bounds(dtype, low: int, high: int | None) -> tuple[int, int]:
+    """``random_(from, to)``'s bounds, checked as CPU checks them: [low, high), or up to the
+    dtype's limit when ``high`` is None."""
     _require_dtype("random_from_to_kernel_cpu", dtype, integral=True, boolean=True)
     smallest, largest = _random_bounds(dtype)
     if high is None:
@@ -148,7 +148,24 @@ def _random_integers(key, shape, dtype, low: int, high: int | None):
     for name, bound in (("from", low), ("to - 1", high - 1)):
         if not smallest <= bound <= largest:
             raise RuntimeError(f"{name} is out of bounds for {type_name(dtype)}")
+    return low, high
+
+
+def _random_integers(key, shape, dtype, low: int, high: int | None):
+    """``random_(from, to)``'s semantics (:func:`_integer_bounds`)."""
+    low, high = _integer_bounds(dtype, low, high)
     return _integers(key, shape, low, high).astype(dtype)
+
+
+def _integers_between(key, shape, dtype, low, high):
+    """:func:`_integers` as ``dtype`` with the bounds as runtime values (int64, or uint64 for a
+    bound past int64's largest): one program per shape whatever the range. The span is taken
+    modulo 2**64, as :func:`_integers` does (0: the full range)."""
+    start = jnp.asarray(low).astype(jnp.uint64)
+    span = jnp.asarray(high).astype(jnp.uint64) - start
+    bits = jax.random.bits(key, tuple(shape), jnp.uint64)
+    offset = jnp.where(span == 0, bits, bits % jnp.maximum(span, np.uint64(1)))
+    return jax.lax.bitcast_convert_type(start + offset, jnp.int64).astype(dtype)
 
 
 @lower(getattr(aten.random, "from"), random=True, pad=DRAWN)
@@ -613,14 +630,15 @@ def _factory_dtype(dtype, kernel: str) -> np.dtype:
 _NO_GENERATOR = {"generator": None}
 
 
-def _drawn(sampler, key, size, dtype):
-    """A random factory's draw; padded to its buckets where the user's line has made tensors
-    whose first dim changed (``padding.learned_layout``) and no other did: the logical elements
-    are then the unpadded draw's (:data:`~torch_tpu.ops.padding.DRAWN`)."""
+def _drawn(sampler, key, size, dtype, *params):
+    """A random factory's draw (``params``: the sampler's runtime arguments); padded to its
+    buckets where the user's line has made tensors whose first dim changed
+    (``padding.learned_layout``) and no other did: the logical elements are then the unpadded
+    draw's (:data:`~torch_tpu.ops.padding.DRAWN`)."""
     layout = padding_state.learned_layout("random", size, dtype)
     if layout is None or not leading_only(layout):
-        return _draw(sampler, key, size, dtype)
-    return padding_state.made(Padded(_draw(sampler, key, layout.padded_shape, dtype), layout))
+        return _draw(sampler, key, size, dtype, *params)
+    return padding_state.made(Padded(_draw(sampler, key, layout.padded_shape, dtype, *params), layout))
 
 
 @_lower_overloads(aten.rand.generator, aten.rand.default, missing=_NO_GENERATOR, runs=Runs.EAGER)
@@ -650,9 +668,15 @@ _INT64 = np.dtype(jnp.int64)
     aten.randint.generator,
     aten.randint.default,
     missing={"low": 0, "generator": None},
+    runs=Runs.EAGER,
 )
 def randint(low, high, size, generator=None, dtype=_INT64, layout=None, device=None, pin_memory=None, *, key):
-    return _random_integers(key, size, _INT64 if dtype is None else dtype, low, high)
+    """Its bounds are the program's arguments: ``randint(0, n, shape)`` for each new ``n`` (a
+    test's indices into each size) draws with one program per shape."""
+    dtype = _INT64 if dtype is None else dtype
+    low, high = _integer_bounds(dtype, low, high)
+    bound = np.uint64 if high > np.iinfo(np.int64).max else np.int64  # (uint64's full range)
+    return _drawn(_integers_between, key, size, dtype, np.int64(low), bound(high))
 
 
 @_lower_overloads(aten.randperm.generator, aten.randperm.default, missing=_NO_GENERATOR)

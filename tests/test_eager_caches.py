@@ -1211,6 +1211,31 @@ def test_a_device_scalars_number_read_by_its_id_is_the_one_it_holds(monkeypatch)
     assert transfer.number_of(0.5) is None
 
 
+def test_a_device_scalar_is_typed_as_jax_takes_the_python_number(monkeypatch):
+    """Put over directly (no ``jnp.asarray`` then ``device_put``), a device scalar is still
+    what JAX makes of the Python number: weakly typed int64, float64, complex128, uint64 past
+    int64, a strongly typed bool; committed to its device, concrete even inside a trace."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from torch_tpu.runtime import devices, transfer
+
+    devices.local.first.scalars.clear()
+    for number in (3, -(2**63), 2**63 + 5, 0.5, -0.0, float("nan"), 1 + 2j, True):
+        scalar = transfer.device_scalar(number)
+        if type(number) is int and number >= 2**63:
+            reference = jnp.asarray(np.uint64(number))
+            assert scalar.weak_type
+        else:
+            reference = jnp.asarray(number)
+            assert scalar.weak_type == reference.weak_type, number
+        assert scalar.dtype == reference.dtype and scalar.committed, number
+        assert repr(complex(scalar)) == repr(complex(np.asarray(reference)))
+    traced = jax.jit(lambda x: x + transfer.device_scalar(41))
+    assert int(traced(jnp.int32(1))) == 42
+
+
 @pytest.mark.parametrize("mode", ["strict", "fused"])
 def test_flips_of_the_same_elements_share_one_program(mode):
     """``flip`` runs at its canonical dims (wrapped, sorted, size-1 dims dropped): PyTorch's

@@ -12,7 +12,6 @@ import numpy as np
 import torch
 from jax._src import core as jax_core
 from jax._src.interpreters import pxla
-from jax._src.lax import lax as lax_internal
 
 from . import checks, devices, platform
 from .context import context
@@ -42,8 +41,7 @@ def device_scalar(x: bool | int | float | complex, index: int = 0) -> jax.Array:
     cache = _first_scalars if not index else devices.local.state(index).scalars
     array = cache.get(key)
     if array is None:
-        with jax.ensure_compile_time_eval():  # a constant, even when first seen in a trace
-            array = cache[key] = jax.device_put(_weak_scalar(x), platform.jax_device(index))
+        array = cache[key] = _weak_scalar(x, platform.jax_device(index))
         if len(_numbers_by_id) >= _NUMBERS_HELD:
             _numbers_by_id.clear()
         _numbers_by_id[id(array)] = (array, x)
@@ -63,14 +61,22 @@ def number_of(array: object) -> bool | int | float | complex | None:
     return known[1] if known is not None and known[0] is array else None
 
 
-def _weak_scalar(x: bool | int | float | complex) -> jax.Array:
-    """``x`` as JAX holds a Python number: weakly typed, so it takes its operation's dtype. An
-    integer past int64 (a uint64 value, which PyTorch's Scalar holds and JAX takes from no Python
-    int) is a weak uint64, which promotes as a Python int does and converts to the op's dtype
-    modulo its size, as CPU casts it (``x * (2**63 + 5)`` on int64 wraps)."""
-    if type(x) is int and x not in INT64_RANGE:
-        return lax_internal._convert_element_type(jnp.asarray(np.uint64(x)), weak_type=True)
-    return jnp.asarray(x)
+def _weak_scalar(x: bool | int | float | complex, device: jax.Device) -> jax.Array:
+    """``x`` on ``device`` as JAX holds a Python number: weakly typed (a bool excepted), so it
+    takes its operation's dtype. An integer past int64 (a uint64 value, which PyTorch's Scalar
+    holds and JAX takes from no Python int) is a weak uint64, which promotes as a Python int
+    does and converts to the op's dtype modulo its size, as CPU casts it (``x * (2**63 + 5)`` on
+    int64 wraps). Put over directly, a concrete array even inside a trace: 10 us, where
+    ``jax.device_put`` of ``jnp.asarray(x)`` costs about 60 (a view copied at a new offset at
+    each step of a loop makes one per step)."""
+    host = np.asarray(np.uint64(x) if type(x) is int and x not in INT64_RANGE else x)
+    aval = _scalar_aval(host.dtype, type(x) is not bool)
+    return pxla.batched_device_put(aval, _sharding(device), [host], [device])
+
+
+@functools.cache
+def _scalar_aval(dtype: np.dtype, weak: bool) -> jax_core.ShapedArray:
+    return jax_core.ShapedArray((), dtype, weak_type=weak)  # (made once: 25 us each)
 
 
 #: The largest fill :func:`_filled_on_host` builds: the host memory and the copy it costs grow

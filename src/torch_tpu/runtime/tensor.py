@@ -465,9 +465,9 @@ def _stored_array(storage, reader: tuple | None = None) -> jax.Array | Deferred:
     """``buffer.get_array``, with an unwritten storage's zeros built on the host where they are
     small (``small_fill_on_host``), or while storages of its size are one-offs (the fills'
     rule, ``first_fill_on_host``): a program compiled per size otherwise, for
-    ``torch.empty(n).uniform_()`` at each new ``n``. The zeros take the
-    shape ``reader`` (the first reader's, when it reads the whole storage in order, as that
-    ``uniform_`` does), which then reads them as they are: no view program per shape."""
+    ``torch.empty(n).uniform_()`` at each new ``n``. The zeros take the shape ``reader`` (the
+    first reader's, when it reads the whole storage in order, as that ``uniform_`` does),
+    which then reads them as they are: no view program per shape."""
     value = buffer.peek(storage)
     if type(value) is buffer.Uninitialized:
         if reader is None or math.prod(reader) != value.size:

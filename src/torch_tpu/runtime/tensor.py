@@ -572,7 +572,7 @@ def _view(t: torch.Tensor) -> tuple:
             return view, None
     # the common case first: an array of the tensor's dtype (``aval``: what its properties read)
     if type(buf) is not buffer.ARRAY_TYPE or buf.aval.dtype != TORCH_TO_JAX.get(t.dtype):
-        buf = storage_array(storage, to_jax(t.dtype), _in_order(t))
+        buf = storage_array(storage, to_jax(t.dtype), _unwritten_reader(t, buf))
     shape = t.shape
     offset = t.storage_offset()
     if offset == 0 and buf.shape == shape and t.is_contiguous():
@@ -583,9 +583,13 @@ def _view(t: torch.Tensor) -> tuple:
     return buf, (shape, strides, device_scalar(offset, device_index(t)) if offset else None)
 
 
-def _in_order(t: torch.Tensor) -> tuple | None:
-    """``t``'s shape where it reads its storage from the start in order, else None."""
-    return tuple(t.shape) if t.storage_offset() == 0 and t.is_contiguous() else None
+def _unwritten_reader(t: torch.Tensor, stored: buffer.Value) -> tuple | None:
+    """``t``'s shape where its storage's value ``stored`` is unwritten and ``t`` reads it from
+    the start in order (the zeros are then made in that shape), else None: a cheap test first,
+    as fused eager reads every recorded value through here."""
+    if type(stored) is not buffer.Uninitialized or t.storage_offset() or not t.is_contiguous():
+        return None
+    return tuple(t.shape)
 
 
 def read(t: torch.Tensor) -> jax.Array:
@@ -668,7 +672,7 @@ def read_on_host(t: torch.Tensor) -> np.ndarray | None:
         return view_on_host(_padded_on_host(stored), t)  # (any size: cut on the host)
     if storage.nbytes() > WHOLE_HOST_READ_BYTES or t.is_conj() or t.is_neg():
         return None
-    value, dtype = _stored_array(storage, _in_order(t)), TORCH_TO_JAX.get(t.dtype)
+    value, dtype = _stored_array(storage, _unwritten_reader(t, stored)), TORCH_TO_JAX.get(t.dtype)
     if dtype is None or (value.dtype == dtype and _is_whole_reshape(t, storage)):
         return None  # (a dtype tpu has no storage for: the device read raises PyTorch's error)
     array = checks.before_host_read(value)  # (runs a pending graph)

@@ -158,9 +158,9 @@ def _random_integers(key, shape, dtype, low: int, high: int | None):
 
 
 def _integers_between(key, shape, dtype, low, high):
-    """:func:`_integers` as ``dtype`` with the bounds as runtime values (int64, or uint64 for a
-    bound past int64's largest): one program per shape whatever the range. The span is taken
-    modulo 2**64, as :func:`_integers` does (0: the full range)."""
+    """:func:`_integers` as ``dtype`` with the int64 bounds as runtime values: one program per
+    shape whatever the range. The span is taken modulo 2**64, as :func:`_integers` does (0:
+    the full range)."""
     start = jnp.asarray(low).astype(jnp.uint64)
     span = jnp.asarray(high).astype(jnp.uint64) - start
     bits = jax.random.bits(key, tuple(shape), jnp.uint64)
@@ -674,9 +674,8 @@ def randint(low, high, size, generator=None, dtype=_INT64, layout=None, device=N
     """Its bounds are the program's arguments: ``randint(0, n, shape)`` for each new ``n`` (a
     test's indices into each size) draws with one program per shape."""
     dtype = _INT64 if dtype is None else dtype
-    low, high = _integer_bounds(dtype, low, high)
-    bound = np.uint64 if high > np.iinfo(np.int64).max else np.int64  # (uint64's full range)
-    return _drawn(_integers_between, key, size, dtype, np.int64(low), bound(high))
+    low, high = _integer_bounds(dtype, low, high)  # (PyTorch's parser refuses a bound past int64)
+    return _drawn(_integers_between, key, size, dtype, np.int64(low), np.int64(high))
 
 
 @_lower_overloads(aten.randperm.generator, aten.randperm.default, missing=_NO_GENERATOR)

@@ -17,7 +17,7 @@ def test_mismatched_calls_raise_in_the_debug_mode():
 
 
 def test_a_rank_that_never_joins_makes_the_others_raise_within_the_timeout():
-    assert checks_passed(torchrun("failures.py", "absent")) == [4, 1]
+    assert checks_passed(torchrun("failures.py", "absent")) == [5, 1]
 
 
 def test_a_rank_that_dies_makes_the_others_raise_and_exit():

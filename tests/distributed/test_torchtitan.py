@@ -1,7 +1,8 @@
 """TorchTitan 0.2.2, unmodified, trains its llama3 ``debugmodel`` with FSDP (``dp_shard=2``) under
 ``torchrun --nproc-per-node 2`` on tpu (``python -m torchtitan.train``, configuration only), and
 its losses equal the same job's on CPU/gloo; so do its losses with TorchTitan's float8 converter
-(torchao's ``Float8Linear``) within float8's error.
+(torchao's ``Float8Linear``) within float8's error, and on 4 ranks with FSDP x tensor
+parallelism and FSDP x pipeline parallelism.
 
 The tokenizer and dataset are built from ``titan/corpus.txt`` (the wheel ships neither); both
 runs start from one seed checkpoint written by TorchTitan itself, since tpu's and CPU's random
@@ -47,12 +48,13 @@ class Runs:
 
     def run(self, name: str) -> None:
         config = ("--job.config_file", str(self.jobs[name]))
+        nproc = assets.ranks(name)
         if name.startswith("tpu"):
-            done = torchrun("torchtitan.train", *config, timeout=400, **ENV, **self.env)
+            done = torchrun("torchtitan.train", *config, nproc=nproc, timeout=400, **ENV, **self.env)
             _ran(done)
             assert "TPU capacity" in done.stdout + done.stderr  # (TorchTitan's device was tpu)
         else:
-            _ran(torchrun("titan_cpu.py", *config, nproc=1 if name == "seed" else 2, **CPU, **self.env))
+            _ran(torchrun("titan_cpu.py", *config, nproc=nproc, **CPU, **self.env))
 
     def metric(self, run: str, tag: str) -> torch.Tensor:
         values = torch.tensor(assets.scalars(self.folder / run, tag), dtype=torch.float64)
@@ -78,15 +80,44 @@ def test_llama3_debugmodel_fsdp_on_tpu_matches_cpu_gloo(runs):
         torch.testing.assert_close(
             runs.metric("tpu", tag), runs.metric("cpu", tag), rtol=1.3e-6, atol=1e-5, msg=tag
         )
-    # The gradient norm: CPU's float32 ``linalg.vector_norm`` sums the squares in sequence, whose
-    # relative error is bounded by n * u for n terms (n: the largest local gradient shard, the
-    # 2048 x 256 embeddings split over 2 ranks); XLA's tree reduction is far closer (measured:
-    # tpu's norm is within 1e-7 of the float64 norm of the same gradients, CPU's 5.4e-5 off).
-    # The bound still catches a gradient off by any factor (a reduction that sums or averages
-    # twice), which the losses cannot show: AdamW's steps do not change with the gradients' scale.
-    torch.testing.assert_close(
-        runs.metric("tpu", "grad_norm"), runs.metric("cpu", "grad_norm"), rtol=2048 * 256 // 2 * U, atol=0
-    )
+    _grad_norms_close(runs.metric("tpu", "grad_norm"), runs.metric("cpu", "grad_norm"))
+
+
+def _grad_norms_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    # CPU's float32 ``linalg.vector_norm`` sums the squares in sequence, whose relative error is
+    # bounded by n * u for n terms (n: the largest local gradient shard, the 2048 x 256
+    # embeddings split over 2 ranks); XLA's tree reduction is far closer (measured: tpu's norm is
+    # within 1e-7 of the float64 norm of the same gradients, CPU's 5.4e-5 off). The bound still
+    # catches a gradient off by any factor (a reduction that sums or averages twice), which the
+    # losses cannot show: AdamW's steps do not change with the gradients' scale.
+    torch.testing.assert_close(got, want, rtol=2048 * 256 // 2 * U, atol=0)
+
+
+@pytest.mark.slow  # two 4-rank TorchTitan launches: about 60 s on 2 cores
+def test_llama3_debugmodel_fsdp_x_tp_on_4_ranks_matches_cpu_gloo(runs):
+    """A 2-D mesh (``dp_shard=2, tp=2``): FSDP over one axis, DTensor's tensor parallelism over
+    the other, both as ``tpu_dist`` subgroups; the same global batch as the FSDP run."""
+    runs.run("tpu_tp")
+    for tag in LOSSES:  # (tolerance: as the FSDP run's)
+        torch.testing.assert_close(
+            runs.metric("tpu_tp", tag), runs.metric("cpu", tag), rtol=1.3e-6, atol=1e-5, msg=tag
+        )
+    _grad_norms_close(runs.metric("tpu_tp", "grad_norm"), runs.metric("cpu", "grad_norm"))
+
+
+@pytest.mark.slow  # two 4-rank TorchTitan launches: about 60 s on 2 cores
+def test_llama3_debugmodel_fsdp_x_pp_on_4_ranks_matches_cpu_gloo(runs):
+    """FSDP x pipeline parallelism (``dp_shard=2, pp=2``, TorchTitan's 1F1B schedule): the
+    stages' activations and gradients travel by ``batch_isend_irecv``, each stage sending before
+    it receives. The losses equal the FSDP run's; TorchTitan's pipelined gradient norm is its
+    own (about 250x the FSDP run's on CPU as well), so it is compared with the same job on gloo."""
+    runs.run("tpu_pp")
+    runs.run("cpu_pp")
+    for tag in LOSSES:
+        torch.testing.assert_close(
+            runs.metric("tpu_pp", tag), runs.metric("cpu", tag), rtol=1.3e-6, atol=1e-5, msg=tag
+        )
+    _grad_norms_close(runs.metric("tpu_pp", "grad_norm"), runs.metric("cpu_pp", "grad_norm"))
 
 
 @pytest.mark.slow  # two more TorchTitan launches (and the references if on another worker)

@@ -7,7 +7,10 @@ to the ``watchdog``, which bounds it by the group's timeout. Under
 ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` the ranks first meet on the store (``handshake``), and
 mismatched calls raise on every rank. CPU tensors (object collectives, which PyTorch
 stages on the CPU for a group with one device type) go to a gloo group on the same store, as
-they would with ``"cpu:gloo,tpu:tpu_dist"``.
+they would with ``"cpu:gloo,tpu:tpu_dist"``. Point-to-point calls travel through the hosts
+over that gloo group: a program needs every rank of its mesh to call it, and two ranks that
+both send before they receive (``batch_isend_irecv`` as pipeline schedules use it) would each
+wait for the other's program.
 
 Collectives complete when their program has been dispatched: the returned ``Work`` is already
 done, and the outputs hold JAX's asynchronous results (the next read waits for them), as CUDA
@@ -109,6 +112,40 @@ class Entry:
     posts: list | None
 
 
+class HostReceive(dist._Work):
+    """A receive into tpu tensors: gloo receives into host buffers, and waiting copies them in
+    (``get_future`` waits first: the copy runs on the caller's thread, never on gloo's)."""
+
+    def __init__(self, work: dist.Work, targets: list, staged: list, describe: str):
+        super().__init__()
+        self._work, self._targets, self._staged, self._describe = work, targets, staged, describe
+        self._done = False
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        if not self._done:
+            try:
+                self._work.wait(timeout) if timeout else self._work.wait()
+            except RuntimeError as error:
+                raise dist.DistBackendError(f"tpu_dist: {self._describe} failed: {error}") from error
+            with torch.no_grad():  # (the bytes arrive as a backend writes them: not an autograd op)
+                for target, staged in zip(self._targets, self._staged, strict=True):
+                    target.copy_(staged)
+            self._done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done
+
+    def is_success(self) -> bool:
+        return self._done
+
+    def get_future(self) -> torch.futures.Future:
+        self.wait()
+        future = torch.futures.Future()
+        future.set_result(self._targets)
+        return future
+
+
 class ProcessGroupTPU(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, global_ranks: Sequence[int]):
         super().__init__(rank, size)
@@ -164,13 +201,12 @@ class ProcessGroupTPU(dist.ProcessGroup):
             return True
         raise ValueError(f"tpu_dist: a collective takes tensors on one device type, got {sorted(types)}")
 
-    def _enter(self, what: str, agree: str, mine: object = None, members=None) -> Entry:
-        """This rank enters its next collective among ``members`` (default: the group): raises
-        if an earlier one failed; in the debug mode, meets the other members first (``agree``:
-        what they must all pass alike; ``mine``: this rank's details, every member's returned
-        in :attr:`Entry.posts`)."""
+    def _enter(self, what: str, agree: str, mine: object = None) -> Entry:
+        """This rank enters its next collective of the group: raises if an earlier one failed;
+        in the debug mode, meets the other members first (``agree``: what they must all pass
+        alike; ``mine``: this rank's details, every member's returned in :attr:`Entry.posts`)."""
         watchdog.check()
-        members = members or self._members
+        members = self._members
         sequence = self._ledger.enter(members)
         posts = None
         if self._handshake is not None:
@@ -178,10 +214,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
         deadline = time.monotonic() + self._timeout
         return Entry(Call(what, self._ledger, members, sequence, None, deadline), posts)
 
-    def _run(self, entry: Entry, kind: str, block, option=None, factor=None, devices=None):
+    def _run(self, entry: Entry, kind: str, block, option=None, factor=None):
         """Dispatch collective program ``kind`` (``programs.run``) as ``entry``'s call."""
-        devices = devices or self._devices
-        return self._dispatch(entry, lambda: programs.run(kind, devices, block, option, factor))
+        return self._dispatch(entry, lambda: programs.run(kind, self._devices, block, option, factor))
 
     def _dispatch(self, entry: Entry, program: Callable[[], Any]) -> Any:
         """``program()`` (it dispatches the entry's XLA program), bounded by the watchdog."""
@@ -376,30 +411,27 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return [[t[:n].tolist(), t[n:].tolist()] for t in every]
 
     # -- point to point and barrier
-    def _p2p(self, tensors, peer: int, sending: bool, tag: int):
-        t = tensors[0]
+    def _peer(self, peer: int) -> int:
         if not 0 <= peer < self.size() or peer == self.rank():
             raise ValueError(f"tpu_dist: invalid peer rank {peer} for rank {self.rank()} of {self.size()}")
-        src, dst = (self.rank(), peer) if sending else (peer, self.rank())
-        members = tuple(sorted((src, dst)))
-        agree = f"rank {src} -> rank {dst}, tag {tag}: {_describe([t])}"
-        entry = self._enter("send/recv", agree, members=members)
-        pair = (members.index(src), members.index(dst))
-        devices = tuple(self._devices[r] for r in members)
-        received = self._run(entry, "permute", _block(t), (pair,), devices=devices)
-        if not sending:
-            _write(t, received)
-        return _done(tensors)
+        watchdog.check()
+        return peer
 
     def send(self, tensors, dst: int, tag: int = 0):
+        """Sends travel through the hosts over the group's gloo part: the value is read now, and
+        the returned work completes when gloo has sent it (``isend`` is truly asynchronous, so
+        ``batch_isend_irecv`` never deadlocks, whatever each rank's order)."""
         if self._on_cpu(tensors):
             return self._gloo.send(tensors, dst, tag)
-        return self._p2p(tensors, dst, True, tag)
+        staged = [t.detach().to("cpu").contiguous() for t in tensors]
+        return self._gloo.send(staged, self._peer(dst), tag)
 
     def recv(self, tensors, src: int, tag: int = 0):
         if self._on_cpu(tensors):
             return self._gloo.recv(tensors, src, tag)
-        return self._p2p(tensors, src, False, tag)
+        staged = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+        work = self._gloo.recv(staged, self._peer(src), tag)
+        return HostReceive(work, tensors, staged, f"recv of {_describe(tensors)} from rank {src}")
 
     def recv_anysource(self, tensors, tag: int = 0):
         raise NotImplementedError("tpu_dist: recv from any source is not supported; pass src=")

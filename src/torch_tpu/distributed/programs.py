@@ -1,6 +1,6 @@
 """The collectives as XLA programs: each is a jitted ``shard_map`` over a one-axis mesh of the
 group's devices (one per rank, in group rank order), so XLA's own collectives (``psum``,
-``all_gather``, ``psum_scatter``, ``all_to_all``, ``ppermute``) carry the data. Every rank calls
+``all_gather``, ``psum_scatter``, ``all_to_all``) carry the data. Every rank calls
 the same program with its local block (an array of at least one dimension, on its device) and
 gets its own block of the result back. Programs are cached per kind, mesh and static options;
 shapes and dtypes are ``jax.jit``'s own cache.
@@ -133,8 +133,6 @@ def _body(kind: str, n: int, option):
             return jax.lax.bitcast_convert_type(total, x.dtype) if x.dtype != jnp.bool_ else total
 
         return broadcast
-    if kind == "permute":
-        return lambda x: jax.lax.ppermute(x, AXIS, perm=list(option))
     raise ValueError(f"unknown collective program {kind!r}")
 
 
@@ -151,8 +149,8 @@ def _program(kind: str, devices: tuple, option):
 def run(kind: str, devices: tuple, block: jax.Array, option=None, factor=None) -> jax.Array:
     """This rank's block of collective ``kind`` over the ranks of ``devices``, given its block
     ``block`` (at least one dimension, on this rank's device). ``option``: the reduction
-    (``all_reduce``, ``reduce_scatter``), the root's group rank (``broadcast``) or the
-    ``(source, destination)`` pairs (``permute``); ``factor``: the ``premul_sum`` factor."""
+    (``all_reduce``, ``reduce_scatter``) or the root's group rank (``broadcast``); ``factor``:
+    the ``premul_sum`` factor."""
     mesh, program = _program(kind, devices, option)
     n = len(devices)
     whole = jax.make_array_from_single_device_arrays(

@@ -51,6 +51,22 @@ STEPS = 4
 FLOAT8 = {"model": {"converters": ["quantize.linear.float8"]}, "quantize.linear.float8": {"emulate": True}}
 
 
+#: 4-rank layouts over a 2-D mesh: FSDP x tensor parallelism, and FSDP x pipeline parallelism
+#: (TorchTitan's default schedule, 1F1B, over 2 stages); each rank's batch as in the FSDP run, so
+#: every layout trains on the same global batch.
+LAYOUTS = {
+    "tp": {"data_parallel_shard_degree": 2, "tensor_parallel_degree": 2},
+    "pp": {"data_parallel_shard_degree": 2, "pipeline_parallel_degree": 2},
+}
+
+
+def ranks(run: str) -> int:
+    """The processes job ``run`` takes."""
+    if run == "seed":
+        return 1
+    return 4 if run.endswith(tuple(f"_{layout}" for layout in LAYOUTS)) else 2
+
+
 def jobs(folder: Path) -> dict[str, Path]:
     """The tokenizer and dataset under ``folder``, and the jobs' tomls: ``seed`` (one process
     writes the initial weights: TorchTitan's seed checkpoint, so that all runs start from the
@@ -58,7 +74,7 @@ def jobs(folder: Path) -> dict[str, Path]:
     and ``tpu``: the llama3 debugmodel, FSDP over 2 ranks (``dp_shard=2``), float32 throughout,
     ``STEPS`` AdamW steps of 2 x 64 tokens per rank, no compile, no activation checkpointing,
     the seed loaded and nothing saved, metrics to TensorBoard every step; ``cpu_float8`` and
-    ``tpu_float8``: the same with :data:`FLOAT8`."""
+    ``tpu_float8``: the same with :data:`FLOAT8`; ``{cpu,tpu}_{tp,pp}``: the :data:`LAYOUTS`."""
     tokenizer, data = build_tokenizer(folder / "tokenizer"), build_dataset(folder / "data")
     common = {
         "metrics": {"log_freq": 1, "enable_tensorboard": True, "disable_color_printing": True},
@@ -85,6 +101,8 @@ def jobs(folder: Path) -> dict[str, Path]:
     for run in ("cpu", "tpu"):
         configs[run] = {"checkpoint": load}
         configs[f"{run}_float8"] = {"checkpoint": load, **FLOAT8}
+        for layout, parallelism in LAYOUTS.items():
+            configs[f"{run}_{layout}"] = {"checkpoint": load, "parallelism": parallelism}
     paths = {}
     for run, overrides in configs.items():
         sections = {"job": {"dump_folder": str(folder / run)}}

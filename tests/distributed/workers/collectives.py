@@ -192,6 +192,43 @@ for src, dst in ((0, 1), (1, 0)):
         dist.recv(tpu, src)
         dist.recv(ref, src, group=w.gloo)
     w.same(tpu, ref, f"send {src} -> recv {dst}")
+
+# Both ranks send before they receive (a ring, as pipeline schedules batch their sends and
+# receives): sends are asynchronous, so neither waits for the other's receive.
+peer = 1 - rank
+mine = {torch.float32: data(4, 3), torch.bfloat16: data(5, dtype=torch.bfloat16)}
+theirs = {dtype: torch.zeros(t.shape, dtype=dtype, device="tpu") for dtype, t in mine.items()}
+ops = [dist.P2POp(dist.isend, t.to("tpu"), peer) for t in mine.values()]
+ops += [dist.P2POp(dist.irecv, t, peer) for t in theirs.values()]
+for work in dist.batch_isend_irecv(ops):
+    work.wait()
+refs = {dtype: torch.zeros(t.shape, dtype=dtype) for dtype, t in mine.items()}
+ops = [dist.P2POp(dist.isend, t, peer, w.gloo) for t in mine.values()]
+ops += [dist.P2POp(dist.irecv, t, peer, w.gloo) for t in refs.values()]
+for work in dist.batch_isend_irecv(ops):
+    work.wait()
+for dtype in mine:
+    w.same(theirs[dtype], refs[dtype], f"batch_isend_irecv, both ranks sending first ({dtype})")
+# rank 0 receives first, rank 1 sends first; tags keep two messages apart; the receiving tensor
+# is a leaf that requires grad (a pipeline stage's input) and a transposed view
+got = torch.zeros(3, 2, device="tpu", requires_grad=True)
+view = torch.zeros(2, 3, device="tpu")
+sends = [data(3, 2), data(3, 2)]
+if rank == 0:
+    works = [dist.irecv(view.t(), peer, tag=7), dist.irecv(got, peer, tag=3)]
+    works += [dist.isend(sends[0].to("tpu"), peer, tag=3), dist.isend(sends[1].to("tpu"), peer, tag=7)]
+else:
+    works = [dist.isend(sends[0].to("tpu"), peer, tag=3), dist.isend(sends[1].to("tpu"), peer, tag=7)]
+    works += [dist.irecv(got, peer, tag=3), dist.irecv(view.t(), peer, tag=7)]
+assert all(work.wait() for work in works) and all(work.is_completed() for work in works)
+refs = [torch.zeros(3, 2), torch.zeros(3, 2)]
+ops = [dist.P2POp(dist.isend, t, peer, w.gloo, tag) for t, tag in zip(sends, (3, 7))]
+ops += [dist.P2POp(dist.irecv, t, peer, w.gloo, tag) for t, tag in zip(refs, (3, 7))]
+for work in dist.batch_isend_irecv(ops):
+    work.wait()
+w.same(got.detach(), refs[0], "irecv into a leaf that requires grad (tag 3)")
+w.same(view.t(), refs[1], "irecv into a transposed view (tag 7)")
+assert got.requires_grad and got.is_leaf
 dist.barrier()
 w.checks += 1
 

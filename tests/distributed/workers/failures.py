@@ -3,9 +3,10 @@
 - ``mismatch``: in the debug mode (a group created under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``),
   ranks that disagree on a collective all raise and the group goes on working; a rank that never
   joins makes the other raise at the meeting. The default groups go on working beside it.
-- ``absent``: rank 1 never calls a collective rank 0 runs on a group with a 2 s timeout: rank 0's
-  next read raises ``DistBackendError`` within the timeout, naming the collective and rank 1;
-  its later collectives raise; both processes then exit normally.
+- ``absent``: rank 1 never sends what rank 0 receives, then never calls a collective rank 0 runs,
+  on a group with a 2 s timeout: rank 0's ``recv``, then its next read, raise
+  ``DistBackendError`` within the timeout, naming the call and rank 1; its later collectives
+  raise; both processes then exit normally.
 - ``dead``: rank 1 exits abruptly after a collective; rank 0's next collective raises naming it.
 """
 
@@ -86,6 +87,15 @@ def absent() -> None:
     dist.all_reduce(t, group=group)
     w.same(t, torch.full((2,), 2.0), "all_reduce before")
     if rank == 0:
+        start = time.monotonic()
+        w.raises(
+            dist.DistBackendError,
+            ["recv of float32[2] from rank 1 failed", "Timed out"],
+            lambda: dist.recv(t, 1, group=group),
+            "a recv rank 1 never sends",
+        )
+        waited = time.monotonic() - start
+        assert 2 <= waited < 4, f"raised after {waited:.1f} s (timeout 2 s)"
         start = time.monotonic()
         w.raises(
             dist.DistBackendError,

@@ -12,6 +12,9 @@ bandwidth, and a DDP training step on one and two processes.
   buffer of ``all_reduce`` and ``all_to_all_single``, the gathered output, the scattered input);
   ``busbw`` is nccl-tests' bus bandwidth: size / time, times ``2(n-1)/n`` for ``all_reduce`` and
   ``(n-1)/n`` for the others.
+- **coalesced**: 16 ``all_reduce`` calls of 16 KB, one by one and inside one
+  ``_coalescing_manager`` (``tpu_dist`` runs them as one program; gloo as its
+  ``allreduce_coalesced``).
 - **DDP step**: one SGD step of the 4-layer GPT of ``bench_eager.py`` (batch 8 x 64 per process)
   on tpu and on CPU: one process without DDP, then two processes under DDP (``tpu_dist`` /
   gloo), each with its own batch of 8 (the work per process stays the same: on a machine with a
@@ -120,6 +123,43 @@ def _no_sync() -> None:
     pass
 
 
+#: the coalesced case: this many float32 tensors of this many bytes each
+COALESCED = (16, 16 << 10)
+
+
+def _all_reduces(tensors, group, coalesced: bool):
+    import torch.distributed as dist
+
+    def separate():
+        for t in tensors:
+            dist.all_reduce(t, group=group)
+
+    def together():
+        with dist._coalescing_manager(group):
+            separate()
+
+    return together if coalesced else separate
+
+
+def run_coalesced(rounds: int, gloo) -> dict:
+    """Seconds per batch of :data:`COALESCED` all-reduces, one by one and in one
+    ``_coalescing_manager`` (tpu_dist: one program; gloo: its ``allreduce_coalesced``)."""
+    import torch
+    import torch.distributed as dist
+
+    count, size = COALESCED
+    backends = {"tpu_dist": ("tpu", dist.group.WORLD, torch.tpu.synchronize), "gloo": ("cpu", gloo, _no_sync)}
+    samples = {}
+    for name, (device, group, sync) in backends.items():
+        tensors = [torch.ones(size // 4, device=device) for _ in range(count)]
+        for coalesced in (False, True):
+            fn = _all_reduces(tensors, group, coalesced)
+            _timed(fn, sync, 2, gloo)  # (warm up)
+            times = [_timed(fn, sync, 5, gloo) for _ in range(rounds)]
+            samples[f"{name} {'coalesced' if coalesced else 'one by one'}"] = statistics.median(times)
+    return samples
+
+
 def run_ddp(device: str, gloo) -> float:
     """Median seconds per SGD step of the GPT (DDP when there are several processes)."""
     import torch
@@ -166,6 +206,7 @@ def worker(args) -> None:
     if world > 1:
         sizes = QUICK_SIZES if args.quick else SIZES
         result["collectives"] = run_collectives(sizes, 3 if args.quick else 7, gloo, world)
+        result["coalesced"] = run_coalesced(3 if args.quick else 7, gloo)
     if world <= 2:  # (DDP compares one process with two)
         result["ddp"] = {device: run_ddp(device, gloo) for device in ("tpu", "cpu")}
     if dist.get_rank() == 0:
@@ -216,6 +257,13 @@ COLLECTIVE_HEADER = [
     "busbw gloo GB/s",
 ]
 DDP_HEADER = ["DDP (tpu: tpu_dist, cpu: gloo)", "1 process", "2 processes", "2 / 1", "2 - 1"]
+COALESCED_HEADER = [
+    "ranks",
+    f"{COALESCED[0]} all_reduces of {_size(COALESCED[1])}",
+    "tpu_dist",
+    "gloo",
+    "tpu_dist / gloo",
+]
 
 
 def tables(runs: dict[int, dict]) -> list[tuple[list[str], list[list[str]]]]:
@@ -245,7 +293,19 @@ def tables(runs: dict[int, dict]) -> list[tuple[list[str], list[list[str]]]]:
         for device in ("tpu", "cpu")
     ]
     ddp.append(["tpu / cpu", "", f"{two['tpu'] / two['cpu']:.2f}x", "", ""])
-    return [(COLLECTIVE_HEADER, collectives), (DDP_HEADER, ddp)]
+    coalesced = [
+        [
+            str(world),
+            how,
+            _time(r[f"tpu_dist {how}"]),
+            _time(r[f"gloo {how}"]),
+            f"{r[f'tpu_dist {how}'] / r[f'gloo {how}']:.2f}x",
+        ]
+        for world, run in sorted(runs.items())
+        if (r := run.get("coalesced"))
+        for how in ("one by one", "coalesced")
+    ]
+    return [(COLLECTIVE_HEADER, collectives), (COALESCED_HEADER, coalesced), (DDP_HEADER, ddp)]
 
 
 def print_tables(parts, markdown: bool) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -222,6 +223,17 @@ class ProcessGroupTPU(dist.ProcessGroup):
         """``program()`` (it dispatches the entry's XLA program), bounded by the watchdog."""
         return watchdog.dispatch(entry.call, program)
 
+    def _coalesced(self, entry: Entry, kind: str, inputs, outputs, option=None, factor=None) -> None:
+        """Collective ``kind`` of every input into its output, as one program per dtype."""
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, t in enumerate(inputs):
+            by_dtype.setdefault(t.dtype, []).append(i)
+        for indices in by_dtype.values():
+            blocks = [_block(inputs[i]) for i in indices]
+            run = functools.partial(programs.run_many, kind, self._devices, blocks, option, factor)
+            for i, value in zip(indices, self._dispatch(entry, run), strict=True):
+                _write(outputs[i], value)
+
     # -- reductions
     def allreduce(self, tensors, opts):
         if self._on_cpu(tensors):
@@ -235,8 +247,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts):
         if self._on_cpu(tensors):
             return self._gloo.allreduce_coalesced(tensors, opts)
-        for t in tensors:
-            self.allreduce([t], opts)
+        op, factor = _reduction(opts.reduceOp, tensors)
+        entry = self._enter("all_reduce_coalesced", f"{op}: {_describe(tensors)}")
+        self._coalesced(entry, "all_reduce", tensors, tensors, op, factor)
         return _done(tensors)
 
     def reduce(self, tensors, opts):
@@ -273,8 +286,15 @@ class ProcessGroupTPU(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):
+        if self._on_cpu(outputs, inputs):
+            for output, input in zip(outputs, inputs, strict=True):
+                self._gloo._reduce_scatter_base(output, input, opts).wait()
+            return _done(outputs)
+        op, factor = _reduction(opts.reduceOp, inputs)
         for output, input in zip(outputs, inputs, strict=True):
-            self.reduce_scatter_single(output, input, opts)
+            self._check_numel("reduce_scatter_tensor_coalesced", input, output.numel() * self.size())
+        entry = self._enter("reduce_scatter_tensor_coalesced", f"{op}: {_describe([*inputs, *outputs])}")
+        self._coalesced(entry, "reduce_scatter", inputs, outputs, op, factor)
         return _done(outputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
@@ -310,8 +330,14 @@ class ProcessGroupTPU(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts):
+        if self._on_cpu(outputs, inputs):
+            for output, input in zip(outputs, inputs, strict=True):
+                self._gloo._allgather_base(output, input, opts).wait()
+            return _done(outputs)
         for output, input in zip(outputs, inputs, strict=True):
-            self.all_gather_single(output, input, opts)
+            self._check_numel("all_gather_into_tensor_coalesced", output, input.numel() * self.size())
+        entry = self._enter("all_gather_into_tensor_coalesced", _describe([*inputs, *outputs]))
+        self._coalesced(entry, "all_gather", inputs, outputs)
         return _done(outputs)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced

@@ -136,29 +136,63 @@ def _body(kind: str, n: int, option):
     raise ValueError(f"unknown collective program {kind!r}")
 
 
+def _pack(kind: str, n: int, blocks: tuple):
+    """Several blocks as one: concatenated, except that a reduce-scatter's blocks are
+    interleaved by rank (rank ``r``'s part of every block, in order, is the packed block's
+    part ``r``)."""
+    if len(blocks) == 1:
+        return blocks[0]
+    if kind == "reduce_scatter":
+        return jnp.concatenate([b.reshape(n, -1) for b in blocks], axis=1).reshape(-1)
+    return jnp.concatenate(blocks)
+
+
+def _unpack(kind: str, n: int, blocks: tuple, out) -> tuple:
+    """The packed result ``out`` split back into one result per block of ``blocks``."""
+    if len(blocks) == 1:
+        return (out,)
+    sizes = [b.shape[0] // n if kind == "reduce_scatter" else b.shape[0] for b in blocks]
+    bounds = list(zip(np.cumsum([0, *sizes[:-1]]), np.cumsum(sizes)))
+    if kind == "all_gather":  # (rank r's packed block is row r)
+        rows = out.reshape(n, -1)
+        return tuple(rows[:, a:b].reshape(-1) for a, b in bounds)
+    return tuple(out[a:b] for a, b in bounds)
+
+
 @functools.lru_cache(maxsize=256)
-def _program(kind: str, devices: tuple, option):
+def _program(kind: str, devices: tuple, option, count: int):
     mesh = Mesh(np.array(devices), (AXIS,))
-    body = _body(kind, len(devices), option)
-    takes_factor = kind in ("all_reduce", "reduce_scatter")
-    in_specs = (P(AXIS), P()) if takes_factor else P(AXIS)
-    program = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=P(AXIS)))
-    return mesh, program
+    n = len(devices)
+    body = _body(kind, n, option)
+
+    def packed(blocks, factor):
+        whole = _pack(kind, n, blocks)
+        out = body(whole, factor) if kind in ("all_reduce", "reduce_scatter") else body(whole)
+        return _unpack(kind, n, blocks, out)
+
+    blocks_spec = (P(AXIS),) * count
+    shard = jax.shard_map(packed, mesh=mesh, in_specs=(blocks_spec, P()), out_specs=blocks_spec)
+    return mesh, jax.jit(shard)
 
 
 def run(kind: str, devices: tuple, block: jax.Array, option=None, factor=None) -> jax.Array:
     """This rank's block of collective ``kind`` over the ranks of ``devices``, given its block
-    ``block`` (at least one dimension, on this rank's device). ``option``: the reduction
+    ``block`` (one dimension, on this rank's device). ``option``: the reduction
     (``all_reduce``, ``reduce_scatter``) or the root's group rank (``broadcast``); ``factor``:
     the ``premul_sum`` factor."""
-    mesh, program = _program(kind, devices, option)
-    n = len(devices)
-    whole = jax.make_array_from_single_device_arrays(
-        (n * block.shape[0], *block.shape[1:]), NamedSharding(mesh, P(AXIS)), [block]
-    )
-    if kind in ("all_reduce", "reduce_scatter"):
-        args = (whole, jnp.asarray(1 if factor is None else factor))
-        out = program(*args)
-    else:
-        out = program(whole)
-    return out.addressable_shards[0].data
+    return run_many(kind, devices, [block], option, factor)[0]
+
+
+def run_many(kind: str, devices: tuple, blocks: list, option=None, factor=None) -> list:
+    """:func:`run` for several blocks of one dtype (the ``*_coalesced`` collectives): one
+    program, one collective of the blocks packed together, a result per block."""
+    mesh, program = _program(kind, devices, option, len(blocks))
+    n, sharding = len(devices), NamedSharding(mesh, P(AXIS))
+    wholes = tuple(jax.make_array_from_single_device_arrays((n * b.shape[0],), sharding, [b]) for b in blocks)
+    outs = program(wholes, _one() if factor is None else jnp.asarray(factor))
+    return [out.addressable_shards[0].data for out in outs]
+
+
+@functools.cache
+def _one() -> jax.Array:
+    return jnp.asarray(1)

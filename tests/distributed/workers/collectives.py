@@ -244,6 +244,45 @@ out = torch.empty(2 * world, device="tpu")
 dist.all_gather_into_tensor(out, torch.full((2,), float(rank), device="tpu"), async_op=True).wait()
 w.same(out, torch.tensor([0.0, 0.0, 1.0, 1.0]), "all_gather_into_tensor async_op=True")
 
+# -- coalesced: one program per dtype (counted at the program layer), values as gloo's per tensor
+from torch_tpu.distributed import programs  # noqa: E402
+
+programs_run = programs.run_many
+programs_ran = []
+programs.run_many = lambda kind, *rest: programs_ran.append(kind) or programs_run(kind, *rest)
+sums = [data(3, 2), data(5), data(4, dtype=torch.int64), data(1)]
+tpu = [t.to("tpu") for t in sums]
+with dist._coalescing_manager():
+    for t in tpu:
+        dist.all_reduce(t)
+for t, ref in zip(tpu, sums):
+    dist.all_reduce(ref, group=w.gloo)
+    w.same(t, ref, f"all_reduce in _coalescing_manager ({ref.dtype}{list(ref.shape)})")
+assert programs_ran == ["all_reduce"] * 2, programs_ran  # (float32, then int64)
+programs_ran.clear()
+inputs = [data(2, 3), data(4), data(3, dtype=torch.bfloat16)]
+outs = [torch.empty(world * t.numel(), dtype=t.dtype, device="tpu") for t in inputs]
+with dist._coalescing_manager():
+    for out, t in zip(outs, inputs):
+        dist.all_gather_into_tensor(out, t.to("tpu"))
+for out, t in zip(outs, inputs):
+    ref = torch.empty(world * t.numel(), dtype=t.dtype)
+    dist.all_gather_into_tensor(ref, t.reshape(-1), group=w.gloo)
+    w.same(out, ref, f"all_gather_into_tensor in _coalescing_manager ({t.dtype}{list(t.shape)})")
+assert programs_ran == ["all_gather"] * 2, programs_ran
+programs_ran.clear()
+inputs = [data(world * 3), data(world, 2), data(world * 5)]
+outs = [torch.empty(t.numel() // world, device="tpu") for t in inputs]
+with dist._coalescing_manager():
+    for out, t in zip(outs, inputs):
+        dist.reduce_scatter_tensor(out, t.to("tpu"))
+for out, t in zip(outs, inputs):
+    ref = torch.empty(t.numel() // world)
+    dist.reduce_scatter_tensor(ref, t.reshape(-1), group=w.gloo)
+    w.same(out, ref, f"reduce_scatter_tensor in _coalescing_manager ({list(t.shape)})")
+assert programs_ran == ["reduce_scatter"], programs_ran
+programs.run_many = programs_run
+
 # -- subgroups: the whole world again, and a group of rank 1 alone (rank 0 never runs it)
 pair = dist.new_group([0, 1], backend="tpu_dist")
 alone = dist.new_group([1], backend="tpu_dist")

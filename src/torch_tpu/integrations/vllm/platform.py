@@ -137,9 +137,9 @@ class TpuPlatform(Platform):
     def register_triton_kernel_overrides(cls) -> None:
         from vllm.triton_utils.dispatcher import register_kernels
 
-        from .kernels import OVERRIDES
+        from . import kernels, rejection
 
-        register_kernels(OVERRIDES)
+        register_kernels({**kernels.OVERRIDES, **rejection.OVERRIDES})
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:

@@ -235,10 +235,17 @@ def _drafts(llm) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def ngram_engine(llm, new_engine, memoryless):
-    """An engine drafting by n-gram lookup on the memoryless model, in this process (as ``llm``,
-    which it follows)."""
-    engine = new_engine(memoryless[0], speculative_config=NGRAM, disable_log_stats=False)
+def ngram_engine(new_engine, memoryless):
+    """An engine drafting by n-gram lookup on the memoryless model, at vLLM's defaults: its engine
+    core in a process of its own (spawned, this process's device having started). (An engine in
+    this process would, at its shutdown, take down vLLM's process-wide parallel state, which the
+    session's in-process ``llm`` still uses.)"""
+    saved = os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    try:
+        engine = new_engine(memoryless[0], speculative_config=NGRAM, disable_log_stats=False)
+    finally:
+        if saved is not None:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
     yield engine
     engine.llm_engine.engine_core.shutdown()
 

@@ -229,41 +229,52 @@ TOKENS = 24
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
 
 
-def _drafts(llm) -> dict[str, int]:
+_SCRIPT = """
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+
+def drafts(llm):
     counters = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
-    return {k: counters.get(f"vllm:spec_decode_num_{k}_tokens", 0) for k in ("draft", "accepted")}
+    return [counters.get(f"vllm:spec_decode_num_{k}_tokens", 0) for k in ("draft", "accepted")]
+
+if __name__ == "__main__":
+    model, prompt, runs, ngram = (json.loads(a) for a in sys.argv[1:])
+    llm = LLM(model=model, dtype="float32", max_model_len=256, kv_cache_memory_bytes=16 << 20,
+              seed=0, speculative_config=ngram, disable_log_stats=False)
+    for params in runs:
+        before = drafts(llm)
+        out = llm.generate(TokensPrompt(prompt_token_ids=prompt), SamplingParams(**params))
+        after = drafts(llm)
+        tokens = list(out[0].outputs[0].token_ids)
+        print("RUN", json.dumps([tokens, after[0] - before[0], after[1] - before[1]]), flush=True)
+"""
+
+RUNS = {"greedy": {"temperature": 0.0}, "top_k_1": {"temperature": 1.0, "top_k": 1, "seed": 5}}
 
 
-@pytest.fixture(scope="module")
-def ngram_engine(new_engine, memoryless):
-    """An engine drafting by n-gram lookup on the memoryless model, at vLLM's defaults: its engine
-    core in a process of its own (spawned, this process's device having started). (An engine in
-    this process would, at its shutdown, take down vLLM's process-wide parallel state, which the
-    session's in-process ``llm`` still uses.)"""
-    saved = os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    try:
-        engine = new_engine(memoryless[0], speculative_config=NGRAM, disable_log_stats=False)
-    finally:
-        if saved is not None:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
-    yield engine
-    engine.llm_engine.engine_core.shutdown()
-
-
-@pytest.mark.parametrize(
-    "params", [{"temperature": 0.0}, {"temperature": 1.0, "top_k": 1, "seed": 5}], ids=["greedy", "top_k_1"]
-)
-def test_ngram_drafts_give_the_models_greedy_tokens(ngram_engine, memoryless, params):
-    """Greedy, and sampled through a filter that leaves the likeliest token (vLLM's random
-    rejection kernel, its recovered tokens), both with drafts rejected and accepted."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
+def test_ngram_drafts_give_the_models_greedy_tokens(plugin_path, memoryless, tmp_path):
+    """A plain script at vLLM's defaults (its engine core in a process of its own), greedy and
+    sampled through a filter that leaves the likeliest token (vLLM's random rejection kernel,
+    its recovered tokens): the model's greedy tokens, with drafts rejected and accepted. (A
+    script: an engine in the test's process would, at its shutdown, take down vLLM's
+    process-wide parallel state, which the session's in-process ``llm`` still uses.)"""
+    import json
+    import subprocess
+    import sys
 
     prompt, greedy = _prompt(memoryless[1])
-    before = _drafts(ngram_engine)
-    sampling = SamplingParams(max_tokens=TOKENS, ignore_eos=True, **params)
-    out = ngram_engine.generate(TokensPrompt(prompt_token_ids=prompt), sampling)
-    after = _drafts(ngram_engine)
-    assert list(out[0].outputs[0].token_ids) == greedy
-    proposed, accepted = (after[k] - before[k] for k in ("draft", "accepted"))
-    assert 0 < accepted < proposed, (proposed, accepted)
+    runs = [{"max_tokens": TOKENS, "ignore_eos": True, **params} for params in RUNS.values()]
+    script = tmp_path / "ngram.py"
+    script.write_text(_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_ENABLE_V1_MULTIPROCESSING")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (plugin_path, *sys.path)))
+    args = [json.dumps(a) for a in (memoryless[0], prompt, runs, NGRAM)]
+    done = subprocess.run(
+        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    results = [json.loads(line[4:]) for line in done.stdout.splitlines() if line.startswith("RUN ")]
+    assert done.returncode == 0 and len(results) == len(RUNS), done.stderr[-5000:]
+    for name, (tokens, proposed, accepted) in zip(RUNS, results):
+        assert tokens == greedy, name
+        assert 0 < accepted < proposed, (name, proposed, accepted)

@@ -1,7 +1,7 @@
 """The collectives as XLA programs: each is a jitted ``shard_map`` over a one-axis mesh of the
 group's devices (one per rank, in group rank order), so XLA's own collectives (``psum``,
 ``all_gather``, ``psum_scatter``, ``all_to_all``) carry the data. Every rank calls
-the same program with its local block (an array of at least one dimension, on its device) and
+the same program with its local block (a one-dimensional array, on its device) and
 gets its own block of the result back. Programs are cached per kind, mesh and static options;
 shapes and dtypes are ``jax.jit``'s own cache.
 """

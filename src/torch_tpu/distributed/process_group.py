@@ -449,14 +449,16 @@ class ProcessGroupTPU(dist.ProcessGroup):
         ``batch_isend_irecv`` never deadlocks, whatever each rank's order)."""
         if self._on_cpu(tensors):
             return self._gloo.send(tensors, dst, tag)
+        peer = self._peer(dst)
         staged = [t.detach().to("cpu").contiguous() for t in tensors]
-        return self._gloo.send(staged, self._peer(dst), tag)
+        return self._gloo.send(staged, peer, tag)
 
     def recv(self, tensors, src: int, tag: int = 0):
         if self._on_cpu(tensors):
             return self._gloo.recv(tensors, src, tag)
+        peer = self._peer(src)
         staged = [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
-        work = self._gloo.recv(staged, self._peer(src), tag)
+        work = self._gloo.recv(staged, peer, tag)
         return HostReceive(work, tensors, staged, f"recv of {_describe(tensors)} from rank {src}")
 
     def recv_anysource(self, tensors, tag: int = 0):

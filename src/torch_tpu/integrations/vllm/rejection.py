@@ -28,11 +28,15 @@ def _take(x: jax.Array, index: jax.Array) -> jax.Array:
     return padded[jnp.clip(index, 0, x.shape[0])]
 
 
+def _starts(cu: jax.Array) -> jax.Array:
+    """Each request's first draft token (the cumulative counts shifted by one)."""
+    return jnp.concatenate([jnp.zeros(1, jnp.int32), cu[:-1].astype(jnp.int32)])
+
+
 def _grid(cu: jax.Array, width: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Per request and draft position ``[requests, width]``: the draft token's index, whether the
     request has that many drafts; and each request's draft count."""
-    end = cu.astype(jnp.int32)
-    start = jnp.concatenate([jnp.zeros(1, jnp.int32), end[:-1]])
+    end, start = cu.astype(jnp.int32), _starts(cu)
     position = jnp.arange(width, dtype=jnp.int32)
     count = end - start
     return start[:, None] + position, position < count[:, None], count
@@ -48,8 +52,7 @@ def _request_of_token(cu: jax.Array, tokens: int) -> tuple[jax.Array, jax.Array]
     """Each token's request (``len(cu)`` past the last) and its position in the request."""
     t = jnp.arange(tokens, dtype=jnp.int32)
     request = jnp.searchsorted(cu.astype(jnp.int32), t, side="right").astype(jnp.int32)
-    start = _take(jnp.concatenate([jnp.zeros(1, jnp.int32), cu[:-1].astype(jnp.int32)]), request)
-    return request, t - start
+    return request, t - _take(_starts(cu), request)
 
 
 def _write_accepted(out, tokens, accepted, valid, count, bonus, rows) -> jax.Array:
